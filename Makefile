@@ -1,0 +1,34 @@
+# accelab: `make demo` installs everything, fetches the offline models and prints the main table;
+# `make test` runs the test suite. Both work on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch is installed first and pinned: a plain `torch` would pull a multi-GB CUDA build here.
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: install models demo test clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+models: install
+	$(BIN)/accelab models fetch --all
+
+demo: models
+	$(BIN)/accelab env
+	PATH=$(abspath $(BIN)):$$PATH bash examples/demo.sh
+
+test: models
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info

@@ -1,0 +1,3 @@
+from accelab.cli import main
+
+main()

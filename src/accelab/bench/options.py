@@ -1,0 +1,77 @@
+"""From command-line options to (ModelSpec, Plan, Workload), validated before any child starts."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from accelab.catalog.spec import ModelSpec
+from accelab.plan.plan import Plan, load_plan
+from accelab.scenarios.workload import Workload
+
+GENERATIVE_TASKS = ("text-generation", "image-text-to-text")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Request:
+    spec: ModelSpec
+    plan: Plan
+    workload: Workload
+
+
+def default_scenario(task: str) -> str:
+    return "generate" if task in GENERATIVE_TASKS else "forward"
+
+
+def resolve_plan(plan: str, overrides: list[str], threads: int | None) -> Plan:
+    extra = [*overrides, *([f"threads={threads}"] if threads is not None else [])]
+    return load_plan(plan, extra)
+
+
+def build_request(
+    *,
+    model: str,
+    task: str | None,
+    plan: str,
+    overrides: list[str],
+    threads: int | None,
+    scenario: str,
+    **workload_fields: object,
+) -> Request:
+    from accelab.catalog.resolve import resolve
+
+    plan_obj = resolve_plan(plan, overrides, threads)  # cheap checks first: no model is fetched for a typo
+    workload = Workload(scenario="forward", **workload_fields)  # type: ignore[arg-type]
+    spec = resolve(model, task)
+    chosen = default_scenario(spec.task) if scenario == "auto" else scenario
+    workload = Workload.from_dict({**workload.to_dict(), "scenario": chosen})
+    validate(spec, workload)
+    return Request(spec=spec, plan=plan_obj, workload=workload)
+
+
+def validate(spec: ModelSpec, workload: Workload) -> None:
+    """Shape checks that need the model's config, done before a child process starts."""
+    if workload.scenario == "generate" and spec.task not in GENERATIVE_TASKS:
+        raise ValueError(
+            f"scenario 'generate' needs a generative model; {spec.name} is {spec.task}. Use --scenario forward"
+        )
+    if workload.scenario == "forward" and spec.task in ("feature-extraction", "text-generation"):
+        limit = max_positions(spec)
+        if limit is not None and workload.seq_len > limit:
+            raise ValueError(
+                f"seq_len={workload.seq_len} is longer than {spec.name} can take: allowed 1..{limit}; "
+                f"pass --seq-len {limit} or less"
+            )
+
+
+def max_positions(spec: ModelSpec) -> int | None:
+    config_file = Path(spec.source) / "config.json"
+    if not config_file.is_file():
+        return None
+    config = json.loads(config_file.read_text())
+    config = config.get("text_config", config)
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
+        if isinstance(config.get(key), int):
+            return config[key]
+    return None

@@ -1,0 +1,50 @@
+"""The `accelab` command. Thin: each capability registers its own commands from its package
+(`<package>/commands.py`, a `register(app)` function), and imports its heavy parts lazily so
+that `accelab --help` stays fast."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+
+import typer
+
+app = typer.Typer(
+    name="accelab",
+    help="Make Hugging Face / PyTorch models measurably faster, and prove their outputs did not get worse.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# One line per capability; each module defines register(app).
+COMMAND_MODULES = [
+    "accelab.catalog.commands",  # models list / fetch
+    "accelab.measure.commands",  # env
+    "accelab.bench.commands",  # bench, compare, verify
+]
+
+
+@app.callback()
+def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log each step.")) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+
+
+for _module in COMMAND_MODULES:
+    importlib.import_module(_module).register(app)
+
+
+def main() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    try:
+        app()
+    except ValueError as err:  # user errors: say what was wrong and how to fix it, no traceback
+        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+        sys.exit(2)

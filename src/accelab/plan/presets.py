@@ -1,0 +1,38 @@
+"""Named plans. Each is a Plan that changes one thing from the fp32 eager baseline, or a
+combination that is known to pay off together (compile with a static KV cache)."""
+
+from __future__ import annotations
+
+from accelab.plan.plan import Plan
+
+_PRESETS = [
+    Plan(name="baseline"),
+    Plan(name="bf16-autocast", precision="bf16-autocast"),
+    Plan(name="fp16-autocast", precision="fp16-autocast"),
+    Plan(name="bf16", precision="bf16-weights"),
+    Plan(name="fp16", precision="fp16-weights"),
+    Plan(name="fp8", precision="fp8"),
+    Plan(name="compile", compile="default"),
+    Plan(name="compile-max", compile="max-autotune-no-cudagraphs"),
+    Plan(name="compile-regional", compile="default", compile_scope="regional"),
+    Plan(name="static-cache", kv_cache="static"),
+    Plan(name="compile-static", compile="default", kv_cache="static"),
+    Plan(name="sdpa", attention="sdpa"),
+    Plan(name="eager-attention", attention="eager"),
+    Plan(name="flash-attention", attention="flash_attention_2"),
+    Plan(name="int8-weight", quantization="int8-weight"),
+    Plan(name="int8-dynamic", quantization="int8-dynamic"),
+    Plan(name="int4-weight", quantization="int4-weight"),
+    Plan(name="int8-weight-compile", quantization="int8-weight", compile="default"),
+    Plan(name="channels-last", memory_format="channels_last"),
+    Plan(name="tf32", tf32=True, cudnn_benchmark=True),
+    Plan(name="cpu-offload", placement="cpu-offload"),
+    Plan(name="disk-offload", placement="disk-offload"),
+    Plan(name="device-map", placement="device-map"),
+    Plan(name="onnxruntime", backend="onnxruntime"),
+    Plan(name="onnxruntime-fused", backend="onnxruntime", backend_options=(("ort_fusion", "on"),)),
+    Plan(name="openvino", backend="openvino"),
+    Plan(name="llamacpp", backend="llamacpp"),
+]
+
+PRESETS: dict[str, Plan] = {plan.name: plan for plan in _PRESETS}

@@ -1,0 +1,101 @@
+"""Rich tables for Results. Pure formatting: no measurement, no store access."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from accelab.results.result import Result
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if value == 0:
+            return "0"
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def _stat_line(stats: dict[str, float] | None, unit: str = "ms") -> str:
+    if not stats:
+        return "-"
+    return (
+        f"p50 {fmt(stats['p50'])} · p90 {fmt(stats['p90'])} · p99 {fmt(stats['p99'])} {unit}"
+        f"  (mean {fmt(stats['mean'])}, cv {stats['cv'] * 100:.1f}%, n={stats['n']})"
+    )
+
+
+def bench_rows(result: Result) -> list[tuple[str, str]]:
+    """(label, value) rows describing one bench Result, most important first."""
+    m = result.metrics
+    wl = result.workload
+    rows = [
+        ("model", f"{result.model.get('name')} ({result.model.get('task')})"),
+        ("plan", result.plan.get("name", "")),
+        (
+            "workload",
+            f"{wl.get('scenario')} batch={wl.get('batch_size')}"
+            + (f" seq={wl.get('seq_len')}" if result.model.get("task") in ("feature-extraction",) else "")
+            + (f" new_tokens={wl.get('new_tokens')}" if wl.get("scenario") == "generate" else ""),
+        ),
+        ("status", result.status + (f": {result.reason}" if result.reason else "")),
+    ]
+    if not result.ok:
+        return rows
+    if wl.get("scenario") == "generate":
+        rows += [
+            ("TTFT", _stat_line(m.get("ttft_ms"))),
+            ("TPOT", _stat_line(m.get("tpot_ms"))),
+            ("ITL", _stat_line(m.get("itl_ms"))),
+            ("end-to-end", _stat_line(m.get("e2e_ms"))),
+            ("decode tokens/s", fmt(m.get("decode_tokens_per_s"))),
+            ("tokens/s (all)", fmt(m.get("throughput"))),
+        ]
+        roof = m.get("roofline") or {}
+        if roof:
+            rows.append(
+                (
+                    "roofline",
+                    f"{roof.get('fraction', 0) * 100:.1f}% of the memory-bandwidth bound "
+                    f"({fmt(roof.get('bound_steps_per_s'))} steps/s for {fmt((m.get('weight_bytes') or 0) / 1e6)} MB of weights)",
+                )
+            )
+    else:
+        rows += [
+            ("latency", _stat_line(m.get("latency_ms"))),
+            ("throughput", f"{fmt(m.get('throughput'))} {m.get('throughput_unit', 'items/s')}"),
+        ]
+        if m.get("mfu") is not None:
+            rows.append(
+                (
+                    "MFU",
+                    f"{m['mfu'] * 100:.1f}% ({fmt(m.get('achieved_flops', 0) / 1e9)} GFLOP/s of "
+                    f"{fmt(m.get('hardware', {}).get('peak_flops', 0) / 1e9)} measured peak)",
+                )
+            )
+    rows += [
+        ("peak memory", f"{fmt(m.get('peak_memory_mb'))} MB"),
+        ("load / first call", f"{fmt(m.get('load_s'))} s / {fmt(m.get('first_call_s'))} s"),
+        ("threads", f"{m.get('threads', {}).get('intra_op')} intra-op, {m.get('threads', {}).get('inter_op')} inter-op"),
+    ]
+    if m.get("sample_text") is not None:
+        rows.append(("sample output", repr(m["sample_text"][:200])))
+    for note in result.notes:
+        rows.append(("note", note))
+    return rows
+
+
+def print_bench(result: Result, console: Console | None = None) -> None:
+    console = console or Console()
+    table = Table(title=f"accelab bench · run {result.run_id}", show_header=False, title_justify="left")
+    table.add_column(style="bold cyan", no_wrap=True)
+    table.add_column()
+    for label, value in bench_rows(result):
+        table.add_row(label, value)
+    console.print(table)
