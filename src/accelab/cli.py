@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 import sys
 
 import typer
@@ -41,8 +40,9 @@ for _module in COMMAND_MODULES:
 
 
 def main() -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    from accelab.quiet import quiet_third_party
+
+    quiet_third_party()
     try:
         app()
     except ValueError as err:  # user errors: say what was wrong and how to fix it, no traceback

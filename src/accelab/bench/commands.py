@@ -13,6 +13,8 @@ SET_HELP = "Override a plan field: --set batch_size=8 (repeatable)."
 
 def register(app: typer.Typer) -> None:
     app.command("bench")(bench_command)
+    app.command("compare")(compare_command)
+    app.command("verify")(verify_command)
 
 
 def bench_command(
@@ -68,4 +70,108 @@ def bench_command(
     if result.status in ("error", "crashed", "timeout", "oom"):
         if result.metrics.get("traceback"):
             typer.echo(result.metrics["traceback"], err=True)
+        raise typer.Exit(1)
+
+
+def compare_command(
+    model: str = typer.Argument(..., help="Catalog name, local directory, .gguf file or Hub id."),
+    plans: str = typer.Option("baseline,bf16-autocast,compile", "--plans", help="Comma-separated presets or YAML files; the first is the reference row."),
+    task: Optional[str] = typer.Option(None, help="Override the task inferred from the model's config."),
+    set_: list[str] = typer.Option([], "--set", help="Override a field in every plan: --set batch_size=8."),
+    scenario: str = typer.Option("auto", help="forward | generate | auto."),
+    batch_size: int = typer.Option(1, "--batch-size", "-b"),
+    seq_len: int = typer.Option(128, "--seq-len"),
+    new_tokens: int = typer.Option(32, "--new-tokens"),
+    image_size: Optional[int] = typer.Option(None, "--image-size"),
+    inputs: str = typer.Option("real", help="real | synthetic."),
+    threads: Optional[int] = typer.Option(None, help="Intra-op threads for every plan."),
+    device: Optional[str] = typer.Option(None, help="cpu | cuda | cuda:N."),
+    warmup: int = typer.Option(2),
+    min_iters: int = typer.Option(5, "--min-iters"),
+    min_seconds: float = typer.Option(3.0, "--min-seconds"),
+    quality: bool = typer.Option(True, "--quality/--no-quality", help="Verify every row against the fp32 eager reference."),
+    samples: int = typer.Option(8, help="Inputs compared by the quality guard."),
+    tolerance: str = typer.Option("balanced", help="strict | balanced | loose, optionally with metric=value overrides."),
+    timeout: float = typer.Option(1800.0, help="Per-plan time limit in seconds."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the rows and Results as JSON."),
+    csv_out: Optional[Path] = typer.Option(None, "--csv"),
+    markdown_out: Optional[Path] = typer.Option(None, "--markdown"),
+    db: Optional[Path] = typer.Option(None, help="Results store (SQLite)."),
+    tag: Optional[str] = typer.Option(None),
+    store: bool = typer.Option(True, "--store/--no-store"),
+) -> None:
+    """Several plans side by side: latency, throughput, memory, speed-up and a quality verdict."""
+    import json
+
+    from accelab.bench.compare import quality_config_for, run_compare
+    from accelab.bench.options import build_request, resolve_plan
+    from accelab.quality.verdict import rules_for
+    from accelab.results import compare_table
+    from accelab.results.store import open_store
+
+    names = [p.strip() for p in plans.split(",") if p.strip()]
+    if not names:
+        raise ValueError("--plans is empty; give e.g. --plans baseline,compile")
+    plan_objs = [resolve_plan(name, set_, threads) for name in names]
+    request = build_request(
+        model=model, task=task, plan=names[0], overrides=set_, threads=threads, scenario=scenario,
+        batch_size=batch_size, seq_len=seq_len, new_tokens=new_tokens, image_size=image_size, inputs=inputs,
+        warmup=warmup, min_iters=min_iters, min_seconds=min_seconds,
+    )
+    rules_for(request.spec.task, tolerance)  # a bad --tolerance fails now, not after the runs
+    qconfig = quality_config_for(request.workload, samples, batch_size) if quality else None
+    results = run_compare(
+        request.spec, plan_objs, request.workload, device=device, quality=qconfig,
+        tolerance=tolerance, timeout_s=timeout, tag=tag,
+    )
+    wl = request.workload
+    shape = f"batch {wl.batch_size}" + (f", {wl.new_tokens} new tokens" if wl.scenario == "generate" else "")
+    compare_table.render(results, title=f"accelab compare · {request.spec.name} · {wl.scenario} · {shape}")
+    if store:
+        open_store(db).add(*results)
+    if json_out:
+        doc = {"rows": compare_table.rows(results), "results": [r.to_dict() for r in results]}
+        json_out.write_text(json.dumps(doc, indent=2, default=str))
+    if csv_out:
+        csv_out.write_text(compare_table.to_csv(results))
+    if markdown_out:
+        markdown_out.write_text(compare_table.to_markdown(results))
+
+
+def verify_command(
+    model: str = typer.Argument(..., help="Catalog name, local directory, .gguf file or Hub id."),
+    plan: str = typer.Option(..., "--plan", help=PLAN_HELP),
+    set_: list[str] = typer.Option([], "--set", help=SET_HELP),
+    task: Optional[str] = typer.Option(None),
+    samples: int = typer.Option(16, help="Number of real inputs (images, sentences, prompts) compared."),
+    new_tokens: int = typer.Option(16, "--new-tokens", help="Greedy tokens per prompt (generation)."),
+    batch_size: int = typer.Option(8, "--batch-size", "-b"),
+    tolerance: str = typer.Option("balanced", help="strict | balanced | loose, optionally with metric=value overrides."),
+    device: Optional[str] = typer.Option(None),
+    timeout: float = typer.Option(1800.0),
+    json_out: Optional[Path] = typer.Option(None, "--json"),
+    db: Optional[Path] = typer.Option(None),
+    tag: Optional[str] = typer.Option(None),
+    store: bool = typer.Option(True, "--store/--no-store"),
+) -> None:
+    """Output fidelity of a plan against the fp32 eager reference on the same real inputs."""
+    from accelab.bench.options import resolve_plan
+    from accelab.catalog.resolve import resolve
+    from accelab.quality.collect import QualityConfig
+    from accelab.quality.verdict import rules_for
+    from accelab.quality.verify import verify
+    from accelab.results.store import open_store
+    from accelab.results.table import print_verify
+
+    plan_obj = resolve_plan(plan, set_, None)
+    spec = resolve(model, task)
+    rules_for(spec.task, tolerance)
+    config = QualityConfig(samples=samples, new_tokens=new_tokens, batch_size=batch_size)
+    result = verify(spec, plan_obj, config, tolerance=tolerance, device=device, timeout_s=timeout, tag=tag)
+    print_verify(result)
+    if json_out:
+        json_out.write_text(result.to_json())
+    if store:
+        open_store(db).add(result)
+    if result.status in ("error", "crashed", "timeout", "oom") or (result.quality or {}).get("verdict") == "fail":
         raise typer.Exit(1)

@@ -7,6 +7,7 @@ roofline). The parent turns the child's outcome into a Result and appends it to 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import resource
 import time
@@ -16,6 +17,7 @@ from typing import Any
 from accelab.catalog.spec import ModelSpec
 from accelab.measure.runner import ChildJob, run_isolated
 from accelab.plan.plan import Plan
+from accelab.quality.collect import QualityConfig
 from accelab.results.result import Result, command_line
 from accelab.scenarios.workload import Workload
 
@@ -28,6 +30,7 @@ class BenchJob:
     plan: Plan
     workload: Workload
     device: str | None = None
+    quality: QualityConfig | None = None  # also collect outputs for the quality guard
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -36,6 +39,7 @@ class BenchOutput:
     metrics: dict[str, Any]
     notes: list[str]
     reason: str | None = None
+    outputs: dict[str, Any] | None = None  # for the quality guard, when asked
 
 
 def measure_in_child(job: BenchJob) -> BenchOutput:
@@ -79,7 +83,7 @@ def measure_in_child(job: BenchJob) -> BenchOutput:
             else:
                 raise ValueError(f"scenario {workload.scenario!r} is run by `accelab train`, not bench")
         metrics["load_s"] = load_s
-        metrics["memory"] = sampler.report.to_dict()
+        metrics["memory"] = dataclasses.asdict(sampler.report)
         metrics["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         metrics["peak_memory_mb"] = _peak_memory_mb(metrics, device)
         metrics["threads"] = {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads()}
@@ -89,44 +93,25 @@ def measure_in_child(job: BenchJob) -> BenchOutput:
 
         # 4. against the hardware
         metrics.update(_hardware_figures(runnable, batch, workload, metrics, device))
-        return BenchOutput(status="ok", metrics=metrics, notes=list(runnable.notes))
+
+        # 5. outputs for the quality guard, after timing so they cannot disturb it
+        outputs = None
+        if job.quality is not None:
+            from accelab.quality.collect import collect
+
+            outputs = collect(runnable, job.quality)
+        return BenchOutput(status="ok", metrics=metrics, notes=list(runnable.notes), outputs=outputs)
 
 
 def _build_batch(runnable: Any, workload: Workload, batch_size: int) -> dict[str, Any]:
     from accelab.catalog import inputs
 
     synthetic = workload.inputs == "synthetic"
-    loaded = _LoadedView(runnable)
     if workload.scenario == "generate":
-        return inputs.generate_batch(loaded, batch_size, synthetic=synthetic)
+        return inputs.generate_batch(runnable.as_loaded(), batch_size, synthetic=synthetic)
     return inputs.forward_batch(
-        loaded, batch_size, seq_len=workload.seq_len, image_size=workload.image_size, synthetic=synthetic
+        runnable.as_loaded(), batch_size, seq_len=workload.seq_len, image_size=workload.image_size, synthetic=synthetic
     )
-
-
-@dataclass
-class _LoadedView:
-    """What the catalog's batch builders read: model, processor and task of a Runnable."""
-
-    runnable: Any
-
-    @property
-    def model(self) -> Any:
-        return self.runnable.model
-
-    @property
-    def processor(self) -> Any:
-        return self.runnable.processor
-
-    @property
-    def spec(self) -> Any:
-        return _TaskOnly(self.runnable.task)
-
-
-@dataclass
-class _TaskOnly:
-    task: str
-    name: str = ""
 
 
 def _prepare_layout(batch: dict[str, Any], plan: Plan) -> dict[str, Any]:
@@ -152,7 +137,9 @@ def _hardware_figures(runnable: Any, batch: dict, workload: Workload, metrics: d
 
     figures: dict[str, Any] = {}
     limits = hardware_limits(str(device.type))
-    figures["hardware"] = {"peak_flops": limits.fp32_flops, "bandwidth_bytes_per_s": limits.bandwidth_bytes_per_s}
+    # MFU against the peak of the dtype the matmuls run in
+    peak = limits.bf16_flops if runnable.plan.precision.startswith(("bf16", "fp16")) and limits.bf16_flops else limits.fp32_flops
+    figures["hardware"] = {"peak_flops": peak, "bandwidth_bytes_per_s": limits.bandwidth_bytes_per_s}
     model_bytes = runnable.weight_bytes or _safe(lambda: weight_bytes(runnable.model))
     figures["weight_bytes"] = model_bytes
     if workload.scenario == "forward":
@@ -161,7 +148,7 @@ def _hardware_figures(runnable: Any, batch: dict, workload: Workload, metrics: d
             seconds = metrics["latency_ms"]["p50"] / 1000
             figures["flops_per_call"] = flops
             figures["achieved_flops"] = flops / seconds
-            figures["mfu"] = mfu(flops, seconds, limits.fp32_flops)
+            figures["mfu"] = mfu(flops, seconds, peak)
     elif "decode_step_s" in metrics and model_bytes:
         figures["roofline"] = decode_roofline(model_bytes, metrics["decode_step_s"], limits.bandwidth_bytes_per_s)
     return figures
@@ -188,8 +175,13 @@ def bench(
     tag: str | None = None,
     group_id: str | None = None,
     env: dict[str, str] | None = None,
+    quality: QualityConfig | None = None,
+    tolerance: str = "balanced",
 ) -> Result:
-    """Measure in a child process and return the Result (not stored: see `store`)."""
+    """Measure in a child process and return the Result (not stored: see `Store.add`).
+
+    With `quality`, the same child also collects outputs on the real inputs and the Result's
+    `quality` holds the verdict against the fp32 eager reference (computed once, cached)."""
     from accelab.measure.environment import environment, fingerprint
 
     effective = workload
@@ -197,7 +189,7 @@ def bench(
         effective = Workload.from_dict({**workload.to_dict(), "batch_size": plan.batch_size})
     job = ChildJob(
         target="accelab.bench.engine:measure_in_child",
-        payload=BenchJob(spec=spec, plan=plan, workload=effective, device=device),
+        payload=BenchJob(spec=spec, plan=plan, workload=effective, device=device, quality=quality),
         timeout_s=timeout_s,
         env=env or {},
     )
@@ -219,6 +211,11 @@ def bench(
         output: BenchOutput = outcome.value
         result.status = output.status  # type: ignore[assignment]
         result.metrics, result.notes, result.reason = output.metrics, output.notes, output.reason
+        if quality is not None and output.outputs is not None:
+            from accelab.quality.verify import judge_outputs, reference_outputs
+
+            reference = reference_outputs(spec, quality, device=device, timeout_s=timeout_s)
+            result.quality = judge_outputs(spec.task, reference, output.outputs, tolerance)
     else:
         result.status = outcome.status  # type: ignore[assignment]
         result.reason = outcome.reason

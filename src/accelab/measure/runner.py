@@ -80,7 +80,10 @@ def _is_oom(err: BaseException) -> bool:
 
 
 def _child_main(conn: Any, job: ChildJob) -> None:
+    from accelab.quiet import quiet_third_party
+
     os.environ.update(job.env)
+    quiet_third_party()
     try:
         module_name, func_name = job.target.split(":")
         func = getattr(importlib.import_module(module_name), func_name)

@@ -64,16 +64,25 @@ def apply_plan(spec: ModelSpec, plan: Plan, device: torch.device, *, offload_dir
 
         return load_backend(spec, plan, device)
 
-    # 1. process settings, restored when the Runnable closes
+    # 1. process settings, restored when the Runnable closes (or now, if a later step fails)
     runnable_stack = system.apply(plan, device)
+    try:
+        return _load_and_apply(spec, plan, device, runnable_stack, offload_dir)
+    except BaseException:
+        runnable_stack.close()
+        raise
 
+
+def _load_and_apply(
+    spec: ModelSpec, plan: Plan, device: torch.device, runnable_stack: Any, offload_dir: str | None
+) -> Runnable:
     # 2. load with the plan's from_pretrained arguments
     from accelab.catalog.load import load
 
     kwargs: dict[str, Any] = {}
     kwargs.update(attention.load_kwargs(plan, spec))
     kwargs.update(precision.load_kwargs(plan))
-    kwargs.update(placement.load_kwargs(plan, device, offload_dir=offload_dir))
+    kwargs.update(placement.load_kwargs(plan, device, offload_dir=offload_dir, spec=spec, exit_stack=runnable_stack))
     log.info("loading %s with %s", spec.name, kwargs)
     loaded = load(spec, **kwargs)
     model = loaded.model
@@ -92,7 +101,10 @@ def apply_plan(spec: ModelSpec, plan: Plan, device: torch.device, *, offload_dir
         task=spec.task,
         exit_stack=runnable_stack,
         placement=placement.describe(model),
+        spec=spec,
+        plan=plan,
     )
+    runnable.notes.extend(getattr(model, "_accelab_notes", ()))  # left by memory format / quantization
     # 5. mixed precision (autocast through accelerate)
     precision.apply(runnable, plan)
     # 6. KV cache
@@ -100,7 +112,33 @@ def apply_plan(spec: ModelSpec, plan: Plan, device: torch.device, *, offload_dir
     # 7. compile
     compile_.apply(runnable, plan)
     runnable.notes.extend(_notes(plan, runnable))
+    _inject_fault(runnable)
     return runnable
+
+
+FAULT_ENV = "ACCELAB_FAULT"
+
+
+def _inject_fault(runnable: Runnable) -> None:
+    """Testing hook for the quality guard: `ACCELAB_FAULT=perturb-weights:0.5` adds Gaussian
+    noise of that relative size to every floating-point weight, i.e. a deliberately broken plan.
+    Never set in normal use; the Result notes say when it was."""
+    import os
+
+    fault = os.environ.get(FAULT_ENV)
+    if not fault:
+        return
+    kind, _, size = fault.partition(":")
+    if kind != "perturb-weights":
+        raise ValueError(f"{FAULT_ENV}={fault!r}: the only fault is perturb-weights:<relative size>")
+    scale = float(size or 0.5)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in runnable.model.parameters():
+            if param.is_floating_point():
+                noise = torch.randn(param.shape, generator=generator).to(param.device, param.dtype)
+                param.add_(noise * param.float().std().nan_to_num(0).to(param.dtype) * scale)
+    runnable.notes.append(f"FAULT INJECTED for testing: {fault}")
 
 
 def _notes(plan: Plan, runnable: Runnable) -> list[str]:

@@ -194,10 +194,19 @@ def apply_overrides(plan: Plan, assignments: list[str] | tuple[str, ...]) -> Pla
 
 
 def load_plan(ref: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Plan:
-    """A preset name or a YAML file path, then `--set` overrides."""
+    """A preset name or a YAML file path, then `--set` overrides.
+
+    Inline overrides name a variant in one word, for compare: `baseline[batch_size=16]`,
+    `compile-static[batch_size=16;threads=1]`; they apply after `overrides`.
+    """
     from accelab.plan.presets import PRESETS
 
-    text = str(ref)
+    text = str(ref).strip()
+    if text.endswith("]") and "[" in text:
+        base, inline = text[:-1].split("[", 1)
+        plan = load_plan(base, overrides)
+        assignments = [a for a in inline.split(";") if a.strip()]
+        return apply_overrides(plan, assignments).with_changes(name=text)
     if text in PRESETS:
         plan = PRESETS[text]
     elif text.endswith((".yaml", ".yml")) or Path(text).is_file():

@@ -37,6 +37,14 @@ class Runnable:
     exit_stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # global flags to restore
     generate_fn: Callable[..., Any] | None = None  # backends that generate without a torch model
     weight_bytes: int | None = None
+    spec: Any = None  # the ModelSpec it was loaded from
+    plan: Any = None  # the Plan applied
+
+    def as_loaded(self) -> Any:
+        """The catalog's `Loaded` view (model, processor, spec), for its batch builders."""
+        from accelab.catalog.load import Loaded
+
+        return Loaded(model=self.model, processor=self.processor, spec=self.spec)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> Any:
         with torch.inference_mode(), self.context():

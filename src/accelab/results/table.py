@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from accelab.results.result import Result
+
+
+def make_console(stderr: bool = False) -> Console:
+    """A terminal keeps its width; a pipe or a log file gets 160 columns, so tables stay tables."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, width=None if stream.isatty() else 160)
 
 
 def fmt(value: Any, digits: int = 3) -> str:
@@ -92,10 +99,33 @@ def bench_rows(result: Result) -> list[tuple[str, str]]:
 
 
 def print_bench(result: Result, console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or make_console()
     table = Table(title=f"accelab bench · run {result.run_id}", show_header=False, title_justify="left")
     table.add_column(style="bold cyan", no_wrap=True)
     table.add_column()
     for label, value in bench_rows(result):
         table.add_row(label, value)
+    console.print(table)
+
+
+def print_verify(result: Result, console: Console | None = None) -> None:
+    console = console or make_console()
+    table = Table(title=f"accelab verify · run {result.run_id}", show_header=False, title_justify="left")
+    table.add_column(style="bold cyan", no_wrap=True)
+    table.add_column()
+    table.add_row("model", f"{result.model.get('name')} ({result.model.get('task')})")
+    table.add_row("plan", str(result.plan.get("name")))
+    table.add_row("reference", "fp32 eager, same real inputs, own process")
+    table.add_row("samples", str(result.workload.get("samples")))
+    if result.quality is None:
+        table.add_row("status", f"{result.status}: {result.reason}")
+    else:
+        colour = {"pass": "green", "warn": "yellow", "fail": "red"}[result.quality["verdict"]]
+        table.add_row("verdict", f"[bold {colour}]{result.quality['verdict']}[/] ({result.quality['tolerance']})")
+        for key, value in result.quality["metrics"].items():
+            table.add_row(key, fmt(value, 4))
+        for line in result.quality["rules"]:
+            table.add_row("rule", line)
+    for note in result.notes:
+        table.add_row("note", note)
     console.print(table)

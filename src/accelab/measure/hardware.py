@@ -1,0 +1,456 @@
+"""This machine's physical limits, measured: peak matmul FLOP/s and memory read bandwidth, the
+two denominators of every roofline figure accelab reports. Cached in
+`cache_dir()/hardware.json`, keyed by the environment fingerprint, the device and the thread
+count, because they take a second or two to measure and do not change between runs.
+
+Also `capabilities()`: what each acceleration technique can do on this machine, decided from
+the environment (and the measured limits when given), never from a recipe.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator, Literal
+
+import torch
+
+from accelab.measure.environment import environment, fingerprint
+from accelab.paths import cache_dir
+
+log = logging.getLogger(__name__)
+
+CACHE_FILE = "hardware.json"
+
+# A CPU matmul grows until one call takes this long (or reaches max size): big enough to reach
+# the kernel's steady rate, small enough that a CPU without native bf16 (400x slower on some
+# machines) stays under a second.
+CPU_CALL_TARGET_S = 0.025
+CPU_MAX_MATMUL = 2048
+CUDA_MATMUL = 8192
+CPU_READ_BYTES = 256 * 2**20  # larger than most L2s; some virtual CPUs report huge L3s
+CUDA_READ_BYTES = 2 * 2**30
+CUDA_INNER = 10  # calls between two CUDA events, to hide launch latency
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HardwareLimits:
+    """Measured limits of one device at one thread count.
+
+    fp32_flops on CUDA is strict IEEE fp32 (TF32 off); tf32_flops is None on CPU.
+    bandwidth_bytes_per_s is READ bandwidth (bytes read per second, see memory_bandwidth)."""
+
+    device: str
+    fp32_flops: float
+    bf16_flops: float
+    tf32_flops: float | None
+    bandwidth_bytes_per_s: float
+    threads: int
+    measured_at: str  # ISO 8601, UTC
+    fingerprint: str
+
+
+# --- timing ------------------------------------------------------------------------------
+
+
+def _best_seconds(fn: Callable[[], Any], device: torch.device, *, repeats: int, inner: int = 1) -> float:
+    """Best (minimum) seconds per call of fn over `repeats` timings of `inner` calls each,
+    after one untimed warm-up call. Min, not median: a limit is what the machine CAN do."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        if device.type == "cuda":
+            # Events record on the current device's stream: make it the measured device's.
+            with torch.cuda.device(device):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(inner):
+                    fn()
+                end.record()
+                end.synchronize()  # note: CPU-GPU sync point, once per timing
+            seconds = start.elapsed_time(end) / 1000
+        else:
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            seconds = time.perf_counter() - t0
+        best = min(best, seconds / inner)
+    return best
+
+
+def _resolve_device(device: str | torch.device) -> torch.device:
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={device!r} asked for CUDA, but torch sees no GPU here; use device='cpu'")
+        return torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
+    if dev.type != "cpu":
+        raise ValueError(f"device={device!r} is not supported: use 'cpu' or 'cuda[:N]'")
+    return dev
+
+
+@contextmanager
+def _cuda_tf32(enabled: bool) -> Iterator[None]:
+    """TF32 for CUDA fp32 matmuls on or off inside the block; restores the exact previous value
+    (restoring another value, e.g. "none", makes torch refuse later reads of `allow_tf32`)."""
+    matmul = torch.backends.cuda.matmul
+    try:
+        old: Any = matmul.fp32_precision  # torch >= 2.9
+        name, value = "fp32_precision", "tf32" if enabled else "ieee"
+    except (AttributeError, RuntimeError):
+        old = matmul.allow_tf32
+        name, value = "allow_tf32", enabled
+    setattr(matmul, name, value)
+    try:
+        yield
+    finally:
+        setattr(matmul, name, old)
+
+
+# --- micro-benchmarks --------------------------------------------------------------------
+
+
+def peak_matmul_flops(
+    device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, *, repeats: int = 5
+) -> float:
+    """FLOP/s of a square matmul (2*n^3 FLOPs), best of `repeats`.
+
+    CUDA: n=8192, timed with CUDA events over 10 calls. CPU: n doubles from 256 until one
+    call takes >= 25 ms or n reaches 2048, so slow dtypes (bf16 without native support) stay
+    fast to measure; at the current torch thread count. CUDA fp32 uses the current TF32
+    setting (see hardware_limits for explicit IEEE / TF32 figures)."""
+    dev = _resolve_device(device)
+    if dev.type == "cuda":
+        n, inner = CUDA_MATMUL, CUDA_INNER
+    else:
+        n, inner = _calibrate_cpu_size(dtype), 1
+    a = torch.randn(n, n, device=dev, dtype=torch.float32).to(dtype)
+    b = torch.randn(n, n, device=dev, dtype=torch.float32).to(dtype)
+    seconds = _best_seconds(lambda: torch.mm(a, b), dev, repeats=repeats, inner=inner)
+    flops = 2 * n**3 / seconds
+    log.info("matmul %s %s n=%d: %.1f GFLOP/s", dev, dtype, n, flops / 1e9)
+    return flops
+
+
+def _calibrate_cpu_size(dtype: torch.dtype) -> int:
+    n = 256
+    while n < CPU_MAX_MATMUL:
+        a = torch.randn(n, n).to(dtype)
+        if _best_seconds(lambda: torch.mm(a, a), torch.device("cpu"), repeats=1) >= CPU_CALL_TARGET_S:
+            break
+        n *= 2
+    return n
+
+
+def memory_bandwidth(device: str | torch.device = "cpu", *, nbytes: int | None = None, repeats: int = 10) -> float:
+    """READ bandwidth in bytes/s: `x.sum()` over an fp32 tensor of `nbytes` (256 MiB on CPU,
+    2 GiB on CUDA), counting only the nbytes read per call (the 4-byte result is ignored).
+
+    Read bandwidth is the roofline for decoding, which streams the weights once per token. A
+    copy would move 2*nbytes (read + write), and on CPU write-allocate adds a third pass that
+    no counter sees; the sum avoids that ambiguity."""
+    dev = _resolve_device(device)
+    nbytes = nbytes or (CUDA_READ_BYTES if dev.type == "cuda" else CPU_READ_BYTES)
+    # ones, not empty: untouched pages could all map the kernel's shared zero page.
+    x = torch.ones(nbytes // 4, device=dev, dtype=torch.float32)
+    inner = CUDA_INNER if dev.type == "cuda" else 1
+    seconds = _best_seconds(lambda: x.sum(), dev, repeats=repeats, inner=inner)
+    bandwidth = x.nbytes / seconds
+    log.info("read bandwidth %s (%d MiB): %.1f GB/s", dev, x.nbytes >> 20, bandwidth / 1e9)
+    return bandwidth
+
+
+# --- the cache ---------------------------------------------------------------------------
+
+
+def hardware_limits(device: str | torch.device = "cpu", refresh: bool = False) -> HardwareLimits:
+    """Peak fp32/bf16 (and TF32 on CUDA) matmul FLOP/s and read bandwidth of `device`, from
+    the cache unless `refresh` or this machine/software/thread count has not been measured."""
+    dev = _resolve_device(device)
+    threads = torch.get_num_threads()
+    fp = fingerprint(environment())
+    key = f"{fp}|{dev}|threads={threads}"
+    cache = _read_cache()
+    if not refresh and key in cache:
+        try:
+            return HardwareLimits(**cache[key])
+        except TypeError:  # written by another accelab version: measure again
+            log.info("hardware cache entry %s is stale; measuring again", key)
+    limits = _measure(dev, threads, fp)
+    cache[key] = asdict(limits)
+    _write_cache(cache)
+    return limits
+
+
+def _measure(dev: torch.device, threads: int, fp: str) -> HardwareLimits:
+    log.info("measuring %s limits at %d threads (cached afterwards)", dev, threads)
+    tf32 = None
+    if dev.type == "cuda":
+        with _cuda_tf32(False):
+            fp32 = peak_matmul_flops(dev, torch.float32)
+        with _cuda_tf32(True):
+            tf32 = peak_matmul_flops(dev, torch.float32)
+    else:
+        fp32 = peak_matmul_flops(dev, torch.float32)
+    return HardwareLimits(
+        device=str(dev),
+        fp32_flops=fp32,
+        bf16_flops=peak_matmul_flops(dev, torch.bfloat16),
+        tf32_flops=tf32,
+        bandwidth_bytes_per_s=memory_bandwidth(dev),
+        threads=threads,
+        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        fingerprint=fp,
+    )
+
+
+def _cache_path() -> Path:
+    return cache_dir() / CACHE_FILE
+
+
+def _read_cache() -> dict[str, Any]:
+    try:
+        with open(_cache_path()) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_cache(cache: dict[str, Any]) -> None:
+    # Atomic replace: another accelab process may be reading the file right now.
+    path = _cache_path()
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".hardware-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(cache, f, indent=2, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+# --- capabilities ------------------------------------------------------------------------
+
+Status = Literal["ok", "slow", "unsupported"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Capability:
+    """What one technique can do here. "slow": it runs, but expect it slower than fp32 eager."""
+
+    technique: str
+    status: Status
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Machine:
+    """The facts of environment() (and optional limits) that the checks below read."""
+
+    gpus: int
+    min_cc: tuple[int, int] | None  # lowest compute capability across GPUs
+    native_bf16: bool
+    amx: bool
+    native_fp16: bool
+    versions: dict[str, str | None]
+    c_compiler: str | None
+    limits: HardwareLimits | None
+
+    @classmethod
+    def of(cls, env: dict[str, Any], limits: HardwareLimits | None) -> _Machine:
+        ccs = [_parse_cc(g.get("compute_capability")) for g in env.get("gpus", [])]
+        known = [cc for cc in ccs if cc is not None]
+        cpu = env.get("cpu", {})
+        return cls(
+            gpus=len(ccs),
+            min_cc=min(known) if known else None,
+            native_bf16=bool(cpu.get("native_bf16")),
+            amx=bool(cpu.get("torch_amx_tile")),
+            native_fp16=bool(cpu.get("native_fp16")),
+            versions=env.get("versions", {}),
+            c_compiler=env.get("c_compiler"),
+            limits=limits,
+        )
+
+    def cc_at_least(self, major: int, minor: int = 0) -> bool:
+        return self.min_cc is not None and self.min_cc >= (major, minor)
+
+    @property
+    def cc_text(self) -> str:
+        return f"{self.min_cc[0]}.{self.min_cc[1]}" if self.min_cc else "unknown"
+
+
+def _parse_cc(text: str | None) -> tuple[int, int] | None:
+    try:
+        major, minor = str(text).split(".")
+        return int(major), int(minor)
+    except ValueError:
+        return None
+
+
+Check = tuple[Status, str]
+
+
+def _bf16(m: _Machine) -> Check:
+    if m.gpus:
+        if m.cc_at_least(8):
+            return "ok", f"GPU compute capability {m.cc_text} has bf16 tensor cores"
+        return "slow", f"GPU compute capability {m.cc_text} < 8.0 has no bf16 tensor cores"
+    if m.limits is not None and m.limits.device == "cpu":
+        bf16, fp32 = m.limits.bf16_flops / 1e9, m.limits.fp32_flops / 1e9
+        if bf16 < 0.8 * fp32:
+            return "slow", f"measured bf16 matmul {bf16:.1f} GFLOP/s vs fp32 {fp32:.1f}: expect it slower"
+        return "ok", f"measured bf16 matmul {bf16:.1f} GFLOP/s vs fp32 {fp32:.1f}"
+    if m.amx:
+        return "ok", "torch sees AMX tiles on this CPU: native bf16 matmuls"
+    if m.native_bf16:
+        # Measured on an AVX512-BF16 CPU without AMX: bf16 matmul at half the fp32 rate.
+        return "slow", "AVX512-BF16 but no AMX: bf16 matmuls are usually no faster than fp32 (`accelab env` measures)"
+    return "slow", "runs, but this CPU has no native bf16 (torch sees no AVX512-BF16/AMX): expect it slower"
+
+
+def _fp16_autocast(m: _Machine) -> Check:
+    if m.gpus:
+        return "ok", "CUDA autocast to fp16"
+    return "unsupported", "accelerate's fp16 on CPU is a no-op (native_amp False): it would run fp32"
+
+
+def _fp16_weights(m: _Machine) -> Check:
+    if m.gpus:
+        return "ok", "fp16 tensor cores" if m.cc_at_least(7) else f"GPU compute capability {m.cc_text}"
+    if m.native_fp16:
+        return "ok", "torch sees AMX-FP16 on this CPU"
+    return "slow", "runs, but torch sees no native fp16 (AMX-FP16) on this CPU: expect it slower"
+
+
+def _fp8(m: _Machine) -> Check:
+    if not m.gpus:
+        return "unsupported", "needs a GPU with compute capability >= 8.9; no GPU here"
+    if not m.cc_at_least(8, 9):
+        return "unsupported", f"needs compute capability >= 8.9; this GPU is {m.cc_text}"
+    return "ok", f"GPU compute capability {m.cc_text} has fp8 tensor cores"
+
+
+def _compile(m: _Machine) -> Check:
+    if m.gpus:
+        if m.versions.get("triton"):
+            return "ok", f"inductor with triton {m.versions['triton']}"
+        return "unsupported", "inductor needs triton on GPU: pip install triton"
+    if m.c_compiler:
+        return "ok", f"inductor C++ backend with {m.c_compiler}; the first call compiles (tens of s)"
+    return "unsupported", "inductor on CPU needs a C++ compiler (g++/clang); none on PATH"
+
+
+def _flash_attention(m: _Machine) -> Check:
+    if not m.gpus:
+        return "unsupported", "needs CUDA and the flash_attn package; no GPU here"
+    if not m.cc_at_least(8):
+        return "unsupported", f"flash-attention 2 needs compute capability >= 8.0; this GPU is {m.cc_text}"
+    if not m.versions.get("flash_attn"):
+        return "unsupported", "the flash_attn package is not installed"
+    return "ok", f"flash_attn {m.versions['flash_attn']}"
+
+
+def _sdpa(m: _Machine) -> Check:
+    return "ok", "torch's scaled_dot_product_attention picks the best kernel for the device"
+
+
+def _torchao(m: _Machine, what: str) -> Check:
+    if not m.versions.get("torchao"):
+        return "unsupported", "torchao is not installed: pip install torchao"
+    if m.gpus:
+        return "ok", f"torchao {m.versions['torchao']}"
+    return "ok", f"torchao {m.versions['torchao']}; {what} on CPU is often slower in eager mode: pair with compile"
+
+
+def _int4(m: _Machine) -> Check:
+    if not m.versions.get("torchao"):
+        return "unsupported", "torchao is not installed: pip install torchao"
+    if not m.gpus:
+        return "unsupported", "torchao int4 weight-only uses CUDA's tinygemm kernel; no GPU here"
+    if not m.cc_at_least(8):
+        return "unsupported", f"tinygemm needs compute capability >= 8.0; this GPU is {m.cc_text}"
+    return "ok", f"torchao {m.versions['torchao']} tinygemm int4 kernel"
+
+
+def _tf32(m: _Machine) -> Check:
+    if not m.gpus:
+        return "unsupported", "TF32 is a GPU tensor-core mode; no GPU here"
+    if not m.cc_at_least(8):
+        return "unsupported", f"TF32 needs compute capability >= 8.0; this GPU is {m.cc_text}"
+    return "ok", "fp32 matmuls on TF32 tensor cores (10-bit mantissa)"
+
+
+def _cudnn_benchmark(m: _Machine) -> Check:
+    if not m.gpus:
+        return "unsupported", "cuDNN autotuning is GPU only; no GPU here"
+    return "ok", "autotunes convolutions per input shape (fixed shapes only)"
+
+
+def _channels_last(m: _Machine) -> Check:
+    return "ok", "memory format for convolutions; measure it, it can be slower for some models"
+
+
+def _multi_gpu(m: _Machine) -> Check:
+    if m.gpus >= 2:
+        return "ok", f"{m.gpus} GPUs for device_map / data-parallel"
+    return "unsupported", f"needs 2+ GPUs, found {m.gpus}; CPU/disk offload still works"
+
+
+def _offload(m: _Machine) -> Check:
+    return "ok", "accelerate device_map with max_memory, CPU or disk offload"
+
+
+def _package(dist: str, name: str, pip: str, note: str = "") -> Callable[[_Machine], Check]:
+    def check(m: _Machine) -> Check:
+        version = m.versions.get(dist)
+        if version:
+            return "ok", f"{name} {version}{note}"
+        return "unsupported", f"{name} is not installed: pip install {pip}"
+
+    return check
+
+
+# Technique names follow Plan's fields (precision, quantization, backend, ...).
+CHECKS: dict[str, Callable[[_Machine], Check]] = {
+    "bf16-autocast": _bf16,
+    "bf16-weights": _bf16,
+    "fp16-autocast": _fp16_autocast,
+    "fp16-weights": _fp16_weights,
+    "fp8": _fp8,
+    "tf32": _tf32,
+    "compile": _compile,
+    "sdpa": _sdpa,
+    "flash_attention_2": _flash_attention,
+    "int8-weight": lambda m: _torchao(m, "int8 weight-only"),
+    "int8-dynamic": lambda m: _torchao(m, "int8 dynamic"),
+    "int4-weight": _int4,
+    "channels_last": _channels_last,
+    "cudnn-benchmark": _cudnn_benchmark,
+    "multi-gpu": _multi_gpu,
+    "offload": _offload,
+    "onnxruntime": _package("onnxruntime", "ONNX Runtime", "onnxruntime"),
+    "openvino": _package("openvino", "OpenVINO", "openvino"),
+    "llamacpp": _package("llama_cpp", "llama.cpp", "llama-cpp-python", " (GGUF models)"),
+}
+
+
+def capabilities(env: dict[str, Any], limits: HardwareLimits | None = None) -> list[Capability]:
+    """What each technique can do on the machine `env` describes (see environment()).
+
+    With CPU `limits`, bf16 is judged by the measured bf16/fp32 matmul rates rather than by
+    instruction-set flags."""
+    machine = _Machine.of(env, limits)
+    result = []
+    for name, check in CHECKS.items():
+        status, reason = check(machine)
+        result.append(Capability(technique=name, status=status, reason=reason))
+    return result

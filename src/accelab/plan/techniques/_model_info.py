@@ -1,0 +1,81 @@
+"""What the technique checks need to know about a model before it is loaded.
+
+Everything here reads the model's config (local files only, no Hub) and, where the layer
+structure matters, builds the model on the meta device: no weights are read or allocated.
+A spec whose config cannot be read (an unusual checkpoint) gives None, and the checks that
+need it step aside: loading will then fail with transformers' own message.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from accelab.catalog.spec import ModelSpec
+
+log = logging.getLogger(__name__)
+
+# task -> transformers auto class; the same mapping as `accelab.catalog.load`
+AUTO_CLASSES = {
+    "text-generation": "AutoModelForCausalLM",
+    "feature-extraction": "AutoModel",
+    "image-classification": "AutoModelForImageClassification",
+    "image-text-to-text": "AutoModelForImageTextToText",
+}
+GENERATE_TASKS = ("text-generation", "image-text-to-text")
+
+
+def load_config(spec: ModelSpec) -> Any | None:
+    from transformers import AutoConfig
+
+    kwargs = {"gguf_file": spec.gguf_file} if spec.gguf_file else {}
+    try:
+        return AutoConfig.from_pretrained(spec.source, local_files_only=True, **kwargs)
+    except (OSError, ValueError, KeyError, ImportError) as exc:
+        log.debug("no config for %s (%s): %s", spec.name, spec.source, exc)
+        return None
+
+
+def model_class(spec: ModelSpec, config: Any) -> type | None:
+    """The class `from_pretrained` will build for this task and config."""
+    import transformers
+
+    auto = getattr(transformers, AUTO_CLASSES[spec.task])
+    try:
+        return auto._model_mapping[type(config)]
+    except (KeyError, ValueError):
+        return None
+
+
+def architecture(spec: ModelSpec, config: Any | None) -> str:
+    """A short name for messages: the config's model_type ("resnet"), else the spec name."""
+    return getattr(config, "model_type", None) or spec.name
+
+
+def meta_model(spec: ModelSpec, config: Any, dtype: torch.dtype = torch.float32) -> torch.nn.Module | None:
+    """The model with every parameter on the meta device (layer structure and sizes, no data)."""
+    cls = model_class(spec, config)
+    if cls is None:
+        return None
+    with torch.device("meta"):
+        return cls._from_config(config, dtype=dtype)
+
+
+def weight_bytes(model: torch.nn.Module, dtype: torch.dtype | None = None) -> int:
+    """Bytes of parameters and buffers; floating tensors counted at `dtype` when given."""
+    total = 0
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        size = dtype.itemsize if dtype is not None and tensor.is_floating_point() else tensor.element_size()
+        total += tensor.numel() * size
+    return total
+
+
+def add_note(model: Any, note: str) -> None:
+    """Notes a technique leaves on the model; `apply_plan` moves them to `Runnable.notes`."""
+    notes = getattr(model, "_accelab_notes", None)
+    if notes is None:
+        notes = []
+        model._accelab_notes = notes
+    notes.append(note)

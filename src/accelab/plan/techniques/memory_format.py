@@ -1,0 +1,61 @@
+"""Memory format: channels_last (NHWC) for convolutional models.
+
+Convolution kernels (cuDNN, oneDNN) are faster on NHWC; the weights are converted here, and
+the input images must be NHWC too, or every conv converts them again: the scenario passes
+each batch through `prepare_batch`. Models whose only convolution is a patch embedding
+(ViT) or that have none (text models) gain nothing, and are reported as unsupported.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from accelab.catalog.spec import ModelSpec
+from accelab.plan.plan import Plan
+from accelab.plan.runtime import Unsupported
+from accelab.plan.techniques import _model_info
+
+log = logging.getLogger(__name__)
+
+
+def check(plan: Plan, spec: ModelSpec, device: torch.device) -> None:
+    if plan.memory_format != "channels_last":
+        return
+    config = _model_info.load_config(spec)
+    model = _model_info.meta_model(spec, config) if config is not None else None
+    if model is None:
+        return  # unknown layout: apply converts what 4-D weights there are
+    arch = _model_info.architecture(spec, config)
+    convs = count_conv2d(model)
+    if convs == 0:
+        raise Unsupported(f"no convolution layers: channels_last changes nothing for {arch}")
+    if convs == 1:
+        raise Unsupported(
+            f"{arch} has a single convolution (its patch embedding): channels_last changes nothing that matters"
+        )
+
+
+def count_conv2d(model: torch.nn.Module) -> int:
+    return sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+
+
+def apply(model: Any, plan: Plan) -> Any:
+    if plan.memory_format != "channels_last":
+        return model
+    model = model.to(memory_format=torch.channels_last)  # converts only 4-D (conv) weights
+    _model_info.add_note(model, f"channels_last weights ({count_conv2d(model)} conv layers); inputs converted per batch")
+    log.info("channels_last: %d conv layers", count_conv2d(model))
+    return model
+
+
+def prepare_batch(batch: dict[str, Any], plan: Plan) -> dict[str, Any]:
+    """The batch with 4-D `pixel_values` in channels_last, when the plan asks for it."""
+    if plan.memory_format != "channels_last":
+        return batch
+    pixels = batch.get("pixel_values")
+    if not torch.is_tensor(pixels) or pixels.dim() != 4:
+        return batch
+    return {**batch, "pixel_values": pixels.contiguous(memory_format=torch.channels_last)}

@@ -1,0 +1,137 @@
+"""`accelab verify`: a plan's outputs against the fp32 eager reference, each in its own process.
+
+The reference outputs are cached per (model files, task, quality config, accelab version), so a
+compare of five plans runs the reference once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import pickle
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from accelab import __version__
+from accelab.catalog.spec import ModelSpec
+from accelab.measure.runner import ChildJob, run_isolated
+from accelab.paths import cache_dir
+from accelab.plan.plan import Plan
+from accelab.quality.collect import QualityConfig
+from accelab.quality.metrics import compare
+from accelab.quality.verdict import judge
+from accelab.results.result import Result, command_line
+
+log = logging.getLogger(__name__)
+
+REFERENCE_PLAN = Plan(name="reference-fp32-eager", attention="eager")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CollectJob:
+    spec: ModelSpec
+    plan: Plan
+    config: QualityConfig
+    device: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CollectOutput:
+    status: str  # "ok" | "unsupported"
+    outputs: dict[str, Any] | None = None
+    reason: str | None = None
+    notes: tuple[str, ...] = ()
+
+
+def collect_in_child(job: CollectJob) -> CollectOutput:
+    from accelab.plan.apply import apply_plan, resolve_device
+    from accelab.plan.runtime import Unsupported
+    from accelab.quality.collect import collect
+
+    try:
+        runnable = apply_plan(job.spec, job.plan, resolve_device(job.plan, job.device))
+    except Unsupported as why:
+        return CollectOutput(status="unsupported", reason=str(why))
+    with runnable:
+        return CollectOutput(status="ok", outputs=collect(runnable, job.config), notes=tuple(runnable.notes))
+
+
+def _reference_key(spec: ModelSpec, config: QualityConfig, device: str | None) -> str:
+    source = Path(spec.source)
+    stamps = sorted((p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in source.glob("*") if p.is_file())
+    blob = json.dumps([spec.to_dict(), asdict(config), device, __version__, stamps], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def reference_outputs(spec: ModelSpec, config: QualityConfig, *, device: str | None = None, timeout_s: float = 1800) -> dict[str, Any]:
+    """fp32 eager outputs on the real inputs, from the cache or a fresh child process."""
+    path = cache_dir() / "references" / f"{_reference_key(spec, config, device)}.pkl"
+    if path.is_file():
+        return pickle.loads(path.read_bytes())
+    log.info("computing the fp32 eager reference of %s", spec.name)
+    outcome = run_isolated(
+        ChildJob(
+            target="accelab.quality.verify:collect_in_child",
+            payload=CollectJob(spec=spec, plan=REFERENCE_PLAN, config=config, device=device),
+            timeout_s=timeout_s,
+        )
+    )
+    output: CollectOutput = outcome.unwrap()
+    if output.status != "ok":
+        raise RuntimeError(f"the fp32 reference of {spec.name} could not run: {output.reason}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(pickle.dumps(output.outputs))
+    tmp.replace(path)  # atomic: a killed run never leaves a half-written reference
+    return output.outputs  # type: ignore[return-value]
+
+
+def judge_outputs(task: str, reference: dict[str, Any], candidate: dict[str, Any], tolerance: str) -> dict[str, Any]:
+    metrics = compare(task, reference, candidate)
+    verdict, lines = judge(task, metrics, tolerance)
+    return {"verdict": verdict, "tolerance": tolerance, "metrics": metrics, "rules": lines}
+
+
+def verify(
+    spec: ModelSpec,
+    plan: Plan,
+    config: QualityConfig,
+    *,
+    tolerance: str = "balanced",
+    device: str | None = None,
+    timeout_s: float = 1800,
+    tag: str | None = None,
+) -> Result:
+    from accelab.measure.environment import environment, fingerprint
+
+    reference = reference_outputs(spec, config, device=device, timeout_s=timeout_s)
+    outcome = run_isolated(
+        ChildJob(
+            target="accelab.quality.verify:collect_in_child",
+            payload=CollectJob(spec=spec, plan=plan, config=config, device=device),
+            timeout_s=timeout_s,
+        )
+    )
+    machine = environment()
+    result = Result(
+        kind="verify",
+        status="error",
+        model=spec.to_dict(),
+        plan=plan.to_dict(),
+        workload={"scenario": "verify", **asdict(config)},
+        environment=machine,
+        fingerprint=fingerprint(machine),
+        command=command_line(),
+        tag=tag,
+    )
+    if not outcome.ok:
+        result.status, result.reason = outcome.status, outcome.reason  # type: ignore[assignment]
+        result.metrics = {"traceback": outcome.traceback} if outcome.traceback else {}
+        return result
+    output: CollectOutput = outcome.value
+    result.status, result.reason, result.notes = output.status, output.reason, list(output.notes)  # type: ignore[assignment]
+    if output.status == "ok":
+        result.quality = judge_outputs(spec.task, reference, output.outputs or {}, tolerance)
+    return result

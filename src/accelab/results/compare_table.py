@@ -1,0 +1,138 @@
+"""The compare table: one row per plan, speed-up and memory against the first plan. Pure."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from accelab.results.result import Result
+from accelab.results.table import fmt, make_console
+
+
+def _quality_cell(result: Result) -> str:
+    if result.quality is None:
+        return "-"
+    return result.quality["verdict"]
+
+
+def _status_note(result: Result) -> str:
+    if result.status == "unsupported":
+        return f"unsupported here: {result.reason}"
+    if not result.ok:
+        return f"{result.status}: {(result.reason or '').splitlines()[0][:160]}"
+    return "; ".join(result.notes)
+
+
+def rows(results: list[Result]) -> list[dict[str, Any]]:
+    """Plain rows (numbers, not strings) for JSON / CSV; speed-ups against the first ok row."""
+    base = next((r for r in results if r.ok), None)
+    base_tp = base.metrics.get("throughput") if base else None
+    base_mem = base.metrics.get("peak_memory_mb") if base else None
+    table = []
+    for r in results:
+        m = r.metrics if r.ok else {}
+        generate = r.workload.get("scenario") == "generate"
+        latency = m.get("e2e_ms" if generate else "latency_ms") or {}
+        row: dict[str, Any] = {
+            "plan": r.plan.get("name"),
+            "status": r.status,
+            "latency_p50_ms": latency.get("p50"),
+            "latency_p99_ms": latency.get("p99"),
+            "throughput": m.get("throughput"),
+            "throughput_unit": m.get("throughput_unit"),
+            "peak_memory_mb": m.get("peak_memory_mb"),
+            "speedup": m["throughput"] / base_tp if base_tp and m.get("throughput") else None,
+            "memory_saving": 1 - m["peak_memory_mb"] / base_mem if base_mem and m.get("peak_memory_mb") else None,
+            "quality": r.quality["verdict"] if r.quality else None,
+            "notes": _status_note(r),
+            "run_id": r.run_id,
+        }
+        if generate:
+            row["ttft_p50_ms"] = (m.get("ttft_ms") or {}).get("p50")
+            row["tpot_p50_ms"] = (m.get("tpot_ms") or {}).get("p50")
+            row["decode_tokens_per_s"] = m.get("decode_tokens_per_s")
+            row["roofline"] = (m.get("roofline") or {}).get("fraction")
+        elif m.get("mfu") is not None:
+            row["mfu"] = m["mfu"]
+        if r.quality:
+            row["quality_metrics"] = r.quality.get("metrics")
+        table.append(row)
+    return table
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def render(results: list[Result], title: str, console: Console | None = None) -> None:
+    console = console or make_console()
+    data = rows(results)
+    generate = any(r.workload.get("scenario") == "generate" for r in results)
+    table = Table(title=title, title_justify="left")
+    columns = ["plan", "p50 ms", "p99 ms"]
+    columns += ["TTFT ms", "TPOT ms", "tokens/s", "roofline"] if generate else ["items/s", "MFU"]
+    columns += ["peak MB", "speed-up", "mem saved", "quality", "notes"]
+    for name in columns:
+        table.add_column(name, overflow="fold", no_wrap=name != "notes")
+    colours = {"pass": "green", "warn": "yellow", "fail": "red"}
+    footnotes: list[str] = []
+    for row in data:
+        cells = [row["plan"], fmt(row["latency_p50_ms"]), fmt(row["latency_p99_ms"])]
+        if generate:
+            cells += [fmt(row.get("ttft_p50_ms")), fmt(row.get("tpot_p50_ms")), fmt(row["throughput"]), _pct(row.get("roofline"))]
+        else:
+            cells += [fmt(row["throughput"]), _pct(row.get("mfu"))]
+        quality = row["quality"] or "-"
+        cells += [
+            fmt(row["peak_memory_mb"]),
+            _x(row["speedup"]),
+            _pct(row["memory_saving"]),
+            f"[{colours.get(quality, 'white')}]{quality}[/]",
+            _footnote(row, footnotes),
+        ]
+        table.add_row(*cells)
+    console.print(table)
+    for i, note in enumerate(footnotes, 1):
+        console.print(f"[dim]\\[{i}][/] {note}", highlight=False)
+
+
+def _footnote(row: dict[str, Any], footnotes: list[str]) -> str:
+    """Notes are long sentences: the table shows a reference, the text follows the table."""
+    if not row["notes"]:
+        return ""
+    footnotes.append(f"{row['plan']}: {row['notes']}")
+    label = "unsupported" if row["status"] == "unsupported" else row["status"] if row["status"] != "ok" else "note"
+    return f"{label} [{len(footnotes)}]"
+
+
+CSV_FIELDS = ["plan", "status", "latency_p50_ms", "latency_p99_ms", "throughput", "throughput_unit",
+              "peak_memory_mb", "speedup", "memory_saving", "quality", "notes", "run_id"]
+
+
+def to_csv(results: list[Result]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows(results))
+    return buffer.getvalue()
+
+
+def to_markdown(results: list[Result]) -> str:
+    header = "| plan | p50 ms | p99 ms | throughput | peak MB | speed-up | memory saved | quality | notes |"
+    lines = [header, "|" + "---|" * 9]
+    for row in rows(results):
+        unit = row.get("throughput_unit") or ""
+        lines.append(
+            f"| {row['plan']} | {fmt(row['latency_p50_ms'])} | {fmt(row['latency_p99_ms'])} | "
+            f"{fmt(row['throughput'])} {unit} | {fmt(row['peak_memory_mb'])} | {_x(row['speedup'])} | "
+            f"{_pct(row['memory_saving'])} | {row['quality'] or '-'} | {row['notes'].replace('|', '/')} |"
+        )
+    return "\n".join(lines) + "\n"

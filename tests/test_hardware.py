@@ -1,0 +1,236 @@
+"""Environment, fingerprint, measured hardware limits and their cache, capabilities, `accelab env`."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+import pytest
+import torch
+import typer
+from typer.testing import CliRunner
+
+from accelab.measure import hardware
+from accelab.measure.environment import environment, fingerprint
+from accelab.measure.hardware import HardwareLimits, capabilities, hardware_limits
+
+ENV_KEYS = {
+    "hostname", "cpu_model", "physical_cores", "logical_cores", "available_cores", "cpu",
+    "ram_total_bytes", "gpus", "driver_version", "versions", "torch_threads", "c_compiler",
+}
+
+
+@pytest.fixture(scope="module")
+def env() -> dict:
+    return environment()
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> tuple[HardwareLimits, str]:
+    """Real CPU limits measured once into a private cache (shared by the tests that read it)."""
+    cache = str(tmp_path_factory.mktemp("accelab-cache"))
+    old = os.environ.get("ACCELAB_CACHE")
+    os.environ["ACCELAB_CACHE"] = cache
+    try:
+        yield hardware_limits("cpu"), cache
+    finally:
+        if old is None:
+            os.environ.pop("ACCELAB_CACHE", None)
+        else:
+            os.environ["ACCELAB_CACHE"] = old
+
+
+# --- environment and fingerprint ----------------------------------------------------------
+
+
+def test_environment_has_the_keys(env):
+    assert ENV_KEYS <= env.keys()
+    assert env["logical_cores"] >= env["available_cores"] >= 1
+    assert env["ram_total_bytes"] > 2**30
+    assert env["versions"]["torch"] == torch.__version__
+    assert env["versions"]["python"].count(".") == 2
+    assert env["torch_threads"]["intra_op"] == torch.get_num_threads()
+    assert {"torch_capability", "native_bf16", "torch_amx_tile"} <= env["cpu"].keys()
+    json.dumps(env)  # it goes into every Result
+
+
+def test_fingerprint_is_stable_and_tracks_what_makes_results_comparable(env):
+    fp = fingerprint(env)
+    assert fp == fingerprint(environment()) == fingerprint(copy.deepcopy(env))
+    assert len(fp) == 12
+
+    newer_torch = copy.deepcopy(env)
+    newer_torch["versions"]["torch"] = "9.9.9"
+    assert fingerprint(newer_torch) != fp
+
+    other_gpu = copy.deepcopy(env)
+    other_gpu["gpus"] = [{"name": "NVIDIA H200"}]
+    assert fingerprint(other_gpu) != fp
+
+    other_host = copy.deepcopy(env)
+    other_host["hostname"] = "node-2"  # an identical node compares as equal
+    other_host["versions"]["onnxruntime"] = "0.0.1"  # not part of the comparison
+    assert fingerprint(other_host) == fp
+
+
+# --- measured limits and the cache ---------------------------------------------------------
+
+
+def test_measured_limits_are_plausible(measured):
+    limits, _ = measured
+    assert limits.device == "cpu"
+    assert limits.threads == torch.get_num_threads()
+    assert 1e9 < limits.fp32_flops < 1e13
+    assert 1e7 < limits.bf16_flops < 1e13
+    assert limits.tf32_flops is None
+    assert 1e9 < limits.bandwidth_bytes_per_s < 1e12
+
+
+def test_second_call_reads_the_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("ACCELAB_CACHE", str(tmp_path))
+    calls = []
+
+    def fake_best_seconds(fn, device, *, repeats, inner=1):
+        calls.append(repeats)
+        return 0.5  # no work: this test is about the cache, not the numbers
+
+    monkeypatch.setattr(hardware, "_best_seconds", fake_best_seconds)
+    first = hardware_limits("cpu")
+    measured_calls = len(calls)
+    assert measured_calls >= 3  # fp32, bf16, bandwidth
+    assert (tmp_path / "hardware.json").exists()
+
+    second = hardware_limits("cpu")
+    assert len(calls) == measured_calls  # not measured again
+    assert second == first
+
+    hardware_limits("cpu", refresh=True)
+    assert len(calls) == 2 * measured_calls
+
+
+def test_cache_is_keyed_by_thread_count(monkeypatch, tmp_path):
+    monkeypatch.setenv("ACCELAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(hardware, "_best_seconds", lambda fn, device, *, repeats, inner=1: 0.5)
+    threads = torch.get_num_threads()
+    hardware_limits("cpu")
+    try:
+        torch.set_num_threads(1)
+        hardware_limits("cpu")
+    finally:
+        torch.set_num_threads(threads)
+    keys = json.loads((tmp_path / "hardware.json").read_text()).keys()
+    assert {key.rsplit("|", 1)[1] for key in keys} == {f"threads={threads}", "threads=1"}
+
+
+def test_fake_timing_gives_the_arithmetic(monkeypatch, tmp_path):
+    # 0.5 s per call: flops = 2 n^3 / 0.5 for the calibrated n; bandwidth = 256 MiB / 0.5 s.
+    monkeypatch.setattr(hardware, "_best_seconds", lambda fn, device, *, repeats, inner=1: 0.5)
+    assert hardware.memory_bandwidth("cpu", nbytes=2**20) == pytest.approx(2**20 / 0.5)
+    # every calibration call "takes" 0.5 s >= the target: n stays at 256
+    assert hardware.peak_matmul_flops("cpu") == pytest.approx(2 * 256**3 / 0.5)
+
+
+def test_cuda_on_a_cpu_machine_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ValueError, match="no GPU"):
+        hardware_limits("cuda")
+
+
+# --- capabilities ---------------------------------------------------------------------------
+
+
+def _by_name(caps) -> dict:
+    return {cap.technique: cap for cap in caps}
+
+
+def test_capabilities_on_this_cpu(env, measured):
+    if env["gpus"]:
+        pytest.skip("this machine has a GPU")
+    limits, _ = measured
+    caps = _by_name(capabilities(env, limits))
+    assert caps["fp16-autocast"].status == "unsupported"
+    assert "no-op" in caps["fp16-autocast"].reason
+    assert caps["tf32"].status == "unsupported"
+    assert caps["fp8"].status == "unsupported"
+    assert caps["flash_attention_2"].status == "unsupported"
+    assert caps["int4-weight"].status == "unsupported"
+    assert caps["channels_last"].status == "ok"
+    if limits.bf16_flops < 0.8 * limits.fp32_flops:  # true on the project's CPUs (no AMX)
+        assert caps["bf16-autocast"].status == "slow"
+        assert "measured bf16 matmul" in caps["bf16-autocast"].reason
+        assert "expect it slower" in caps["bf16-autocast"].reason
+
+
+def _cpu_env(**cpu) -> dict:
+    return {
+        "cpu": {"native_bf16": False, "native_fp16": False, "torch_amx_tile": False, **cpu},
+        "gpus": [],
+        "versions": {"torchao": "0.18.0", "onnxruntime": None},
+        "c_compiler": "/usr/bin/gcc",
+    }
+
+
+def test_bf16_without_native_support_is_slow_with_the_reason():
+    caps = _by_name(capabilities(_cpu_env()))
+    assert caps["bf16-autocast"].status == "slow"
+    assert "no native bf16" in caps["bf16-autocast"].reason
+    assert _by_name(capabilities(_cpu_env(native_bf16=True, torch_amx_tile=True)))["bf16-autocast"].status == "ok"
+
+
+def test_measurement_overrides_the_flags():
+    flags_say_native = _cpu_env(native_bf16=True, torch_amx_tile=True)
+    limits = HardwareLimits(
+        device="cpu", fp32_flops=300e9, bf16_flops=1e9, tf32_flops=None,
+        bandwidth_bytes_per_s=20e9, threads=2, measured_at="", fingerprint="x",
+    )
+    cap = _by_name(capabilities(flags_say_native, limits))["bf16-autocast"]
+    assert cap.status == "slow" and "1.0 GFLOP/s vs fp32 300.0" in cap.reason
+
+
+def test_capabilities_on_a_fake_gpu_machine():
+    gpu = {"name": "NVIDIA H200", "compute_capability": "9.0", "driver_version": "570", "memory_total_mb": 143000, "index": 0}
+    env = {
+        "cpu": {"native_bf16": False},
+        "gpus": [gpu, dict(gpu, index=1)],
+        "versions": {"torchao": "0.18.0", "triton": "3.5.0", "flash_attn": None},
+        "c_compiler": None,
+    }
+    caps = _by_name(capabilities(env))
+    for technique in ("bf16-autocast", "fp16-autocast", "fp8", "tf32", "int4-weight", "compile", "cudnn-benchmark", "multi-gpu"):
+        assert caps[technique].status == "ok", caps[technique]
+    assert caps["flash_attention_2"].status == "unsupported" and "not installed" in caps["flash_attention_2"].reason
+
+    ampere = dict(env, gpus=[dict(gpu, compute_capability="8.0")])
+    caps = _by_name(capabilities(ampere))
+    assert caps["fp8"].status == "unsupported" and "8.9" in caps["fp8"].reason
+    assert caps["multi-gpu"].status == "unsupported"
+
+
+# --- the command --------------------------------------------------------------------------
+
+
+def test_env_command_writes_the_report(measured, tmp_path, monkeypatch):
+    from accelab.measure.commands import register
+
+    _, cache = measured
+    monkeypatch.setenv("ACCELAB_CACHE", cache)  # already measured: the command reads the cache
+    app = typer.Typer()
+    register(app)
+
+    @app.callback()
+    def _root() -> None:  # a group, so that `env` is a subcommand as in accelab's cli
+        pass
+
+    out = tmp_path / "out.json"
+    result = CliRunner().invoke(app, ["env", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "fp16-autocast" in result.output and "GFLOP/s" in result.output
+
+    report = json.loads(out.read_text())
+    assert report["fingerprint"] == fingerprint(report["environment"])
+    assert report["limits"][0]["device"] == "cpu" and report["limits"][0]["fp32_flops"] > 1e9
+    statuses = {cap["technique"]: cap["status"] for cap in report["capabilities"]}
+    assert statuses["compile"] in {"ok", "unsupported"}
+    assert set(statuses.values()) <= {"ok", "slow", "unsupported"}
