@@ -100,7 +100,8 @@ def measure_in_child(job: BenchJob) -> BenchOutput:
             from accelab.quality.collect import collect
 
             outputs = collect(runnable, job.quality)
-        return BenchOutput(status="ok", metrics=metrics, notes=list(runnable.notes), outputs=outputs)
+        notes = list(runnable.notes) + ([metrics["roofline_warning"]] if "roofline_warning" in metrics else [])
+        return BenchOutput(status="ok", metrics=metrics, notes=notes, outputs=outputs)
 
 
 def _build_batch(runnable: Any, workload: Workload, batch_size: int) -> dict[str, Any]:
@@ -150,7 +151,15 @@ def _hardware_figures(runnable: Any, batch: dict, workload: Workload, metrics: d
             figures["achieved_flops"] = flops / seconds
             figures["mfu"] = mfu(flops, seconds, peak)
     elif "decode_step_s" in metrics and model_bytes:
-        figures["roofline"] = decode_roofline(model_bytes, metrics["decode_step_s"], limits.bandwidth_bytes_per_s)
+        roof = decode_roofline(model_bytes, metrics["decode_step_s"], limits.bandwidth_bytes_per_s)
+        figures["roofline"] = roof
+        if roof["fraction"] > 1.05:
+            # faster than the measured bound: the bound was measured too low (on a busy machine?)
+            # or the weights partly fit in cache; say so rather than print an impossible figure
+            figures["roofline_warning"] = (
+                f"decoding ran at {roof['fraction'] * 100:.0f}% of the measured bandwidth bound: the bandwidth "
+                "figure is too low (measured while the machine was busy?); re-measure with `accelab env --refresh`"
+            )
     return figures
 
 

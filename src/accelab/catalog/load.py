@@ -1,0 +1,101 @@
+"""Load a resolved ModelSpec: the model (eval mode, fp32 by default) and its processor."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from accelab.catalog.spec import ModelSpec
+
+log = logging.getLogger(__name__)
+
+# task -> (model auto class, processor kind) in transformers
+_MODEL_CLASSES = {
+    "text-generation": "AutoModelForCausalLM",
+    "feature-extraction": "AutoModel",
+    "image-classification": "AutoModelForImageClassification",
+    "image-text-to-text": "AutoModelForImageTextToText",
+}
+_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
+
+
+@dataclass(slots=True)
+class Loaded:
+    """A loaded model. `processor` is the tokenizer (text models), the image processor
+    (classifiers) or the AutoProcessor (vision-language models)."""
+
+    model: Any
+    processor: Any
+    spec: ModelSpec
+
+
+def load(
+    spec: ModelSpec,
+    *,
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str | None = None,
+    **from_pretrained_kwargs: Any,
+) -> Loaded:
+    """Load `spec` offline. Extra kwargs (device_map, max_memory, offload_folder, ...) go to the
+    model's `from_pretrained`. fp32 unless `dtype` says otherwise (transformers 5 would keep
+    the checkpoint's dtype)."""
+    import transformers
+
+    kwargs = dict(from_pretrained_kwargs, dtype=dtype)
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    if spec.gguf_file:
+        kwargs["gguf_file"] = spec.gguf_file
+
+    # Model
+    model_class = getattr(transformers, _MODEL_CLASSES[spec.task])
+    log.info("loading %s (%s) from %s with %s", spec.name, spec.task, spec.source, model_class.__name__)
+    model = model_class.from_pretrained(spec.source, **kwargs).eval()
+
+    # Processor
+    processor = load_processor(spec)
+    return Loaded(model=model, processor=processor, spec=spec)
+
+
+def load_processor(spec: ModelSpec) -> Any:
+    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
+
+    if spec.task == "image-classification":
+        return AutoImageProcessor.from_pretrained(spec.source, **_image_backend())
+    if spec.task == "image-text-to-text":
+        return AutoProcessor.from_pretrained(spec.source, **_image_backend())
+    gguf = {"gguf_file": spec.gguf_file} if spec.gguf_file else {}
+    tokenizer = AutoTokenizer.from_pretrained(spec.source, **gguf)
+    if tokenizer.pad_token is None:  # batching needs one; eos is the usual choice for causal LMs
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    if spec.task == "text-generation":
+        tokenizer.padding_side = "left"  # generate() continues from the last position of each row
+    return tokenizer
+
+
+def _image_backend() -> dict:
+    # Without torchvision (the CPU torch 2.13 setup) transformers falls back to the PIL image
+    # processors with a warning each time; ask for them directly there.
+    return {} if importlib.util.find_spec("torchvision") else {"backend": "pil"}
+
+
+def text_config(config: Any) -> Any:
+    """The config of the language model (the decoder of a VLM, else the config itself)."""
+    get = getattr(config, "get_text_config", None)
+    return get() if get is not None else config
+
+
+def max_positions(loaded: Loaded) -> int | None:
+    """Longest sequence the text model accepts, or None for models without text input."""
+    if loaded.spec.task == "image-classification":
+        return None
+    config = text_config(loaded.model.config)
+    for key in _POSITION_KEYS:
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None

@@ -1,0 +1,130 @@
+"""Resolve what the user typed (catalog name, user model, directory, .gguf, Hub id) to a ModelSpec."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+import os
+import re
+from pathlib import Path
+
+from accelab.catalog.entries import CATALOG
+from accelab.catalog.fetch import fetch as fetch_entry
+from accelab.catalog.fetch import is_fetched
+from accelab.catalog.spec import TASKS, ModelSpec
+from accelab.catalog.store import model_dir, read_meta, stored_models
+from accelab.catalog.taskinfer import infer_task
+
+log = logging.getLogger(__name__)
+
+_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def resolve(model: str, task: str | None = None, *, fetch: bool = True) -> ModelSpec:
+    """A ModelSpec for `model`, tried in this order:
+    1. a catalog name (fetched first when `fetch` and not yet in the cache);
+    2. a user model stored in `models_dir()/<name>/` (see `store.register_local_model`);
+    3. an existing local directory (with config.json) or `.gguf` file;
+    4. a Hub id, from the local Hugging Face cache only (this tool never downloads from the Hub).
+    `task` overrides the task found in the meta file or inferred from config.json.
+    """
+    if task is not None and task not in TASKS:
+        raise ValueError(f"task={task!r} is not one of {', '.join(TASKS)}")
+    if model in CATALOG:
+        return _from_catalog(model, task, fetch)
+    if "/" not in model and (model_dir(model) / "accelab.json").is_file():
+        return _from_store(model, task)
+    path = Path(model).expanduser()
+    if path.exists():
+        return _from_path(model, path, task)
+    if _looks_like_path(model):
+        raise ValueError(f"path {path.absolute()} does not exist (from model argument {model!r})")
+    if _HUB_ID_RE.match(model):
+        return _from_hub_cache(model, task)
+    raise _unknown_name_error(model)
+
+
+def _from_catalog(name: str, task: str | None, fetch: bool) -> ModelSpec:
+    entry = CATALOG[name]
+    if not is_fetched(name):
+        if not fetch:
+            raise ValueError(f"catalog model {name!r} is not fetched yet; run `accelab models fetch {name}`")
+        fetch_entry(name)
+    return ModelSpec(
+        name=name, task=task or entry.task, source=str(model_dir(name)), hub_id=entry.hub_id,
+        origin=entry.origin, random_weights=entry.random_weights,
+    )
+
+
+def _from_store(name: str, task: str | None) -> ModelSpec:
+    directory = model_dir(name)
+    meta = read_meta(directory) or {}
+    return ModelSpec(
+        name=name, task=task or meta["task"], source=str(directory), hub_id=meta.get("hub_id"),
+        origin=meta.get("origin", ""), random_weights=bool(meta.get("random_weights", False)),
+    )
+
+
+def _from_path(model: str, path: Path, task: str | None) -> ModelSpec:
+    path = path.resolve()
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(
+                f"{path} is a file but not a .gguf; pass a model directory (with config.json) or a .gguf file"
+            )
+        # transformers loads GGUFs as causal LMs only
+        return ModelSpec(name=model, task=task or "text-generation", source=str(path.parent),
+                         gguf_file=path.name, origin=f"local GGUF {path}")
+    meta = read_meta(path)
+    if meta is not None:
+        return ModelSpec(name=model, task=task or meta["task"], source=str(path), hub_id=meta.get("hub_id"),
+                         origin=meta.get("origin", f"local directory {path}"),
+                         random_weights=bool(meta.get("random_weights", False)))
+    return ModelSpec(name=model, task=task or _task_of_dir(path), source=str(path), origin=f"local directory {path}")
+
+
+def _task_of_dir(path: Path) -> str:
+    config = path / "config.json"
+    if not config.is_file():
+        raise ValueError(f"directory {path} has no config.json; pass a Hugging Face model directory or a .gguf file")
+    return infer_task(json.loads(config.read_text()))
+
+
+def _from_hub_cache(hub_id: str, task: str | None) -> ModelSpec:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        snapshot = Path(snapshot_download(hub_id, local_files_only=True))
+    except (LocalEntryNotFoundError, FileNotFoundError, OSError) as err:
+        raise ValueError(
+            f"{hub_id!r} is not a local path, not a catalog or user model, and not in the local Hugging Face "
+            f"cache ({_hf_cache()}). accelab never downloads from the Hub (no network here). Either fetch a "
+            f"catalog model (`accelab models list`, `accelab models fetch NAME`), or on a machine with internet "
+            f"run `hf download {hub_id}` and copy the cache here, or pass a local model directory."
+        ) from err
+    log.info("resolved %s to the cached snapshot %s", hub_id, snapshot)
+    return ModelSpec(name=hub_id, task=task or _task_of_dir(snapshot), source=str(snapshot), hub_id=hub_id,
+                     origin=f"Hugging Face cache {snapshot}")
+
+
+def _hf_cache() -> str:
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_CACHE
+
+
+def _looks_like_path(model: str) -> bool:
+    return (model.startswith((".", "~", os.sep)) or model.endswith(".gguf") or model.count("/") > 1
+            or os.sep != "/" and os.sep in model)
+
+
+def _unknown_name_error(model: str) -> ValueError:
+    known = [*CATALOG, *(name for name in stored_models() if name not in CATALOG)]
+    close = difflib.get_close_matches(model, known, n=3, cutoff=0.4)
+    hint = f" Closest: {', '.join(close)}." if close else ""
+    return ValueError(
+        f"unknown model {model!r}.{hint} The catalog has: {', '.join(CATALOG)} (`accelab models list`). "
+        "You can also pass a local directory, a .gguf file or a Hub id already in the local HF cache."
+    )

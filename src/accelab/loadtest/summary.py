@@ -1,0 +1,125 @@
+"""Per-request records to a run's summary: latency percentiles, throughput, errors, goodput.
+Pure: no I/O, no clock."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from accelab.measure.stats import summarize
+
+SLO_KEYS = ("ttft", "tpot", "e2e")
+_DURATION_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s)?\s*$")
+
+
+@dataclass(kw_only=True, slots=True)
+class RequestRecord:
+    """One request as the client saw it; times in seconds from the start of the run."""
+
+    start: float
+    end: float
+    status: str  # "200", "429", ..., or "error:<ExceptionName>"
+    ttft: float | None = None  # first content, seconds after start (streams only)
+    chunk_times: list[float] = field(default_factory=list)  # arrival of each content chunk
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "200" and self.error is None
+
+    @property
+    def e2e(self) -> float:
+        return self.end - self.start
+
+    @property
+    def tpot(self) -> float | None:
+        """Mean time per output token after the first."""
+        if self.ttft is None or self.output_tokens < 2:
+            return None
+        return (self.e2e - self.ttft) / (self.output_tokens - 1)
+
+    @property
+    def itls(self) -> list[float]:
+        return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SLO:
+    """Per-request latency objectives, seconds; None: not constrained."""
+
+    ttft: float | None = None
+    tpot: float | None = None
+    e2e: float | None = None
+
+    def met_by(self, record: RequestRecord) -> bool:
+        if not record.ok:
+            return False
+        # a response that is not streamed has its first token when it all arrives
+        ttft = record.ttft if record.ttft is not None else record.e2e
+        checks = ((self.ttft, ttft), (self.tpot, record.tpot or 0.0), (self.e2e, record.e2e))
+        return all(limit is None or value <= limit for limit, value in checks)
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in SLO_KEYS if getattr(self, k) is not None}
+
+    def describe(self) -> str:
+        return ",".join(f"{k}={v * 1000:g}ms" for k, v in self.to_dict().items()) or "none"
+
+
+def parse_slo(text: str | None) -> SLO:
+    """'ttft=500ms,e2e=2s' -> SLO(ttft=0.5, e2e=2.0); bare numbers are seconds."""
+    if not text:
+        return SLO()
+    values: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, raw = part.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in SLO_KEYS:
+            raise ValueError(f"--slo part {part!r} must look like KEY=TIME with KEY one of {', '.join(SLO_KEYS)}, "
+                             "e.g. --slo ttft=500ms,e2e=2s")
+        match = _DURATION_RE.match(raw)
+        if not match:
+            raise ValueError(f"--slo {key}={raw!r}: give a time such as 500ms, 2s or 0.5 (seconds)")
+        number, unit = float(match.group(1)), match.group(2) or "s"
+        values[key] = number / 1000 if unit == "ms" else number
+    return SLO(**values)
+
+
+def summarize_run(records: list[RequestRecord], slo: SLO, *, offered_rate: float | None = None) -> dict[str, Any]:
+    """The run's numbers. Latencies in ms; throughput per second of the run's wall time (first
+    send to last answer); goodput counts requests that succeeded AND met every SLO."""
+    if not records:
+        raise ValueError("no requests were measured; raise --requests or --duration")
+    ok = [r for r in records if r.ok]
+    wall = max(r.end for r in records) - min(r.start for r in records)
+    wall = wall if wall > 0 else float("nan")
+    good = sum(slo.met_by(r) for r in records)
+
+    def stats(values: list[float]) -> dict[str, float] | None:
+        return summarize([v * 1000 for v in values]).to_dict() if values else None
+
+    output_tokens = sum(r.output_tokens for r in ok)
+    return {
+        "requests": len(records),
+        "ok": len(ok),
+        "errors": len(records) - len(ok),
+        "errors_by_status": dict(Counter(r.status for r in records if not r.ok)),
+        "duration_s": wall,
+        "offered_rate": offered_rate,
+        "request_throughput": len(ok) / wall,
+        "output_token_throughput": output_tokens / wall,
+        "output_tokens": output_tokens,
+        "prompt_tokens": sum(r.prompt_tokens for r in ok),
+        "e2e_ms": stats([r.e2e for r in ok]),
+        "ttft_ms": stats([r.ttft for r in ok if r.ttft is not None]),
+        "tpot_ms": stats([t for r in ok if (t := r.tpot) is not None]),
+        "itl_ms": stats([gap for r in ok for gap in r.itls]),
+        "slo": slo.to_dict(),
+        "goodput_fraction": good / len(records),
+        "goodput_rate": good / wall,
+        "good_requests": good,
+    }

@@ -1,0 +1,13 @@
+"""Reports, history and the regression gate over the results store.
+
+Layout (pure modules first; only `refs`, `plots`, `write` and `commands` touch files or matplotlib):
+  metrics.py   what a Result measured, whatever its kind (latency stats, throughput, memory, ...)
+  history.py   `accelab history` rows, CSV / JSON export
+  regress.py   the regression rule: baseline vs candidate, like with like (no I/O)
+  series.py    plot-ready series: latency CDFs, batch curves, Pareto fronts, load curves, training
+  document.py  the report as sections of tables, figures and notes (no HTML, no matplotlib)
+  plots.py     matplotlib (Agg, no pyplot) figures -> PNG bytes
+  render.py    one self-contained HTML file, or markdown with PNGs beside it
+  refs.py      REF -> Results: run id (prefix), tag, or a JSON file
+  commands.py  `accelab history`, `accelab report`, `accelab regress`
+"""

@@ -1,0 +1,394 @@
+"""The regression gate: is a candidate run worse than its baseline? Pure: no I/O, no printing.
+
+Like with like
+--------------
+Runs are paired by (model, plan name, workload shape: scenario, batch, sequence length, new
+tokens, image size, input source). When each side is a single run, the two are compared
+directly; they must then have the same model and workload, while their plans may differ (that
+is what a change under test does: the differing plan fields are listed as a warning). Runs from
+machines with different fingerprints (CPU model, core counts, GPUs, driver, torch /
+transformers / accelerate versions) are refused: results from different machines are not
+compared as equals. `allow_different_machines=True` compares them anyway, with that warning.
+
+The rule
+--------
+For each metric, `change` = candidate / baseline - 1. It counts against the candidate in the
+bad direction only (latency and memory up, throughput down). A move in the bad direction is a
+REGRESSION only when it exceeds BOTH
+  * its threshold: `latency` (p50, p99, TTFT, TPOT) and `throughput` default to 5 %, peak
+    memory to 10 %; and
+  * the noise of the two runs: `noise_factor` (2) x sqrt(s_base^2 + s_cand^2), where s is the
+    relative spread of each run:
+      - p50 and throughput: the coefficient of variation (stdev / mean) of the per-call
+        latencies;
+      - p99: the tail width (p99 - p50) / p50, because one stall moves the p99 of a short run
+        far more than the cv says.
+    Per-call spread, not the standard error stdev/sqrt(n): calls in one run are not independent
+    draws (one clock state, one set of neighbours on a shared machine), so repeated runs drift
+    apart by much more than stdev/sqrt(n); the per-call spread is the honest yardstick.
+The limit shown is max(threshold, noise). A move beyond the threshold but within the noise is
+reported as "noise" and passes; a move beyond the limit in the good direction is "improved".
+Peak memory has no spread in a Result, so it is judged on its threshold alone.
+Quality: a verdict worse than the baseline's (pass -> warn, pass -> fail, warn -> fail) is a
+regression; a candidate that did not run (error, oom, timeout, crashed) where the baseline ran is
+a regression.
+
+In CI
+-----
+    accelab bench minilm-l6 -b 8 --tag main-$BASE_SHA      # on the target branch
+    accelab bench minilm-l6 -b 8 --tag pr-$SHA             # on the change, same runner
+    accelab regress --baseline main-$BASE_SHA --candidate pr-$SHA   # exit 1 on a regression
+A tag that names a whole compare group (`accelab compare ... --tag T`) is compared pair by pair.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from accelab.measure.environment import FINGERPRINT_KEYS, FINGERPRINT_VERSIONS
+from accelab.report import metrics as M
+from accelab.results.result import Result
+
+Better = Literal["lower", "higher"]
+Family = Literal["latency", "throughput", "memory"]
+Verdict = Literal["ok", "improved", "noise", "REGRESSION", "-"]
+QUALITY_RANK = {"pass": 0, "warn": 1, "fail": 2}
+MACHINES_DIFFER = "results from different machines are not compared as equals"
+MIN_CALLS = 5  # fewer timed calls than this: the spread itself is a guess
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Thresholds:
+    """Relative moves (0.05 = 5 %) tolerated in the bad direction, before noise is considered."""
+
+    latency: float = 0.05
+    throughput: float = 0.05
+    memory: float = 0.10
+    noise_factor: float = 2.0
+
+    def __post_init__(self) -> None:
+        for name in ("latency", "throughput", "memory", "noise_factor"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 <= value < 100):
+                raise ValueError(f"threshold {name}={value!r} is out of range: give a fraction >= 0 (0.05 = 5%)")
+
+    def for_family(self, family: Family) -> float:
+        return {"latency": self.latency, "throughput": self.throughput, "memory": self.memory}[family]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Check:
+    """One metric of one pair: the table row `metric | baseline | candidate | change | limit | verdict`."""
+
+    metric: str
+    unit: str
+    baseline: float | str | None
+    candidate: float | str | None
+    change: float | None  # candidate / baseline - 1
+    limit: float | None  # relative move tolerated in the bad direction: max(threshold, noise)
+    verdict: Verdict
+    why: str = ""  # how the limit was set, or why there is no verdict
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PairResult:
+    label: str  # "minilm-l6 · baseline · forward · batch 8"
+    baseline_id: str
+    candidate_id: str
+    checks: tuple[Check, ...]
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def regressed(self) -> bool:
+        return any(c.verdict == "REGRESSION" for c in self.checks)
+
+    @property
+    def compared(self) -> int:
+        return sum(c.verdict != "-" for c in self.checks)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Comparison:
+    pairs: tuple[PairResult, ...]
+    warnings: tuple[str, ...] = ()
+    only_baseline: tuple[str, ...] = ()  # labels of runs with no partner
+    only_candidate: tuple[str, ...] = ()
+
+    @property
+    def regressed(self) -> bool:
+        return any(p.regressed for p in self.pairs)
+
+    @property
+    def compared(self) -> int:
+        return sum(p.compared for p in self.pairs)
+
+
+# -- metrics ----------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MetricSpec:
+    label: str
+    unit: str
+    better: Better
+    family: Family
+    read: Callable[[Result], float | None]
+    spread: Callable[[Result], float | None] = field(default=lambda r: None)
+    spread_name: str = ""
+
+
+def _stats_of(key: str | None) -> Callable[[Result], dict[str, Any] | None]:
+    """The stats dict `metrics[key]`, or the main latency distribution when key is None."""
+
+    def get(result: Result) -> dict[str, Any] | None:
+        value = M.latency_stats(result) if key is None else result.metrics.get(key)
+        return value if M.is_stats(value) else None
+
+    return get
+
+
+def _field(stats: Callable[[Result], dict | None], name: str) -> Callable[[Result], float | None]:
+    return lambda r: M.number((stats(r) or {}).get(name))
+
+
+def _cv(stats: Callable[[Result], dict | None]) -> Callable[[Result], float | None]:
+    return _field(stats, "cv")
+
+
+def _tail(stats: Callable[[Result], dict | None]) -> Callable[[Result], float | None]:
+    def width(result: Result) -> float | None:
+        s = stats(result) or {}
+        p50, p99 = M.number(s.get("p50")), M.number(s.get("p99"))
+        return (p99 - p50) / p50 if p50 and p99 is not None else None
+
+    return width
+
+
+def metric_specs(result: Result) -> list[MetricSpec]:
+    """What is checked for a run of this kind and scenario, most important first."""
+    main = _stats_of(None)
+    prefix = "e2e " if M.is_generate(result) else ""
+    specs = [
+        MetricSpec(label=f"{prefix}p50", unit="ms", better="lower", family="latency",
+                   read=_field(main, "p50"), spread=_cv(main), spread_name="cv"),
+        MetricSpec(label=f"{prefix}p99", unit="ms", better="lower", family="latency",
+                   read=_field(main, "p99"), spread=_tail(main), spread_name="tail"),
+    ]
+    if M.is_generate(result):
+        for key, label in (("ttft_ms", "TTFT p50"), ("tpot_ms", "TPOT p50")):
+            stats = _stats_of(key)
+            specs.append(MetricSpec(label=label, unit="ms", better="lower", family="latency",
+                                    read=_field(stats, "p50"), spread=_cv(stats), spread_name="cv"))
+    specs.append(MetricSpec(label="throughput", unit=M.throughput_unit(result), better="higher",
+                            family="throughput", read=M.throughput, spread=_cv(main), spread_name="cv"))
+    if result.kind == "train":
+        specs.append(MetricSpec(label="epoch time", unit="s", better="lower", family="latency",
+                                read=lambda r: M.number(r.metrics.get("epoch_time_s"))))
+    specs.append(MetricSpec(label="peak memory", unit="MB", better="lower", family="memory", read=M.peak_memory_mb))
+    return specs
+
+
+# -- judging ----------------------------------------------------------------------------------
+def judge(
+    base: float,
+    cand: float,
+    *,
+    better: Better,
+    threshold: float,
+    spreads: tuple[float | None, float | None] = (None, None),
+    noise_factor: float = 2.0,
+) -> tuple[float | None, float | None, Verdict, str]:
+    """(change, limit, verdict, why) for one metric; see the module docstring for the rule."""
+    if base <= 0:
+        return None, None, "-", "baseline is 0: no relative change"
+    change = cand / base - 1
+    worse = change if better == "lower" else -change
+    known = [s for s in spreads if s is not None]
+    noise = noise_factor * math.sqrt(sum(s * s for s in known)) if known else None
+    limit = max(threshold, noise or 0.0)
+    why = f"threshold {threshold:.0%}" if noise is None or noise <= threshold else f"noise {noise:.1%}"
+    if worse > limit:
+        return change, limit, "REGRESSION", why
+    if worse > threshold:
+        return change, limit, "noise", f"beyond the {threshold:.0%} threshold, within the {noise:.1%} noise"
+    if -worse > limit:
+        return change, limit, "improved", why
+    return change, limit, "ok", why
+
+
+def check_metric(spec: MetricSpec, base: Result, cand: Result, thresholds: Thresholds) -> Check | None:
+    b, c = spec.read(base), spec.read(cand)
+    if b is None:
+        return None  # not measured by this kind: not a row
+    if c is None:
+        return Check(metric=spec.label, unit=spec.unit, baseline=b, candidate=None, change=None, limit=None,
+                     verdict="-", why="not measured in the candidate")
+    change, limit, verdict, why = judge(
+        b, c, better=spec.better, threshold=thresholds.for_family(spec.family),
+        spreads=(spec.spread(base), spec.spread(cand)), noise_factor=thresholds.noise_factor,
+    )
+    return Check(metric=spec.label, unit=spec.unit, baseline=b, candidate=c, change=change, limit=limit,
+                 verdict=verdict, why=why)
+
+
+def check_quality(base: Result, cand: Result) -> Check | None:
+    b, c = M.quality_verdict(base), M.quality_verdict(cand)
+    if b is None:
+        return None
+    if c is None:
+        return Check(metric="quality", unit="", baseline=b, candidate=None, change=None, limit=None,
+                     verdict="-", why="the candidate was not verified (run it with the quality guard)")
+    worse = QUALITY_RANK.get(c, 2) > QUALITY_RANK.get(b, 2)
+    better = QUALITY_RANK.get(c, 2) < QUALITY_RANK.get(b, 2)
+    verdict: Verdict = "REGRESSION" if worse else "improved" if better else "ok"
+    return Check(metric="quality", unit="", baseline=b, candidate=c, change=None, limit=None, verdict=verdict,
+                 why=f"verdict {b} -> {c}" if b != c else "")
+
+
+def compare_pair(base: Result, cand: Result, thresholds: Thresholds) -> PairResult:
+    label = pair_label(base)
+    warnings = [f"plans differ: {d}" for d in plan_differences(base.plan, cand.plan)]
+    if not base.ok:
+        warnings.append(f"the baseline run {base.run_id} is {base.status}, nothing to compare against: "
+                        f"{M.first_line(base.reason)}")
+        return PairResult(label=label, baseline_id=base.run_id, candidate_id=cand.run_id, checks=(),
+                          warnings=tuple(warnings))
+    if not cand.ok:
+        status = Check(metric="status", unit="", baseline=base.status, candidate=cand.status, change=None,
+                       limit=None, verdict="REGRESSION", why=M.first_line(cand.reason))
+        return PairResult(label=label, baseline_id=base.run_id, candidate_id=cand.run_id, checks=(status,),
+                          warnings=tuple(warnings))
+    checks = [check_metric(spec, base, cand, thresholds) for spec in metric_specs(base)]
+    checks.append(check_quality(base, cand))
+    for run, side in ((base, "baseline"), (cand, "candidate")):
+        n = M.stat(run, "n")
+        if n is not None and n < MIN_CALLS:
+            warnings.append(f"the {side} timed only {int(n)} calls: its noise estimate is rough; raise --min-iters")
+    return PairResult(label=label, baseline_id=base.run_id, candidate_id=cand.run_id,
+                      checks=tuple(c for c in checks if c is not None), warnings=tuple(warnings))
+
+
+# -- pairing ----------------------------------------------------------------------------------
+def pair_key(result: Result) -> tuple[Any, ...]:
+    return (M.model_name(result), M.plan_name(result), M.workload_key(result))
+
+
+def pair_label(result: Result) -> str:
+    return f"{M.model_name(result)} · {M.plan_name(result)} · {M.workload_label(result)}"
+
+
+def _newest_by_key(results: list[Result]) -> dict[tuple[Any, ...], Result]:
+    chosen: dict[tuple[Any, ...], Result] = {}
+    for r in sorted(results, key=lambda r: r.created, reverse=True):
+        chosen.setdefault(pair_key(r), r)
+    return chosen
+
+
+def pair_runs(baseline: list[Result], candidate: list[Result]) -> tuple[list[tuple[Result, Result]], list[Result], list[Result]]:
+    """(pairs, baseline runs without a partner, candidate runs without a partner)."""
+    if not baseline or not candidate:
+        side = "baseline" if not baseline else "candidate"
+        raise ValueError(f"the {side} has no runs to compare")
+    if len(baseline) == 1 and len(candidate) == 1:
+        base, cand = baseline[0], candidate[0]
+        _require_same_work(base, cand)
+        return [(base, cand)], [], []
+    base_by, cand_by = _newest_by_key(baseline), _newest_by_key(candidate)
+    pairs = [(base_by[k], cand_by[k]) for k in base_by if k in cand_by]
+    if not pairs:
+        raise ValueError(
+            "no baseline run matches a candidate run by (model, plan, workload): baseline has "
+            f"{sorted({pair_label(r) for r in base_by.values()})}, candidate has "
+            f"{sorted({pair_label(r) for r in cand_by.values()})}; measure both with the same command"
+        )
+    only_b = [r for k, r in base_by.items() if k not in cand_by]
+    only_c = [r for k, r in cand_by.items() if k not in base_by]
+    return pairs, only_b, only_c
+
+
+def _require_same_work(base: Result, cand: Result) -> None:
+    if M.model_name(base) != M.model_name(cand):
+        raise ValueError(f"baseline is model {M.model_name(base)!r}, candidate is {M.model_name(cand)!r}: "
+                         "regress compares the same model; pick runs of one model")
+    if M.workload_key(base) != M.workload_key(cand):
+        diffs = [f"{name} {b!r} -> {c!r}" for name, b, c in
+                 zip(M.WORKLOAD_SHAPE, M.workload_key(base), M.workload_key(cand)) if b != c]
+        raise ValueError(f"baseline and candidate ran different workloads ({', '.join(diffs)}): "
+                         "latencies of different work are not comparable; rerun with the same shapes")
+
+
+def plan_differences(base: dict[str, Any], cand: dict[str, Any]) -> list[str]:
+    keys = sorted((set(base) | set(cand)) - {"name"})
+    return [f"{k} {base.get(k)!r} -> {cand.get(k)!r}" for k in keys if base.get(k) != cand.get(k)]
+
+
+def machine_differences(base: dict[str, Any], cand: dict[str, Any]) -> list[str]:
+    """The fingerprinted parts of two environments that differ, for the warning."""
+    diffs = []
+    for key in FINGERPRINT_KEYS:
+        if key == "versions":
+            for name in FINGERPRINT_VERSIONS:
+                b, c = (base.get("versions") or {}).get(name), (cand.get("versions") or {}).get(name)
+                if b != c:
+                    diffs.append(f"{name} {b} -> {c}")
+        elif key == "gpus":
+            b, c = [g.get("name") for g in base.get("gpus") or []], [g.get("name") for g in cand.get("gpus") or []]
+            if b != c:
+                diffs.append(f"gpus {b or 'none'} -> {c or 'none'}")
+        elif base.get(key) != cand.get(key):
+            diffs.append(f"{key} {base.get(key)!r} -> {cand.get(key)!r}")
+    return diffs
+
+
+def machine_check(base: Result, cand: Result) -> str | None:
+    """None when both ran on the same machine class; else the message that says how they differ."""
+    if base.fingerprint and base.fingerprint == cand.fingerprint:
+        return None
+    if not base.fingerprint or not cand.fingerprint:
+        return (f"a machine fingerprint is missing (baseline {base.fingerprint or '?'}, candidate "
+                f"{cand.fingerprint or '?'}): cannot tell whether both ran on the same machine")
+    diffs = machine_differences(base.environment, cand.environment)
+    detail = "; ".join(diffs) if diffs else "fingerprinted fields not recorded"
+    return f"{MACHINES_DIFFER}: baseline {base.fingerprint} vs candidate {cand.fingerprint} ({detail})"
+
+
+def compare(
+    baseline: list[Result],
+    candidate: list[Result],
+    thresholds: Thresholds = Thresholds(),
+    *,
+    allow_different_machines: bool = False,
+) -> Comparison:
+    """Pair the runs like with like and check each pair; raises ValueError on a refused comparison."""
+    pairs, only_b, only_c = pair_runs(baseline, candidate)
+    warnings: list[str] = []
+    for base, cand in pairs:
+        message = machine_check(base, cand)
+        if message and message.startswith(MACHINES_DIFFER):
+            if not allow_different_machines:
+                raise ValueError(f"{message}. Rerun both on one machine, or pass --allow-different-machines "
+                                 "to compare them anyway")
+            message = f"WARNING: {message}; compared anyway (--allow-different-machines)"
+        if message and message not in warnings:
+            warnings.append(message)
+    warnings += [f"only in the baseline, not compared: {pair_label(r)} ({r.run_id})" for r in only_b]
+    warnings += [f"only in the candidate, not compared: {pair_label(r)} ({r.run_id})" for r in only_c]
+    return Comparison(
+        pairs=tuple(compare_pair(b, c, thresholds) for b, c in pairs),
+        warnings=tuple(warnings),
+        only_baseline=tuple(pair_label(r) for r in only_b),
+        only_candidate=tuple(pair_label(r) for r in only_c),
+    )
+
+
+def parse_percent(text: str, option: str = "--threshold") -> float:
+    """'5%' or '5' -> 0.05."""
+    raw = str(text).strip().rstrip("%").strip()
+    try:
+        value = float(raw) / 100
+    except ValueError:
+        raise ValueError(f"{option} {text!r} is not a percentage; give e.g. {option} 5%") from None
+    if not 0 <= value < 100:
+        raise ValueError(f"{option} {text!r} is out of range; give a percentage >= 0, e.g. {option} 5%")
+    return value

@@ -1,0 +1,70 @@
+"""`accelab serve MODEL`: an HTTP server for a model under a plan (OpenAI-compatible routes,
+dynamic batching, admission control, Prometheus metrics, graceful SIGTERM)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import typer
+
+log = logging.getLogger(__name__)
+
+PLAN_HELP = "A preset name (baseline, compile, int8-weight, ...) or a YAML plan file (e.g. from `accelab tune`)."
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve_command)
+
+
+def serve_command(
+    model: str = typer.Argument(..., help="Catalog name, local directory, .gguf file or Hub id."),
+    task: Optional[str] = typer.Option(None, help="Override the task inferred from the model's config."),
+    plan: str = typer.Option("baseline", "--plan", help=PLAN_HELP),
+    set_: list[str] = typer.Option([], "--set", help="Override a plan field: --set threads=2 (repeatable)."),
+    device: Optional[str] = typer.Option(None, help="cpu | cuda | cuda:N (default: CUDA when present)."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on. Anything but 127.0.0.1 exposes the "
+                             "server to the network: give it an --api-key."),
+    port: int = typer.Option(8000, help="Port to listen on (0: any free port, printed at start)."),
+    served_name: Optional[str] = typer.Option(None, "--served-name", help="Model id in /v1/models and requests "
+                                              "(default: MODEL)."),
+    max_batch_size: int = typer.Option(32, "--max-batch-size", help="Most inputs per model call."),
+    max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", help="How long the first request of a batch waits "
+                                      "for others (ms)."),
+    max_queue: int = typer.Option(256, "--max-queue", help="Requests that may wait; more get 429 with Retry-After."),
+    request_timeout: float = typer.Option(60.0, "--request-timeout", help="A request not started after this many "
+                                          "seconds gets 504 and is not run."),
+    grace_period: float = typer.Option(30.0, "--grace-period", help="On SIGTERM, seconds to finish requests in "
+                                       "flight before exiting."),
+    max_body_bytes: int = typer.Option(20 * 1024 * 1024, "--max-body-bytes", help="Larger request bodies get 413."),
+    max_tokens: int = typer.Option(2048, "--max-tokens", help="Largest max_tokens a request may ask for (413 above)."),
+    default_max_tokens: int = typer.Option(256, "--default-max-tokens", help="max_tokens of chat requests that "
+                                           "give none."),
+    max_inputs: int = typer.Option(256, "--max-inputs", help="Most texts, prompts or images per request (413 above)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="ACCELAB_API_KEY", show_envvar=True,
+                                          help="Require 'Authorization: Bearer KEY' on the API routes."),
+    access_log: bool = typer.Option(False, "--access-log", help="Log every request."),
+) -> None:
+    """Serve a model: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/classify, /metrics."""
+    from accelab.catalog.resolve import resolve
+    from accelab.plan.apply import resolve_device
+    from accelab.plan.plan import load_plan
+    from accelab.serve.config import ServeConfig
+    from accelab.serve.server import engine_factory, run_server
+
+    # resolve everything cheap before listening, so a typo fails at once, not in the loader
+    spec = resolve(model, task)
+    the_plan = load_plan(plan, set_)
+    the_device = resolve_device(the_plan, device)
+    name = served_name or model
+    config = ServeConfig(
+        model_name=name, plan_name=the_plan.name, host=host, port=port, max_batch_size=max_batch_size,
+        max_wait_ms=max_wait_ms, max_queue=max_queue, request_timeout_s=request_timeout,
+        grace_period_s=grace_period, max_body_bytes=max_body_bytes, max_tokens=max_tokens,
+        default_max_tokens=default_max_tokens, max_inputs=max_inputs, api_key=api_key,
+    )
+    if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
+        typer.secho(f"warning: listening on {host} without --api-key: anyone who reaches it can use it",
+                    fg=typer.colors.YELLOW, err=True)
+    code = run_server(config, engine_factory(spec, the_plan, the_device, name=name), access_log=access_log)
+    raise typer.Exit(code)

@@ -1,0 +1,43 @@
+"""ServeConfig: how the server admits, batches and limits requests. No I/O here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from accelab.serve.batcher import BatchPolicy
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ServeConfig:
+    model_name: str  # the id /v1/models lists and requests name
+    plan_name: str = "baseline"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_batch_size: int = 32  # inputs per model call
+    max_wait_ms: float = 5.0  # how long the first request of a batch waits for company
+    max_queue: int = 256  # requests waiting; more get 429
+    request_timeout_s: float = 60.0  # a request still queued after this gets 504
+    grace_period_s: float = 30.0  # SIGTERM: time to finish in-flight requests
+    max_body_bytes: int = 20 * 1024 * 1024  # larger bodies get 413
+    max_tokens: int = 2048  # largest max_tokens a request may ask for (413 above)
+    default_max_tokens: int = 256  # chat completions without max_tokens (capped by max_tokens)
+    max_inputs: int = 256  # texts, prompts or images in one request (413 above)
+    api_key: str | None = None  # when set, API routes need "Authorization: Bearer <key>"
+
+    def __post_init__(self) -> None:
+        positive = ("port", "max_batch_size", "max_queue", "max_body_bytes", "max_tokens", "default_max_tokens",
+                    "max_inputs")
+        for name in positive:
+            value = getattr(self, name)
+            if value < 1 and not (name == "port" and value == 0):
+                raise ValueError(f"{name}={value} must be 1 or more")
+        for name in ("max_wait_ms", "request_timeout_s", "grace_period_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be 0 or more")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("api_key is empty; give a key or leave it unset")
+
+    @property
+    def batch_policy(self) -> BatchPolicy:
+        return BatchPolicy(max_batch_size=self.max_batch_size, max_wait_s=self.max_wait_ms / 1000,
+                           max_queue=self.max_queue)

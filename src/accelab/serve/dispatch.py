@@ -1,0 +1,125 @@
+"""From a route handler to the worker and back: prepare inputs off the event loop, submit a
+job (429 when the queue is full), wait for it with the request's deadline (504), and turn
+the worker's outcome into an answer or the right error."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from accelab.serve.engines.base import PayloadTooLarge
+from accelab.serve.errors import ApiError
+from accelab.serve.state import ServerState
+from accelab.serve.worker import Job, JobOutcome, QueueFull
+from accelab.serve.worker import ShuttingDown
+
+R = TypeVar("R")
+
+
+async def prepare(fn: Callable[[], R]) -> R:
+    """Run `fn` (tokenising, decoding images) in a thread; ValueError -> 422, too large -> 413."""
+    try:
+        return await asyncio.to_thread(fn)
+    except PayloadTooLarge as err:
+        raise ApiError(413, str(err)) from None
+    except ValueError as err:
+        raise ApiError(422, str(err)) from None
+
+
+def check_count(what: str, count: int, limit: int) -> None:
+    if count > limit:
+        raise ApiError(413, f"{count} {what} in one request; this server takes at most {limit} (--max-inputs); "
+                       "split them over several requests")
+
+
+class Submission:
+    """One job in the worker, seen from the event loop. Created in a handler (needs its loop)."""
+
+    def __init__(self, state: ServerState, *, key: str, units: list[Any], run: Callable[[list[Any]], list[Any]],
+                 arrival: float | None = None):
+        self.state = state
+        self.arrival = arrival if arrival is not None else time.monotonic()
+        self.deadline = self.arrival + state.config.request_timeout_s
+        loop = asyncio.get_running_loop()
+        self.outcome: asyncio.Future[JobOutcome] = loop.create_future()
+        self.started: asyncio.Future[None] = loop.create_future()
+        job = Job(key=key, units=units, run=run, done=_threadsafe(loop, self.outcome),
+                  started=_threadsafe(loop, self.started, None),
+                  timeout_s=max(0.0, self.deadline - time.monotonic()))
+        try:
+            self.pending = state.worker.submit(job)
+        except QueueFull:
+            retry = state.worker.retry_after_s()
+            raise ApiError(429, f"the server is at capacity: {state.worker.depth} requests are queued "
+                           f"(--max-queue {state.config.max_queue}); retry after {retry} s",
+                           headers={"Retry-After": str(retry)}) from None
+        except ShuttingDown:
+            raise ApiError(503, "the server is shutting down; send the request to another replica",
+                           kind="shutting_down", headers={"Retry-After": "1"}) from None
+
+    async def wait_started(self) -> None:
+        """Until its batch starts (or it ended): a stream's status code is decided by then."""
+        await self._wait([self.started, self.outcome])
+        if self.outcome.done():
+            self._raise_for(self.outcome.result())
+
+    async def result(self) -> JobOutcome:
+        await self._wait([self.outcome])
+        outcome = self.outcome.result()
+        self._raise_for(outcome)
+        self._observe(outcome)
+        return outcome
+
+    def abandon(self) -> None:
+        """The client went away: drop the job if it is still queued."""
+        if not self.outcome.done():
+            self.state.worker.cancel(self.pending)
+
+    async def _wait(self, futures: list[asyncio.Future]) -> None:
+        remaining = self.deadline - time.monotonic()
+        done, _ = await asyncio.wait(futures, timeout=max(0.0, remaining), return_when=asyncio.FIRST_COMPLETED)
+        if done:
+            return
+        if self.state.worker.cancel(self.pending):  # still queued at its deadline: never run
+            raise self._timeout_error()
+        await asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED)  # running: its answer is coming
+
+    def _timeout_error(self) -> ApiError:
+        waited = time.monotonic() - self.arrival
+        return ApiError(504, f"the request waited {waited:.1f} s without starting, past its deadline of "
+                        f"{self.state.config.request_timeout_s:g} s (--request-timeout); the server is overloaded: "
+                        "retry later or raise --request-timeout")
+
+    def _raise_for(self, outcome: JobOutcome) -> None:
+        if outcome.ok:
+            return
+        if outcome.error_kind == "timeout":
+            raise self._timeout_error()
+        if outcome.error_kind == "oom":
+            raise ApiError(500, f"out of memory even when run alone ({outcome.error}); send a smaller input",
+                           kind="oom")
+        raise ApiError(500, f"the model failed on this request: {type(outcome.error).__name__}: {outcome.error}",
+                       kind="model_error")
+
+    def _observe(self, outcome: JobOutcome) -> None:
+        m = self.state.metrics
+        m.queue_time.observe(outcome.queue_s)
+        m.compute_time.observe(outcome.compute_s)
+
+
+def _threadsafe(loop: asyncio.AbstractEventLoop, future: asyncio.Future, value: Any = ...) -> Callable[..., None]:
+    """A callback for the worker thread that resolves `future` on its loop."""
+
+    def resolve(result: Any = None) -> None:
+        def set_() -> None:
+            if not future.done():
+                future.set_result(value if value is not ... else result)
+
+        try:
+            loop.call_soon_threadsafe(set_)
+        except RuntimeError:  # the loop is closed: the server is gone, nobody waits
+            pass
+
+    return resolve

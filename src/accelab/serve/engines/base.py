@@ -1,0 +1,138 @@
+"""What crosses from the HTTP layer to the model worker: prepared inputs (units) and what
+comes back. An engine turns a request part into a unit (`prepare_*`, in a thread pool: tokenising,
+decoding images) and runs a list of units as one batch (in the worker thread)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+Route = Literal["chat", "completions", "embeddings", "classify"]
+
+ROUTES_OF_TASK: dict[str, frozenset[Route]] = {
+    "text-generation": frozenset({"chat", "completions"}),
+    "image-text-to-text": frozenset({"chat", "completions"}),
+    "feature-extraction": frozenset({"embeddings"}),
+    "image-classification": frozenset({"classify"}),
+}
+
+
+class PayloadTooLarge(ValueError):
+    """An input past a size limit (tokens, pixels): the server answers 413."""
+
+
+# -- generation ---------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0  # 0: greedy
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Prompt:
+    """A prompt ready for the model. Text models carry token ids; vision-language models carry
+    the templated text and images, which their processor turns into tensors per batch."""
+
+    ids: tuple[int, ...] = ()
+    text: str | None = None
+    images: tuple[Any, ...] = ()
+    prompt_tokens: int
+
+    @property
+    def batch_key(self) -> str:
+        # prompts with images and prompts without go through different model inputs
+        return "generate:vision" if self.images else "generate"
+
+
+@dataclass(kw_only=True, slots=True, eq=False)
+class GenUnit:
+    """One sequence to generate. `on_text` receives each new piece of text, in the worker
+    thread; the handler sets `cancelled` when its client went away (the row then stops)."""
+
+    prompt: Prompt
+    params: SamplingParams
+    on_text: Callable[[str], None] = lambda text: None
+    cancelled: bool = False
+    emitted: bool = False  # some text went out: the worker must not replay this unit
+    first_token_at: float | None = None  # time.monotonic()
+    tokens: int = 0
+
+    def note_token(self, now: float) -> None:
+        self.tokens += 1
+        if self.first_token_at is None:
+            self.first_token_at = now
+
+    def emit(self, text: str) -> None:
+        if text:
+            self.emitted = True
+            self.on_text(text)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Completion:
+    text: str
+    finish_reason: Literal["stop", "length"]
+    prompt_tokens: int
+    completion_tokens: int
+    first_token_at: float | None
+    finished_at: float = field(default_factory=time.monotonic)
+
+
+# -- embeddings and classification ----------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TextInput:
+    ids: tuple[int, ...]
+
+    @property
+    def tokens(self) -> int:
+        return len(self.ids)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ImageInput:
+    pixels: Any  # [3, H, W] tensor from the model's image processor
+    top_k: int = 5
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Label:
+    label: str
+    score: float
+
+
+# -- the engine interfaces (the worker and the routes see only these) ----------------------
+class Engine(Protocol):
+    name: str
+    task: str
+
+    def warmup(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class GenerationEngine(Engine, Protocol):
+    def prepare_chat(self, messages: list[dict[str, Any]]) -> Prompt: ...
+
+    def prepare_text(self, prompt: str | list[int]) -> Prompt: ...
+
+    def generate(self, units: list[GenUnit]) -> list[Completion]: ...
+
+
+class EmbeddingEngine(Engine, Protocol):
+    def prepare_text(self, text: str | list[int]) -> TextInput: ...
+
+    def embed(self, units: list[TextInput]) -> list[list[float]]: ...
+
+
+class ClassificationEngine(Engine, Protocol):
+    def prepare_image(self, data: str, *, top_k: int, where: str) -> ImageInput: ...
+
+    def classify(self, units: list[ImageInput]) -> list[list[Label]]: ...

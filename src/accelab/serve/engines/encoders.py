@@ -1,0 +1,95 @@
+"""Embeddings (feature-extraction) and image classification over a Runnable: one forward
+pass per batch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from accelab.plan.runtime import input_device, to_device
+from accelab.serve.engines.base import ImageInput, Label, PayloadTooLarge, TextInput
+from accelab.serve.images import decode_image
+
+
+class HFEmbeddingEngine:
+    """Sentence embeddings: mean over real tokens, then L2 normalisation (catalog.embedding)."""
+
+    def __init__(self, runnable: Any, *, name: str, max_tokens: int | None = None):
+        self.runnable = runnable
+        self.name = name
+        self.task = runnable.task
+        self.tokenizer = runnable.processor
+        config = getattr(runnable.model, "config", None)
+        self.max_tokens = max_tokens or getattr(config, "max_position_embeddings", None) or 512
+        self.pad_id = self.tokenizer.pad_token_id or 0
+
+    def prepare_text(self, text: str | list[int]) -> TextInput:
+        ids = list(text) if isinstance(text, list) else self.tokenizer(text)["input_ids"]
+        if not ids:
+            raise ValueError("an input is empty; send at least one token of text")
+        if len(ids) > self.max_tokens:
+            raise PayloadTooLarge(f"an input has {len(ids)} tokens; {self.name} takes at most {self.max_tokens}; "
+                                  "split the text")
+        return TextInput(ids=tuple(ids))
+
+    def embed(self, units: list[TextInput]) -> list[list[float]]:
+        from accelab.catalog.embedding import embed
+
+        width = max(u.tokens for u in units)
+        ids = torch.full((len(units), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(units), width), dtype=torch.long)
+        for row, unit in enumerate(units):  # right padding: the pooling leaves padding out
+            ids[row, :unit.tokens] = torch.tensor(unit.ids, dtype=torch.long)
+            mask[row, :unit.tokens] = 1
+        batch = to_device({"input_ids": ids, "attention_mask": mask},
+                          input_device(self.runnable.model, self.runnable.device))
+        output = self.runnable.forward(batch)
+        vectors = embed(output, batch["attention_mask"])  # [B, H]
+        return vectors.float().cpu().tolist()
+
+    def warmup(self) -> None:
+        self.embed([self.prepare_text("Hello, world.")])
+
+    def close(self) -> None:
+        self.runnable.close()
+
+
+class HFClassificationEngine:
+    """Image classification: the model's image processor, then softmax over its labels."""
+
+    def __init__(self, runnable: Any, *, name: str):
+        self.runnable = runnable
+        self.name = name
+        self.task = runnable.task
+        self.image_processor = runnable.processor
+        config = getattr(runnable.model, "config", None)
+        self.labels: dict[int, str] = dict(getattr(config, "id2label", None) or {})
+
+    def prepare_image(self, data: str, *, top_k: int = 5, where: str = "image") -> ImageInput:
+        image = decode_image(data, where=where)
+        pixels = self.image_processor(images=image, return_tensors="pt")["pixel_values"][0]  # [3, H, W]
+        return ImageInput(pixels=pixels, top_k=top_k)
+
+    def classify(self, units: list[ImageInput]) -> list[list[Label]]:
+        pixels = torch.stack([u.pixels for u in units])  # [B, 3, H, W]
+        batch = to_device({"pixel_values": pixels}, input_device(self.runnable.model, self.runnable.device))
+        output = self.runnable.forward(batch)
+        logits = output.logits if hasattr(output, "logits") else output[0]
+        probs = logits.float().softmax(dim=-1).cpu()  # [B, classes]
+        k = min(max(u.top_k for u in units), probs.shape[-1])
+        scores, indices = probs.topk(k, dim=-1)
+        return [
+            [Label(label=self.labels.get(i, str(i)), score=s) for s, i in zip(row_s[:u.top_k], row_i[:u.top_k])]
+            for u, row_s, row_i in zip(units, scores.tolist(), indices.tolist())
+        ]
+
+    def warmup(self) -> None:
+        from PIL import Image
+
+        from accelab.serve.images import encode_png
+
+        self.classify([self.prepare_image(encode_png(Image.new("RGB", (32, 32))), top_k=1)])
+
+    def close(self) -> None:
+        self.runnable.close()

@@ -1,0 +1,73 @@
+"""Errors as HTTP answers, in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+Every refusal says what was wrong and what to do about it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+# status -> (OpenAI error type, metrics error kind)
+_KINDS = {
+    400: ("invalid_request_error", "invalid"),
+    401: ("authentication_error", "unauthorized"),
+    404: ("not_found_error", "invalid"),
+    413: ("invalid_request_error", "too_large"),
+    422: ("invalid_request_error", "invalid"),
+    429: ("rate_limit_error", "queue_full"),
+    500: ("server_error", "model_error"),
+    503: ("server_error", "not_ready"),
+    504: ("timeout_error", "timeout"),
+}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, *, kind: str | None = None, param: str | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind or _KINDS.get(status, ("server_error", "model_error"))[1]
+        self.param = param
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.status, self.message, param=self.param, code=self.kind)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def error_body(status: int, message: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    kind = _KINDS.get(status, ("server_error", "model_error"))[0]
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def validation_message(err: RequestValidationError) -> tuple[str, str | None]:
+    """'messages.0.role: Input should be 'system', ... (got 'robot')' for each problem."""
+    problems, first = [], None
+    for e in err.errors():
+        loc = [str(p) for p in e.get("loc", ()) if p != "body"]
+        # pydantic names union members in the location (e.g. "list[str]"); people want the field
+        loc = [p for p in loc if not (p[:1].islower() and ("[" in p or p in ("str", "int", "function-after")))]
+        where = ".".join(loc) or "body"
+        first = first or where
+        msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+        got = e.get("input")
+        shown = "" if isinstance(got, (dict, list)) or got is None or e.get("type") == "missing" else f" (got {got!r})"
+        problems.append(f"{where}: {msg}{shown}")
+    unique = list(dict.fromkeys(problems))
+    return "invalid request: " + "; ".join(unique[:5]) + ("; ..." if len(unique) > 5 else ""), first
+
+
+async def api_error_handler(request: Request, exc: ApiError) -> JSONResponse:
+    request.state.error_kind = exc.kind
+    return exc.response()
+
+
+async def validation_error_handler(request: Request, exc: RequestValidationError) -> JSONResponse:
+    message, param = validation_message(exc)
+    request.state.error_kind = "invalid"
+    return ApiError(422, message, param=param).response()

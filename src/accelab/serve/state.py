@@ -1,0 +1,137 @@
+"""The server's state: the engine once loaded, the worker, readiness, draining and the count
+of requests in flight. One per app (kept on `app.state.accelab`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any, Literal
+
+from accelab.serve.config import ServeConfig
+from accelab.serve.engines.base import ROUTES_OF_TASK, Engine
+from accelab.serve.errors import ApiError
+from accelab.serve.metrics import ServeMetrics
+from accelab.serve.worker import Worker, WorkerHooks
+
+log = logging.getLogger(__name__)
+
+Status = Literal["loading", "ready", "failed", "draining"]
+
+
+class ServerState:
+    def __init__(self, config: ServeConfig, engine_factory: Callable[[], Engine], metrics: ServeMetrics):
+        self.config = config
+        self.metrics = metrics
+        self.created = int(time.time())
+        self._engine_factory = engine_factory
+        self.engine: Engine | None = None
+        self.status: Status = "loading"
+        self.load_error: str | None = None
+        self.on_load_failure: Callable[[str], None] = lambda reason: None  # the runner stops the server
+        self.worker = Worker(config.batch_policy, hooks=self._worker_hooks())
+        self._in_flight = 0
+        self._idle: asyncio.Event | None = None
+        self._loader: threading.Thread | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the worker, and load + warm up the model in the background: the server listens
+        (and answers /livez, and /readyz with 503) while the model loads."""
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.worker.start()
+        self._loader = threading.Thread(target=self._load, name="accelab-model-loader", daemon=True)
+        self._loader.start()
+
+    def _load(self) -> None:
+        try:
+            started = time.perf_counter()
+            engine = self._engine_factory()
+            log.info("model %s loaded in %.1f s; warming up", self.config.model_name, time.perf_counter() - started)
+            engine.warmup()
+            self.engine = engine
+            if self.status == "loading":
+                self.status = "ready"
+            self.metrics.ready.set(1)
+            self.metrics.batch_limit.set(self.worker.batch_limit)
+            log.info("ready: %s (%s) after %.1f s", self.config.model_name, engine.task, time.perf_counter() - started)
+        except Exception as err:  # noqa: BLE001 - reported on /readyz, in the log, and the server stops
+            self.load_error = f"{type(err).__name__}: {err}"
+            self.status = "failed"
+            log.error("loading %s failed:\n%s", self.config.model_name, traceback.format_exc())
+            self.on_load_failure(self.load_error)
+
+    def stop(self, timeout_s: float) -> None:
+        if not self.worker.stop(timeout_s=timeout_s):
+            log.warning("the model worker was still busy after %.1f s; leaving it", timeout_s)
+        if self.engine is not None:
+            self.engine.close()
+
+    def threads_alive(self) -> bool:
+        """The model loader or worker still runs (a call into torch that did not finish)."""
+        return bool(self._loader and self._loader.is_alive()) or self.worker.alive
+
+    def begin_drain(self) -> None:
+        self.status = "draining"
+        self.metrics.ready.set(0)
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        assert self._idle is not None, "start() first"
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    # -- per request ----------------------------------------------------------------------------
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def enter(self) -> None:
+        self._in_flight += 1
+        self.metrics.in_flight.set(self._in_flight)
+        if self._idle is not None:
+            self._idle.clear()
+
+    def leave(self) -> None:
+        self._in_flight -= 1
+        self.metrics.in_flight.set(self._in_flight)
+        if self._in_flight == 0 and self._idle is not None:
+            self._idle.set()
+
+    def require(self, route: str, model: str | None) -> Any:
+        """The engine, when it is ready and serves `route` and `model`; else the right refusal."""
+        if self.status == "draining":
+            raise ApiError(503, "the server is shutting down; send the request to another replica",
+                           kind="shutting_down", headers={"Retry-After": "1", "Connection": "close"})
+        if self.engine is None or self.status != "ready":
+            reason = f"loading failed: {self.load_error}" if self.load_error else "the model is loading"
+            raise ApiError(503, f"{reason}; /readyz turns 200 when it is ready", kind="not_ready",
+                           headers={"Retry-After": "5"})
+        if model is not None and model != self.config.model_name:
+            raise ApiError(404, f"model {model!r} is not served here; this server serves {self.config.model_name!r} "
+                           "(see /v1/models)", param="model")
+        if route not in ROUTES_OF_TASK[self.engine.task]:
+            served = ", ".join(sorted(ROUTES_OF_TASK[self.engine.task]))
+            raise ApiError(400, f"{self.config.model_name} is a {self.engine.task} model: it serves {served}, not "
+                           f"{route}; serve a model of another task for {route}")
+        return self.engine
+
+    def _worker_hooks(self) -> WorkerHooks:
+        m = self.metrics
+
+        def on_batch(units: int, seconds: float) -> None:
+            m.batch_size.observe(units)
+            m.batch_time.observe(seconds)
+
+        return WorkerHooks(
+            on_batch=on_batch,
+            on_retry=lambda reason: m.retries.labels(reason=reason).inc(),
+            on_depth=m.queue_depth.set,
+            on_limit=m.batch_limit.set,
+        )

@@ -1,0 +1,123 @@
+"""Token ids to streamed text for one sequence: incremental detokenisation, stop strings,
+max_tokens and end-of-sequence. Pure: the decoder is injected (`tokenizer.decode` in the
+server, a dict lookup in tests).
+
+Incremental decoding keeps two offsets (the approach of text-generation-inference): the text
+of tokens [prefix:read) already went out; decoding [prefix:) and taking what lies past it
+gives the new text, held back while it ends in U+FFFD (half of a multi-byte character).
+Stop strings: text that could still be the start of a stop string is held back until it
+either completes one (the stream ends before it) or cannot (it goes out).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    text: str  # new text to send now (may be empty)
+    finished: FinishReason | None  # set on the step that ends the sequence
+
+
+class TextStream:
+    def __init__(
+        self,
+        decode: Callable[[Sequence[int]], str],
+        *,
+        max_tokens: int,
+        stop: Sequence[str] = (),
+        eos_ids: Sequence[int] = (),
+    ):
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens={max_tokens} must be 1 or more")
+        self._decode = decode
+        self.max_tokens = max_tokens
+        self._stop = [s for s in stop if s]
+        self._eos = set(eos_ids)
+        self.ids: list[int] = []
+        self._prefix = 0
+        self._read = 0
+        self.text = ""  # all decoded text (before stop truncation)
+        self.sent = 0  # characters of `text` already handed out
+        self.finish_reason: FinishReason | None = None
+
+    @property
+    def tokens(self) -> int:
+        """Completion tokens generated, the end-of-sequence token included."""
+        return len(self.ids)
+
+    @property
+    def output(self) -> str:
+        return self.text[: self.sent]
+
+    def push(self, token: int) -> Step:
+        if self.finish_reason is not None:
+            raise RuntimeError("push after the stream finished")
+        self.ids.append(token)
+        if token in self._eos:
+            self.text += self._decode_rest()
+            hit = self._find_stop()
+            return self._finish("stop", flush_to=len(self.text) if hit is None else hit)
+        self.text += self._new_text()
+        hit = self._find_stop()
+        if hit is not None:
+            return self._finish("stop", flush_to=hit)
+        if len(self.ids) >= self.max_tokens:
+            self.text += self._decode_rest()
+            return self._finish("length", flush_to=len(self.text))
+        safe = len(self.text) - self._held_back()
+        return Step(self._emit(safe), None)
+
+    def end(self) -> Step:
+        """The model stopped without a reason of ours (its own criteria): flush what is held."""
+        if self.finish_reason is not None:
+            return Step("", self.finish_reason)
+        self.text += self._decode_rest()
+        hit = self._find_stop()
+        return self._finish("stop" if hit is not None else "length", flush_to=len(self.text) if hit is None else hit)
+
+    # -- internals ----------------------------------------------------------------------
+    def _new_text(self) -> str:
+        before = self._decode(self.ids[self._prefix:self._read])
+        after = self._decode(self.ids[self._prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self._prefix, self._read = self._read, len(self.ids)
+            return after[len(before):]
+        return ""
+
+    def _decode_rest(self) -> str:
+        """Whatever the last tokens hold, even half a character, once the stream is over."""
+        ids = [i for i in self.ids if i not in self._eos]
+        before = self._decode(ids[self._prefix:self._read])
+        after = self._decode(ids[self._prefix:])
+        return after[len(before):] if len(after) > len(before) else ""
+
+    def _find_stop(self) -> int | None:
+        # only the part not sent yet (plus a stop string's length back) can hold a new match
+        start = max(0, self.sent - max((len(s) for s in self._stop), default=0))
+        hits = [i for i in (self.text.find(s, start) for s in self._stop) if i >= 0]
+        return min(hits) if hits else None
+
+    def _held_back(self) -> int:
+        """Length of the longest tail of the text that begins some stop string."""
+        longest = 0
+        for stop in self._stop:
+            for n in range(min(len(stop) - 1, len(self.text)), longest, -1):
+                if self.text.endswith(stop[:n]):
+                    longest = n
+                    break
+        return longest
+
+    def _emit(self, upto: int) -> str:
+        upto = max(upto, self.sent)
+        out, self.sent = self.text[self.sent:upto], upto
+        return out
+
+    def _finish(self, reason: FinishReason, *, flush_to: int) -> Step:
+        self.finish_reason = reason
+        return Step(self._emit(flush_to), reason)

@@ -1,0 +1,185 @@
+"""`accelab train`: fine-tune / train a model with accelerate; `--bench` compares techniques."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+BATCH_HELP = ("GLOBAL batch per optimizer step (all processes and accumulation micro-steps together); each process "
+              "runs batch / (nproc x nnodes x grad-accum) samples per forward. Default 32 (images), 8 (text).")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train_command)
+
+
+def train_command(
+    model: str = typer.Option("vit-tiny", "--model", "-m", help="Catalog name, user model or local model directory."),
+    task: Optional[str] = typer.Option(None, help="image-classification | text-generation (default: the model's)."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="digits (built in), a directory of class "
+                                          "subfolders, a `datasets` dataset saved to disk, or a text file (text-generation; "
+                                          "default: the catalog's held-out essay)."),
+    image_column: Optional[str] = typer.Option(None, "--image-column", help="Image column of a saved dataset."),
+    label_column: Optional[str] = typer.Option(None, "--label-column", help="Label column of a saved dataset."),
+    image_size: Optional[int] = typer.Option(None, "--image-size", help="Training image side (default: the model's)."),
+    block_size: Optional[int] = typer.Option(None, "--block-size", help="Tokens per packed block (text). Default 128."),
+    eval_fraction: Optional[float] = typer.Option(None, "--eval-fraction", help="Held out for eval when the dataset "
+                                                  "has no test split. Default 0.2."),
+    reinit_head: bool = typer.Option(False, "--reinit-head", help="Replace a classifier head whose label count does "
+                                     "not match the dataset (new random weights)."),
+    epochs: Optional[int] = typer.Option(None, help="Epochs. Default 3 (images), 1 (text)."),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Train exactly this many optimizer steps."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", "-b", help=BATCH_HELP),
+    grad_accum: Optional[int] = typer.Option(None, "--grad-accum", help="Accumulation micro-steps per optimizer step."),
+    lr: Optional[float] = typer.Option(None, help="Peak learning rate (AdamW). Default 1e-3 for models with random "
+                                       "weights, 5e-5 for pretrained ones."),
+    weight_decay: Optional[float] = typer.Option(None, "--weight-decay"),
+    schedule: Optional[str] = typer.Option(None, help="linear | cosine | constant, after the warm-up. Default cosine."),
+    warmup_steps: Optional[int] = typer.Option(None, "--warmup-steps", help="LR warm-up steps (default: --warmup-ratio)."),
+    warmup_ratio: Optional[float] = typer.Option(None, "--warmup-ratio", help="Warm-up share of all steps. Default 0.1."),
+    max_grad_norm: Optional[float] = typer.Option(None, "--max-grad-norm", help="Clip gradients to this norm; 0 = off. "
+                                                  "Default 1.0."),
+    seed: Optional[int] = typer.Option(None, help="Seed of the weights' init and the data order. Default 0."),
+    mixed_precision: Optional[str] = typer.Option(None, "--mixed-precision", help="no | bf16 | fp16 (fp16 uses a "
+                                                  "GradScaler and needs a GPU)."),
+    compile_: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the model."),
+    compile_mode: str = typer.Option("default", "--compile-mode", help="default | reduce-overhead | max-autotune | "
+                                     "max-autotune-no-cudagraphs."),
+    gradient_checkpointing: bool = typer.Option(False, "--gradient-checkpointing", help="Recompute activations in "
+                                                "backward to save memory."),
+    threads: Optional[int] = typer.Option(None, help="Intra-op threads per process (default: CPUs / processes)."),
+    cpu: bool = typer.Option(False, "--cpu", help="Train on CPU even where CUDA is present (gloo)."),
+    plan: Optional[str] = typer.Option(None, "--plan", help="A Plan (preset or YAML): precision *-autocast, compile, "
+                                       "batch_size, threads, attention apply; explicit options win."),
+    nproc: int = typer.Option(1, "--nproc", help="Processes on this node (data parallel; torchrun when > 1)."),
+    nnodes: int = typer.Option(1, "--nnodes", help="Nodes (torchrun); run the same command on each."),
+    node_rank: Optional[int] = typer.Option(None, "--node-rank"),
+    master_addr: Optional[str] = typer.Option(None, "--master-addr"),
+    master_port: Optional[int] = typer.Option(None, "--master-port"),
+    rdzv_backend: Optional[str] = typer.Option(None, "--rdzv-backend"),
+    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint"),
+    rdzv_id: Optional[str] = typer.Option(None, "--rdzv-id"),
+    rdzv_conf: Optional[str] = typer.Option(None, "--rdzv-conf"),
+    output_dir: Optional[Path] = typer.Option(None, "--output-dir", "-o", help="Run directory (checkpoints, "
+                                              "tensorboard, final model). Default: <cache>/runs/<name>/<time>."),
+    checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every", help="Save a checkpoint every N "
+                                                   "optimizer steps (and always at epoch ends)."),
+    resume: Optional[str] = typer.Option(None, "--resume", help="PATH to a checkpoint or run directory, or 'latest'."),
+    log_with: str = typer.Option("none", "--log-with", help="none | tensorboard."),
+    save_as: Optional[str] = typer.Option(None, "--save-as", help="Store the trained model under this name "
+                                          "(default <dataset>-<model>); bench, verify and serve find it."),
+    save: bool = typer.Option(True, "--save/--no-save", help="Store the trained model."),
+    progress: bool = typer.Option(True, "--progress/--no-progress"),
+    bench: bool = typer.Option(False, "--bench", help="Compare baseline, bf16, fp16, accumulation and N processes."),
+    bench_nproc: Optional[int] = typer.Option(None, "--bench-nproc", help="Processes of the data-parallel bench row "
+                                              "(default 2, or the GPU count)."),
+    bench_accum: int = typer.Option(4, "--bench-accum", help="Micro-steps of the accumulation bench row."),
+    bench_warmup: Optional[int] = typer.Option(None, "--bench-warmup", help="Optimizer steps left out of samples/s. "
+                                               "Default 2."),
+    timeout: float = typer.Option(7200.0, help="Give up on a run (or bench row) after this many seconds."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the Result(s) as JSON to this file."),
+    db: Optional[Path] = typer.Option(None, help="Results store (SQLite); default in the cache dir."),
+    tag: Optional[str] = typer.Option(None, help="Label this run in the results store."),
+    store: bool = typer.Option(True, "--store/--no-store", help="Append the run(s) to the results store."),
+) -> None:
+    """Train an image classifier or fine-tune a causal LM with accelerate (mixed precision, accumulation,
+    data parallel); store the model where bench, verify and serve find it."""
+    from accelab.train.launch import LaunchOptions
+    from accelab.train.options import build_request
+
+    launch = LaunchOptions(nproc=nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
+                           master_port=master_port, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
+                           rdzv_id=rdzv_id, rdzv_conf=rdzv_conf)
+    explicit = {
+        "image_column": image_column, "label_column": label_column, "image_size": image_size, "block_size": block_size,
+        "eval_fraction": eval_fraction, "reinit_head": reinit_head, "epochs": epochs, "max_steps": max_steps,
+        "batch_size": batch_size, "grad_accum": grad_accum, "lr": lr, "weight_decay": weight_decay,
+        "schedule": schedule, "warmup_steps": warmup_steps, "warmup_ratio": warmup_ratio, "seed": seed,
+        "mixed_precision": mixed_precision, "gradient_checkpointing": gradient_checkpointing, "threads": threads,
+        "cpu": cpu, "checkpoint_every": checkpoint_every, "log_with": log_with, "progress": progress,
+        "timing_warmup": bench_warmup,
+        "compile": None if compile_ is None else (compile_mode if compile_ else "off"),
+        "max_grad_norm": max_grad_norm,  # 0 turns clipping off
+    }
+    if bench:
+        if resume:
+            raise ValueError("--bench measures fresh runs; drop --resume")
+        output_dir = output_dir or _bench_dir(model)
+    request = build_request(model=model, task=task, dataset=dataset, explicit=explicit, plan=plan, launch=launch,
+                            output_dir=output_dir, resume=resume, save_as=save_as, save=save and not bench)
+    if bench:
+        _bench(request, bench_nproc, bench_accum, timeout, json_out, db, tag, store)
+    else:
+        _train(request, timeout, json_out, db, tag, store)
+
+
+def _bench_dir(model: str) -> Path:
+    import datetime as dt
+
+    from accelab.paths import cache_dir
+
+    name = Path(model.rstrip("/")).name or "model"
+    return cache_dir() / "runs" / "bench" / f"{name}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def _cpus() -> int:
+    from accelab.plan.techniques.system import available_cpus
+
+    return available_cpus()
+
+
+def _train(request, timeout: float, json_out: Optional[Path], db: Optional[Path], tag: Optional[str],  # type: ignore[no-untyped-def]
+           store: bool) -> None:
+    from accelab.results.store import open_store
+    from accelab.train.launch import run_workers
+    from accelab.train.report import print_run, result_of
+
+    for note in request.notes:
+        typer.secho(f"note: {note}", fg=typer.colors.YELLOW, err=True)
+    outcome = run_workers(request.config, request.launch, timeout_s=timeout, cpus=_cpus())
+    result = result_of(name="train", spec=request.spec, config=request.config, launch=request.launch, outcome=outcome,
+                       tag=tag, notes=request.notes)
+    if outcome.summary and outcome.summary.get("saved_model"):
+        result.notes.append(f"model stored as {request.config.save_as} ({outcome.summary['saved_model']})")
+    print_run(result)
+    if json_out:
+        json_out.write_text(result.to_json())
+    if store:
+        open_store(db).add(result)
+    if not result.ok:
+        raise typer.Exit(3 if result.status == "unsupported" else 1)
+
+
+def _bench(request, bench_nproc: Optional[int], accum: int, timeout: float, json_out: Optional[Path],  # type: ignore[no-untyped-def]
+           db: Optional[Path], tag: Optional[str], store: bool) -> None:
+    import json
+
+    import torch
+
+    from accelab.results.store import open_store
+    from accelab.train.bench import bench_rows, rows_json, run_bench
+    from accelab.train.report import bench_table
+
+    config = request.config
+    cuda = torch.cuda.is_available() and not config.cpu
+    gpus = torch.cuda.device_count() if cuda else 0
+    nproc = bench_nproc or (gpus if gpus >= 2 else 2)
+    rows = bench_rows(config, cuda=cuda, bf16_on_gpu=torch.cuda.is_bf16_supported(including_emulation=False) if cuda
+                      else None, gpus=gpus, nproc=nproc, accum=accum)
+
+    def say(result) -> None:  # type: ignore[no-untyped-def]
+        typer.secho(f"bench row done: {result.plan['name']} ({result.status})", err=True)
+
+    results = run_bench(config, request.spec, rows, timeout_s=timeout, cpus=_cpus(), tag=tag, on_row=say)
+    steps = f"{config.max_steps} steps" if config.max_steps else f"{config.epochs} epoch(s)"
+    bench_table(results, title=f"accelab train --bench · {request.spec.name} · {config.dataset or 'held-out text'} · "
+                               f"global batch {config.batch_size} · {steps}")
+    if store:
+        open_store(db).add(*results)
+    if json_out:
+        doc = {"rows": rows_json(results), "results": [r.to_dict() for r in results]}
+        json_out.write_text(json.dumps(doc, indent=2, default=str))
+    if all(not r.ok for r in results):
+        raise typer.Exit(1)

@@ -1,0 +1,288 @@
+"""The training loop on accelerate (runs in every worker process; one Accelerator per process).
+
+Recipe: process settings -> Accelerator -> model -> data -> loaders -> optimizer and LR
+schedule -> prepare -> trackers -> resume -> epochs (accumulate, clip, step; evaluate and
+checkpoint at epoch ends) -> final model saved by the main process.
+
+Determinism: `set_seed(seed)` before the model is built, a (seed, epoch) data order
+(`EpochSampler`), and checkpoints with every rank's RNG state, so that a run resumed from a
+checkpoint (optimizer steps already done are skipped with `skip_first_batches`) ends with the
+same weights as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from accelab.train import checkpoint as ckpt
+from accelab.train.accel import make_accelerator, uses_cuda
+from accelab.train.config import TrainConfig, epochs_needed, total_steps, warmup_for
+from accelab.train.data import TrainData, build, class_names
+from accelab.train.evaluate import evaluate
+from accelab.train.model import TrainModel, identity, load_for_training, read_model_config
+from accelab.train.sampler import EpochSampler
+from accelab.train.timing import StepTimer
+
+log = logging.getLogger(__name__)
+
+NO_DECAY = ("bias", "norm", "layernorm", "layer_norm", "ln_", "embeddings")
+
+
+@dataclass(kw_only=True, slots=True)
+class Session:
+    """Everything prepared for the epochs."""
+
+    config: TrainConfig
+    accelerator: Any
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    train_dl: Any
+    eval_dl: Any
+    sampler: EpochSampler
+    data: TrainData
+    loaded: TrainModel
+    steps_per_epoch: int
+    total_steps: int
+    identity: dict[str, Any]
+
+
+@dataclass(kw_only=True, slots=True)
+class Position:
+    global_step: int = 0
+    epoch: int = 0
+    step_in_epoch: int = 0
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups: no weight decay on biases, norms and embeddings (the usual transformer recipe)."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            (no_decay if any(key in name.lower() for key in NO_DECAY) else decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def setup(config: TrainConfig) -> Session:
+    from accelerate.utils import set_seed
+    from transformers import get_scheduler
+
+    # Process settings and the Accelerator
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    accelerator = make_accelerator(config)
+    set_seed(config.seed)
+
+    # Model (head fitted to the dataset's labels) and data
+    classes = class_names(config)
+    loaded = load_for_training(config, classes)
+    data = build(config, loaded.processor, loaded.image_size)
+    if data.skipped and accelerator.is_main_process:
+        log.warning("%d unreadable image(s) skipped in %s", data.skipped, config.dataset)
+
+    # Loaders: the global micro-batch per dataloader batch; accelerate slices it per rank
+    sampler = EpochSampler(len(data.train), seed=config.seed, multiple_of=config.batch_size)
+    train_dl = DataLoader(data.train, batch_size=config.loader_batch, sampler=sampler, drop_last=True)
+    eval_dl = DataLoader(data.eval, batch_size=config.loader_batch, shuffle=False)
+    steps_per_epoch = len(sampler) // config.batch_size
+    total = total_steps(config, steps_per_epoch)
+
+    # Optimizer and LR schedule (stepped once per optimizer step: split_batches=True)
+    optimizer = torch.optim.AdamW(param_groups(loaded.model, config.weight_decay), lr=config.lr)
+    scheduler = get_scheduler(config.schedule if config.schedule != "constant" else "constant_with_warmup",
+                              optimizer, num_warmup_steps=warmup_for(config, total), num_training_steps=total)
+
+    # prepare: DDP wrap, device placement, autocast, compile (in that order, inside accelerate)
+    model, optimizer, train_dl, eval_dl, scheduler = accelerator.prepare(
+        loaded.model, optimizer, train_dl, eval_dl, scheduler)
+    num_labels = len(classes) if classes else None
+    ident = identity(read_model_config(config.model_source), config.task, num_labels)
+    return Session(config=config, accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler,
+                   train_dl=train_dl, eval_dl=eval_dl, sampler=sampler, data=data, loaded=loaded,
+                   steps_per_epoch=steps_per_epoch, total_steps=total, identity=ident)
+
+
+def resume(session: Session) -> Position:
+    config = session.config
+    if not config.resume_from:
+        return Position()
+    path = Path(config.resume_from)
+    state = ckpt.read_state(path)
+    warnings = ckpt.check_compatible(state, path, identity=session.identity, model=config.model,
+                                     batch_size=config.batch_size, seed=config.seed,
+                                     mixed_precision=config.mixed_precision)
+    for message in warnings if session.accelerator.is_main_process else []:
+        log.warning(message)
+    session.accelerator.load_state(str(path))
+    log.info("resumed from %s at step %d (epoch %d, step %d of it)", path, state.global_step, state.epoch,
+             state.step_in_epoch)
+    return Position(global_step=state.global_step, epoch=state.epoch, step_in_epoch=state.step_in_epoch)
+
+
+def save_checkpoint(session: Session, position: Position) -> Path:
+    accelerator = session.accelerator
+    path = Path(session.config.output_dir) / ckpt.CHECKPOINTS / ckpt.checkpoint_name(position.global_step)
+    accelerator.save_state(str(path))
+    accelerator.wait_for_everyone()  # every rank's RNG file is on disk before the state marks it complete
+    if accelerator.is_main_process:
+        config = session.config
+        ckpt.write_state(path, ckpt.TrainerState(
+            global_step=position.global_step, epoch=position.epoch, step_in_epoch=position.step_in_epoch,
+            identity=session.identity, batch_size=config.batch_size, seed=config.seed,
+            mixed_precision=config.mixed_precision, model=config.model))
+    accelerator.wait_for_everyone()
+    return path
+
+
+@dataclass(kw_only=True, slots=True)
+class Record:
+    """Per-step history and per-epoch evals, kept on every rank (identical: losses are reduced)."""
+
+    losses: list[float]
+    lrs: list[float]
+    evals: list[dict[str, Any]]
+    skipped_steps: int = 0
+    full_epochs: list[int] | None = None
+
+
+def run_epochs(session: Session, start: Position, timer: StepTimer, progress: Any) -> Record:
+    config, accelerator = session.config, session.accelerator
+    record = Record(losses=[], lrs=[], evals=[], full_epochs=[])
+    position = Position(global_step=start.global_step, epoch=start.epoch, step_in_epoch=start.step_in_epoch)
+    for epoch in range(start.epoch, epochs_needed(session.total_steps, session.steps_per_epoch)):
+        position.epoch = epoch
+        position.step_in_epoch = start.step_in_epoch if epoch == start.epoch else 0
+        _one_epoch(session, position, record, timer, progress)
+        if position.step_in_epoch == session.steps_per_epoch:  # a full epoch: evaluate, checkpoint
+            record.full_epochs.append(epoch)
+            with timer.paused():
+                _evaluate(session, position, record, progress)
+                if config.checkpoints:
+                    save_checkpoint(session, Position(global_step=position.global_step, epoch=epoch + 1))
+        if position.global_step >= session.total_steps:
+            break
+    if not record.evals or record.evals[-1]["step"] != position.global_step:  # stopped mid-epoch (--max-steps)
+        _evaluate(session, position, record, progress)
+    return record
+
+
+def _one_epoch(session: Session, position: Position, record: Record, timer: StepTimer, progress: Any) -> None:
+    config, accelerator, model = session.config, session.accelerator, session.model
+    session.sampler.set_epoch(position.epoch)  # the epoch's order: f(seed, epoch)
+    skip = position.step_in_epoch * config.grad_accum  # dataloader batches already trained on
+    loader = accelerator.skip_first_batches(session.train_dl, skip) if skip else session.train_dl
+    loader.set_epoch(position.epoch)
+    running = torch.zeros((), device=accelerator.device)
+    try:
+        for batch in loader:
+            with accelerator.accumulate(model):
+                loss = model(**batch).loss
+                accelerator.backward(loss)  # divides by grad_accum; DDP all-reduces on the last micro-step
+                running += loss.detach()
+                if accelerator.sync_gradients and config.max_grad_norm:
+                    accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)  # unscales fp16 first
+                session.optimizer.step()  # skipped by accelerate while accumulating, or on fp16 inf/nan
+                session.scheduler.step()  # not stepped when the optimizer step was skipped
+                session.optimizer.zero_grad()
+            if not accelerator.sync_gradients:
+                continue
+            _after_step(session, position, record, running, timer, progress)
+            running.zero_()
+            if position.global_step >= session.total_steps:
+                break
+    finally:
+        if hasattr(loader, "end"):
+            loader.end()  # an early break leaves accelerate's dataloader bookkeeping open
+
+
+def _after_step(session: Session, position: Position, record: Record, running: torch.Tensor, timer: StepTimer,
+                progress: Any) -> None:
+    config, accelerator = session.config, session.accelerator
+    position.global_step += 1
+    position.step_in_epoch += 1
+    record.skipped_steps += int(accelerator.optimizer_step_was_skipped)
+    # mean over micro-steps and ranks = the global batch's mean loss (equal shards)
+    loss = accelerator.reduce(running / config.grad_accum, reduction="mean").item()  # note: sync point
+    timer.step_done(position.epoch)
+    lr = session.scheduler.get_last_lr()[0]
+    record.losses.append(loss)
+    record.lrs.append(lr)
+    accelerator.log({"train/loss": loss, "train/lr": lr}, step=position.global_step)
+    progress.advance(loss, lr)
+    if config.checkpoints and config.checkpoint_every and position.global_step % config.checkpoint_every == 0 \
+            and position.step_in_epoch < session.steps_per_epoch:  # epoch ends are checkpointed after eval
+        with timer.paused():
+            save_checkpoint(session, position)
+
+
+def _evaluate(session: Session, position: Position, record: Record, progress: Any) -> None:
+    metrics = evaluate(session.accelerator, session.model, session.eval_dl, session.config.task)
+    metrics = {**metrics, "epoch": position.epoch, "step": position.global_step}
+    record.evals.append(metrics)
+    session.accelerator.log({f"eval/{k}": v for k, v in metrics.items() if k not in ("epoch", "step")},
+                            step=position.global_step)
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
+    progress.say(f"epoch {position.epoch + 1}, step {position.global_step}: eval {shown} ({metrics['samples']} samples)")
+
+
+def save_model(session: Session, directory: Path) -> None:
+    """The final model (fp32, unwrapped from DDP, autocast and compile) with its processor."""
+    accelerator = session.accelerator
+    accelerator.wait_for_everyone()
+    model = accelerator.unwrap_model(session.model, keep_fp32_wrapper=False, keep_torch_compile=False)
+    if accelerator.is_main_process:
+        model.save_pretrained(directory, safe_serialization=True)
+        session.loaded.processor.save_pretrained(directory)
+    accelerator.wait_for_everyone()
+
+
+class NoProgress:
+    def advance(self, loss: float, lr: float) -> None:
+        pass
+
+    def say(self, message: str) -> None:
+        log.info(message)
+
+
+class RichProgress:
+    """A rich progress bar over optimizer steps (main process only)."""
+
+    def __init__(self, total: int, done: int):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                                  TextColumn("{task.fields[status]}"))
+        self._task = self._progress.add_task("train", total=total, completed=done, status="")
+
+    def __enter__(self) -> "RichProgress":
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def advance(self, loss: float, lr: float) -> None:
+        self._progress.update(self._task, advance=1, status=f"loss {loss:.4f}  lr {lr:.2e}")
+
+    def say(self, message: str) -> None:
+        self._progress.console.print(message)
+
+
+def progress_for(session: Session, start: Position) -> contextlib.AbstractContextManager:
+    if session.config.progress and session.accelerator.is_main_process:
+        return RichProgress(session.total_steps, start.global_step)
+    return contextlib.nullcontext(NoProgress())
+
+
+def cuda_sync(session: Session) -> Any:
+    if uses_cuda(session.config):
+        device = session.accelerator.device
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None

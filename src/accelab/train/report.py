@@ -1,0 +1,155 @@
+"""Results of training runs: one `Result(kind="train")` per run or bench row, and their tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from accelab.catalog.spec import ModelSpec
+from accelab.results.result import Result, command_line
+from accelab.train.config import TrainConfig
+from accelab.train.launch import LaunchOptions, WorkerOutcome
+
+_PRECISION_NAMES = {"no": "fp32", "bf16": "bf16-autocast", "fp16": "fp16-autocast"}
+
+
+def plan_of(name: str, config: TrainConfig) -> dict[str, Any]:
+    from accelab.plan.plan import Plan
+
+    return Plan(name=name, precision=_PRECISION_NAMES[config.mixed_precision], compile=config.compile,
+                batch_size=config.batch_size, threads=config.threads).to_dict()
+
+
+def workload_of(config: TrainConfig, launch: LaunchOptions) -> dict[str, Any]:
+    return {
+        "scenario": "train-step", "task": config.task, "dataset": config.dataset, "global_batch": config.batch_size,
+        "grad_accum": config.grad_accum, "nproc": launch.nproc, "nnodes": launch.nnodes,
+        "world_size": config.world_size, "per_process_batch": config.per_process_batch, "epochs": config.epochs,
+        "max_steps": config.max_steps, "lr": config.lr, "schedule": config.schedule, "seed": config.seed,
+        "gradient_checkpointing": config.gradient_checkpointing, "block_size": config.block_size,
+        "image_size": config.image_size,
+    }
+
+
+def metrics_of(summary: dict[str, Any]) -> dict[str, Any]:
+    timing, memory, final = summary["timing"], summary["memory"], summary["final"]
+    out = {
+        "samples_per_s": timing["samples_per_s"], "epoch_s": timing["epoch_s"],
+        "epoch_s_estimated": timing["epoch_s_estimated"], "step_ms": timing["step_ms"],
+        "timed_steps": timing["timed_steps"], "timed_samples": timing["timed_samples"],
+        "timed_wall_s": timing["timed_wall_s"], "steps": summary["total_steps"],
+        "peak_rss_mb_max": memory["peak_rss_mb_max"], "peak_rss_mb_sum": memory["peak_rss_mb_sum"],
+        "peak_rss_mb_per_rank": memory["peak_rss_mb_per_rank"],
+        "gpu_peak_allocated_mb_max": memory["gpu_peak_allocated_mb_max"],
+        "skipped_steps": summary["skipped_steps"], "final_loss": summary["losses"][-1] if summary["losses"] else None,
+        "first_loss": summary["losses"][0] if summary["losses"] else None, "losses": summary["losses"],
+        "evals": summary["evals"], "threads_per_process": summary["threads"], "device": summary["device"],
+    }
+    for key in ("accuracy", "perplexity"):
+        if key in final:
+            out[f"final_{key}"] = final[key]
+    return out
+
+
+def result_of(*, name: str, spec: ModelSpec, config: TrainConfig, launch: LaunchOptions, outcome: WorkerOutcome | None,
+              unsupported: str | None = None, group_id: str | None = None, tag: str | None = None,
+              env: dict[str, Any] | None = None, notes: list[str] | None = None) -> Result:
+    from accelab.measure.environment import environment, fingerprint
+
+    env = env if env is not None else environment()
+    if unsupported is not None:
+        status, reason, metrics = "unsupported", unsupported, {}
+    else:
+        assert outcome is not None
+        status, reason = outcome.status, outcome.reason
+        metrics = metrics_of(outcome.summary) if outcome.summary else {}
+        metrics["wall_s"] = outcome.wall_s
+    summary_notes = (outcome.summary or {}).get("notes", []) if outcome else []
+    return Result(kind="train", status=status, model=spec.to_dict(), plan=plan_of(name, config),
+                  workload=workload_of(config, launch), metrics=metrics, environment=env, fingerprint=fingerprint(env),
+                  reason=reason, notes=[*(notes or []), *summary_notes], command=command_line(), tag=tag,
+                  group_id=group_id)
+
+
+# -- tables ---------------------------------------------------------------------------------------
+def _seconds(value: float | None, estimated: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f} s" + (" (est.)" if estimated else "")
+
+
+def _mib(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value / 1024:.2f} GiB" if value >= 1024 else f"{value:.0f} MiB"
+
+
+def memory_cell(metrics: dict[str, Any]) -> str:
+    gpu = metrics.get("gpu_peak_allocated_mb_max")
+    if gpu is not None:
+        return f"{_mib(gpu)} GPU"
+    ranks = len(metrics.get("peak_rss_mb_per_rank") or [])
+    cell = _mib(metrics.get("peak_rss_mb_max"))
+    return cell + (f" x{ranks} ({_mib(metrics.get('peak_rss_mb_sum'))})" if ranks > 1 else "")
+
+
+def quality_cell(metrics: dict[str, Any]) -> str:
+    if metrics.get("final_accuracy") is not None:
+        return f"{metrics['final_accuracy']:.2%}"
+    if metrics.get("final_perplexity") is not None:
+        return f"ppl {metrics['final_perplexity']:.2f}"
+    return "-"
+
+
+def row_cells(result: Result, baseline_sps: float | None) -> list[str]:
+    m = result.metrics
+    if not result.ok:
+        return [result.plan["name"], "-", "-", "-", "-", "-", f"{result.status}: {result.reason}"]
+    sps = m.get("samples_per_s")
+    speedup = f"{sps / baseline_sps:.2f}x" if sps and baseline_sps else "-"
+    note = f"{m['skipped_steps']} fp16 steps skipped" if m.get("skipped_steps") else ""
+    return [result.plan["name"], _seconds(m.get("epoch_s"), m.get("epoch_s_estimated", False)), memory_cell(m),
+            f"{sps:.1f}" if sps else "-", speedup, quality_cell(m), note]
+
+
+def bench_table(results: list[Result], title: str, console: Console | None = None) -> None:
+    table = Table(title=title, title_justify="left")
+    for column in ("configuration", "epoch time", "peak memory", "samples/s", "vs baseline", "final quality", "notes"):
+        table.add_column(column, justify="left" if column in ("configuration", "notes") else "right")
+    baseline = next((r.metrics.get("samples_per_s") for r in results if r.ok), None)
+    for result in results:
+        table.add_row(*row_cells(result, baseline))
+    console = console or Console()
+    console.print(table)
+    console.print("samples/s = samples of the timed steps / their wall time (first steps excluded); peak memory = "
+                  "per-process RSS peak, max over ranks (sum in brackets), or torch's peak GPU allocation",
+                  style="dim")
+
+
+def print_run(result: Result, console: Console | None = None) -> None:
+    console = console or Console()
+    m, w = result.metrics, result.workload
+    table = Table(title=f"accelab train · {result.model['name']} · {w['dataset'] or 'held-out text'}",
+                  title_justify="left", show_header=False)
+    table.add_column("", style="bold")
+    table.add_column("")
+    rows = [
+        ("status", result.status + (f": {result.reason}" if result.reason else "")),
+        ("processes", f"{w['world_size']} x batch {w['per_process_batch']} x accum {w['grad_accum']} "
+                      f"= global batch {w['global_batch']}"),
+        ("steps", str(m.get("steps", "-"))),
+        ("loss", f"{m['first_loss']:.4f} -> {m['final_loss']:.4f}" if m.get("final_loss") is not None else "-"),
+        ("final eval", quality_cell(m)),
+        ("samples/s", f"{m['samples_per_s']:.1f}" if m.get("samples_per_s") else "-"),
+        ("epoch time", _seconds(m.get("epoch_s"), m.get("epoch_s_estimated", False))),
+        ("peak memory", memory_cell(m) if m else "-"),
+    ]
+    if m.get("skipped_steps"):
+        rows.append(("fp16 skipped steps", str(m["skipped_steps"])))
+    for label, value in rows:
+        table.add_row(label, value)
+    console.print(table)
+    for note in result.notes:
+        console.print(f"note: {note}", style="yellow")

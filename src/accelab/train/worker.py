@@ -1,0 +1,173 @@
+"""The worker entry: one training run in this process (one rank of it under torchrun).
+
+    python -m accelab.train.worker CONFIG.json                      # one process
+    torchrun --nproc_per_node 2 -m accelab.train.worker CONFIG.json # data-parallel
+
+`accelab train` writes CONFIG.json (a TrainConfig) and starts this; the main process writes
+the run's summary to `config.result_path`. Exit codes: 0 ok, 2 a user error (the message says
+how to fix it), 3 unsupported on this device.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from accelab.train.accel import Unsupported, uses_cuda
+from accelab.train.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+EXIT_USER_ERROR = 2
+EXIT_UNSUPPORTED = 3
+FINAL_MODEL = "model"
+
+
+def train(config: TrainConfig) -> dict[str, Any] | None:
+    """Run the training; the summary on the main process, None on the others."""
+    from accelab.measure.memory import PeakMemorySampler
+    from accelab.train import loop
+    from accelab.train.timing import StepTimer
+
+    session = loop.setup(config)
+    accelerator = session.accelerator
+    if not accelerator.is_main_process:
+        logging.getLogger("accelab").setLevel(logging.ERROR)  # one copy of each warning
+    try:
+        if config.log_with != "none":
+            accelerator.init_trackers("accelab-train", config=_tracker_config(config))
+        start = loop.resume(session)
+        timer = StepTimer(warmup=config.timing_warmup, sync=loop.cuda_sync(session))
+        device = accelerator.device if uses_cuda(config) else "cpu"
+        with PeakMemorySampler(device=device, interval=0.02) as memory, loop.progress_for(session, start) as bar:
+            timer.start()
+            record = loop.run_epochs(session, start, timer, bar)
+        final_dir = Path(config.output_dir) / FINAL_MODEL
+        loop.save_model(session, final_dir)
+        peaks = _gather_peaks(accelerator, memory.report)
+        summary = _summary(session, start, record, timer, peaks, final_dir)
+        if accelerator.is_main_process and config.save_as:
+            summary["saved_model"] = str(_register(session, summary, final_dir))
+        return summary if accelerator.is_main_process else None
+    finally:
+        accelerator.end_training()
+
+
+def _tracker_config(config: TrainConfig) -> dict[str, Any]:
+    """Hyperparameters as TensorBoard accepts them (scalars and strings, no None)."""
+    return {k: v for k, v in config.to_dict().items() if isinstance(v, (int, float, str, bool))}
+
+
+def _gather_peaks(accelerator: Any, report: Any) -> dict[str, Any]:
+    """Per-rank peaks: RSS (each process's own, shared pages counted in each) and, on GPUs,
+    torch's peak allocation on the rank's device."""
+    gpu = report.gpu_peak_allocated_mb if report.gpu_peak_allocated_mb is not None else -1.0
+    local = torch.tensor([[report.peak_rss_mb, gpu]], dtype=torch.float64, device=accelerator.device)
+    rows = accelerator.gather(local).cpu().tolist()  # [world_size, 2]
+    rss = [r[0] for r in rows]
+    gpus = [r[1] for r in rows if r[1] >= 0]
+    return {
+        "peak_rss_mb_per_rank": rss, "peak_rss_mb_max": max(rss), "peak_rss_mb_sum": sum(rss),
+        "gpu_peak_allocated_mb_per_rank": gpus or None, "gpu_peak_allocated_mb_max": max(gpus) if gpus else None,
+    }
+
+
+def _summary(session: Any, start: Any, record: Any, timer: Any, peaks: dict[str, Any], final_dir: Path) -> dict:
+    config, accelerator = session.config, session.accelerator
+    final = record.evals[-1] if record.evals else {}
+    return {
+        "status": "ok",
+        "world_size": accelerator.num_processes,
+        "per_process_batch": config.per_process_batch,
+        "device": str(accelerator.device),
+        "distributed_type": str(accelerator.distributed_type),
+        "mixed_precision": accelerator.mixed_precision,
+        "native_amp": bool(accelerator.native_amp),
+        "threads": torch.get_num_threads(),
+        "steps_per_epoch": session.steps_per_epoch,
+        "total_steps": session.total_steps,
+        "resumed_at_step": start.global_step,
+        "train_samples": len(session.data.train),
+        "eval_samples": len(session.data.eval),
+        "eval_split": session.data.eval_split,
+        "class_names": session.data.class_names,
+        "image_size": session.loaded.image_size,
+        "skipped_images": session.data.skipped,
+        "skipped_steps": record.skipped_steps,
+        "losses": record.losses,
+        "lrs": record.lrs,
+        "evals": record.evals,
+        "final": final,
+        "timing": timer.summary(config.batch_size, session.steps_per_epoch, record.full_epochs),
+        "memory": peaks,
+        "notes": list(session.loaded.notes),
+        "final_model_dir": str(final_dir),
+        "dataset_meta": session.data.meta,
+    }
+
+
+def _register(session: Any, summary: dict[str, Any], final_dir: Path) -> Path:
+    from accelab.catalog.store import register_local_model
+
+    config = session.config
+    final = summary["final"]
+    metrics = ({"test_accuracy": final.get("accuracy"), "test_loss": final.get("loss")}
+               if config.task == "image-classification" else
+               {"eval_perplexity": final.get("perplexity"), "eval_loss": final.get("loss")})
+    origin = (f"accelab train {config.model} on {summary['dataset_meta'].get('dataset')} "
+              f"({summary['total_steps']} steps, global batch {config.batch_size})")
+    extra = {**summary["dataset_meta"], "base_model": config.model, "eval_split": summary["eval_split"],
+             "train_run": config.output_dir}
+    return register_local_model(config.save_as, final_dir, task=config.task, origin=origin, metrics=metrics,
+                                extra_meta=extra)
+
+
+def _write(path: str | None, doc: dict[str, Any]) -> None:
+    if path:
+        Path(path).write_text(json.dumps(doc, indent=2, default=str) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m accelab.train.worker CONFIG.json (written by `accelab train`)", file=sys.stderr)
+        return EXIT_USER_ERROR
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    config = TrainConfig.from_dict(json.loads(Path(args[0]).read_text()))
+    rank = _rank()
+    try:
+        summary = train(config)
+    except Unsupported as err:
+        return _fail(config, rank, "unsupported", str(err), EXIT_UNSUPPORTED)
+    except ValueError as err:
+        return _fail(config, rank, "error", str(err), EXIT_USER_ERROR)
+    except BaseException as err:
+        _fail(config, rank, "error", f"{type(err).__name__}: {err}", 1, traceback.format_exc())
+        raise
+    if summary is not None:
+        _write(config.result_path, summary)
+    return 0
+
+
+def _rank() -> int:
+    import os
+
+    return int(os.environ.get("RANK", "0"))
+
+
+def _fail(config: TrainConfig, rank: int, status: str, reason: str, code: int, tb: str | None = None) -> int:
+    prefix = f"[rank {rank}] " if config.world_size > 1 else ""
+    print(f"{prefix}{status}: {reason}", file=sys.stderr)
+    if rank == 0:
+        _write(config.result_path, {"status": status, "reason": reason, "traceback": tb})
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

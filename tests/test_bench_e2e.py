@@ -1,0 +1,103 @@
+"""accelab bench, compare and verify end to end on real catalog models, through the real CLI."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from accelab.results.store import Store
+
+pytestmark = pytest.mark.slow
+
+
+def accelab(*args, env=None, check=True):
+    proc = subprocess.run(
+        [sys.executable, "-m", "accelab", *args], capture_output=True, text=True, timeout=900, env=env
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"accelab {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+QUICK = ["--warmup", "1", "--min-iters", "3", "--min-seconds", "0.5"]
+
+
+def test_bench_minilm_forward(tmp_path):
+    out, db = tmp_path / "m.json", tmp_path / "r.db"
+    proc = accelab("bench", "minilm-l6", "--batch-size", "4", "--seq-len", "64", *QUICK, "--json", str(out), "--db", str(db))
+    result = json.loads(out.read_text())
+    m = result["metrics"]
+    assert result["status"] == "ok"
+    assert result["workload"]["batch_size"] == 4 and result["workload"]["seq_len"] == 64
+    assert m["latency_ms"]["n"] == m["iterations"] >= 3
+    assert m["latency_ms"]["p50"] <= m["latency_ms"]["p99"]
+    # throughput is items over the wall time of the timed loop, not over one call's latency
+    assert m["throughput"] == pytest.approx(4 * m["iterations"] / m["timed_seconds"])
+    assert m["flops_per_call"] > 0 and 0 < m["mfu"] < 1.5
+    assert m["peak_memory_mb"] > 100
+    assert result["fingerprint"] and result["environment"]["versions"]["torch"]
+    assert "accelab bench minilm-l6" in result["command"] or "bench minilm-l6" in result["command"]
+    stored = Store(db).get(result["run_id"])
+    assert stored.metrics["throughput"] == m["throughput"]
+    assert "latency" in proc.stdout and "MFU" in proc.stdout
+
+
+def test_bench_smollm2_generate_real_text(tmp_path):
+    out = tmp_path / "s.json"
+    accelab("bench", "smollm2-135m", "--scenario", "generate", "--new-tokens", "8", *QUICK, "--json", str(out), "--no-store")
+    m = json.loads(out.read_text())["metrics"]
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+        assert m[key]["p50"] > 0 and m[key]["p99"] >= m[key]["p50"]
+    # ITL: 7 gaps per call (8 tokens), reset every call
+    assert m["itl_ms"]["n"] == 7 * m["iterations"]
+    assert m["decode_tokens_per_s"] == pytest.approx(1000 / m["tpot_ms"]["mean"], rel=0.05)
+    assert m["roofline"]["bytes_per_step"] == m["weight_bytes"] > 400e6  # 135M params in fp32
+    assert 0 < m["roofline"]["fraction"]
+    assert "Paris" in m["sample_text"]  # the first prompt asks for the capital of France
+
+
+def test_bad_input_errors_are_clear(tmp_path):
+    proc = accelab("bench", "smollm2-13m", check=False)
+    assert proc.returncode == 2 and "smollm2-135m" in proc.stderr
+    proc = accelab("bench", "minilm-l6", "--seq-len", "100000", check=False)
+    assert proc.returncode == 2 and "seq_len=100000" in proc.stderr and "1..512" in proc.stderr
+    proc = accelab("bench", "minilm-l6", "--batch-size", "0", check=False)
+    assert proc.returncode == 2 and "batch_size=0" in proc.stderr
+    proc = accelab("bench", str(tmp_path / "nowhere"), check=False)
+    assert proc.returncode == 2 and "nowhere" in proc.stderr
+    proc = accelab("bench", "minilm-l6", "--plan", "compile-statc", check=False)
+    assert proc.returncode == 2 and "compile-static" in proc.stderr
+    proc = accelab("bench", "minilm-l6", "--set", "precison=bf16-autocast", check=False)
+    assert proc.returncode == 2 and "did you mean 'precision'" in proc.stderr
+
+
+def test_compare_tiny_model_rows_and_verdicts(tmp_path):
+    out, md = tmp_path / "c.json", tmp_path / "c.md"
+    accelab(
+        "compare", "vit-tiny", "--batch-size", "8", "--plans", "baseline,fp16-autocast,bf16-autocast,channels-last,baseline[threads=1]",
+        *QUICK, "--samples", "8", "--json", str(out), "--markdown", str(md), "--no-store",
+    )
+    rows = {r["plan"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["baseline"]["speedup"] == 1.0 and rows["baseline"]["quality"] == "pass"
+    assert rows["fp16-autocast"]["status"] == "unsupported" and "no-op on CPU" in rows["fp16-autocast"]["notes"]
+    assert rows["fp16-autocast"]["speedup"] is None  # never a "1.0x" for a technique that did nothing
+    assert rows["bf16-autocast"]["status"] == "ok" and rows["bf16-autocast"]["quality"] in ("pass", "warn", "fail")
+    assert rows["channels-last"]["status"] == "unsupported"  # a ViT has one convolution
+    assert rows["baseline[threads=1]"]["status"] == "ok"
+    assert "| baseline |" in md.read_text()
+
+
+def test_verify_detects_a_corrupted_plan(tmp_path):
+    good = tmp_path / "good.json"
+    accelab("verify", "minilm-l6", "--plan", "baseline", "--samples", "16", "--json", str(good), "--no-store")
+    quality = json.loads(good.read_text())["quality"]
+    assert quality["verdict"] == "pass" and quality["metrics"]["cosine_min"] > 0.9999
+    import os
+
+    bad = tmp_path / "bad.json"
+    env = {**os.environ, "ACCELAB_FAULT": "perturb-weights:0.5"}  # a deliberately broken plan
+    proc = accelab("verify", "minilm-l6", "--plan", "baseline", "--samples", "16", "--json", str(bad), "--no-store", env=env, check=False)
+    assert proc.returncode == 1
+    quality = json.loads(bad.read_text())["quality"]
+    assert quality["verdict"] == "fail" and quality["metrics"]["cosine_min"] < 0.95
