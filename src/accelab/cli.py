@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "accelab.catalog.commands",  # models list / fetch
     "accelab.measure.commands",  # env
     "accelab.bench.commands",  # bench, compare, verify
+    "accelab.tune.commands",  # tune
 ]
 
 

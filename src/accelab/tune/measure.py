@@ -1,0 +1,103 @@
+"""The tuner's `measure`: one bench child per candidate, stored, and replayed on resume."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+
+from rich.console import Console
+
+from accelab.bench.engine import bench
+from accelab.catalog.spec import ModelSpec
+from accelab.plan.presets import PRESETS
+from accelab.quality.collect import QualityConfig
+from accelab.results.result import Result
+from accelab.results.store import Store
+from accelab.scenarios.workload import Workload
+from accelab.tune.search import Candidate, Measurement, Phase
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class BenchMeasurer:
+    spec: ModelSpec
+    workload: Workload
+    device: str | None
+    store: Store | None
+    group_id: str
+    quality: QualityConfig | None
+    tolerance: str
+    screen_seconds: float = 1.0
+    final_seconds: float = 3.0
+    timeout_s: float = 1800.0
+    console: Console = field(default_factory=lambda: Console(stderr=True))
+    replay: dict[tuple[str, str], list[Result]] = field(default_factory=dict)
+    results: list[Result] = field(default_factory=list)
+    _quality_by_variant: dict[str, str | None] = field(default_factory=dict)
+    reused: int = 0
+
+    def load_replay(self) -> int:
+        """Earlier measurements of this same tune (same group id), to resume an interrupted run."""
+        if self.store is None:
+            return 0
+        stored = sorted(self.store.query(group_id=self.group_id, kind="tune"), key=lambda r: r.metrics.get("tune_seq", 0))
+        queues: dict[tuple[str, str], list[Result]] = defaultdict(list)
+        for r in stored:
+            queues[(r.metrics.get("tune_candidate", ""), r.metrics.get("tune_phase", ""))].append(r)
+        self.replay = dict(queues)
+        return len(stored)
+
+    def __call__(self, candidate: Candidate, phase: Phase) -> Measurement:
+        queue = self.replay.get((candidate.key, phase))
+        if queue:
+            self.reused += 1
+            result = queue.pop(0)
+            self.results.append(result)
+            self._quality_by_variant.setdefault(candidate.variant, result.metrics.get("tune_quality"))
+            return self._to_measurement(result, candidate, phase, seconds=0.0)
+        plan = PRESETS[candidate.variant].with_changes(batch_size=candidate.batch_size)
+        seconds = self.screen_seconds if phase in ("screen", "grow") else self.final_seconds
+        workload = replace(self.workload, batch_size=candidate.batch_size, min_seconds=seconds,
+                           min_iters=3 if phase in ("screen", "grow") else max(self.workload.min_iters, 5),
+                           warmup=1 if phase in ("screen", "grow") else self.workload.warmup)
+        # quality depends on the technique, not the batch: check each variant once
+        check_quality = self.quality is not None and candidate.variant not in self._quality_by_variant
+        self.console.print(f"[dim]  {phase:8s} {candidate.key} ...[/]", end="")
+        t0 = time.perf_counter()
+        result = bench(
+            self.spec, plan, workload, device=self.device, timeout_s=self.timeout_s, kind="tune",
+            group_id=self.group_id, quality=self.quality if check_quality else None, tolerance=self.tolerance,
+        )
+        cost = time.perf_counter() - t0
+        if check_quality and result.ok:
+            self._quality_by_variant[candidate.variant] = (result.quality or {}).get("verdict")
+        result.metrics.update(tune_candidate=candidate.key, tune_phase=phase, tune_seq=len(self.results),
+                              tune_cost_s=cost, tune_quality=self._quality_by_variant.get(candidate.variant))
+        if self.store is not None:
+            self.store.add(result)
+        self.results.append(result)
+        m = self._to_measurement(result, candidate, phase, seconds=cost)
+        summary = f"{m.throughput:.4g} {result.metrics.get('throughput_unit', '')}" if m.throughput else (m.reason or m.status)
+        self.console.print(f"[dim] {summary[:100]} ({cost:.0f} s)[/]")
+        return m
+
+    def _to_measurement(self, result: Result, candidate: Candidate, phase: Phase, seconds: float) -> Measurement:
+        m = result.metrics
+        latency = m.get("e2e_ms" if result.workload.get("scenario") == "generate" else "latency_ms") or {}
+        return Measurement(
+            candidate=candidate,
+            phase=phase,
+            status=result.status,
+            throughput=m.get("throughput"),
+            p50_ms=latency.get("p50"),
+            p99_ms=latency.get("p99"),
+            memory_mb=m.get("peak_memory_mb"),
+            quality=m.get("tune_quality"),
+            cv=latency.get("cv", 0.0) / max(latency.get("n", 1), 1) ** 0.5,  # noise of the mean, not of one call
+            seconds=seconds or m.get("tune_cost_s", 0.0),
+            reason=result.reason,
+            run_id=result.run_id,
+        )

@@ -1,0 +1,338 @@
+"""The tuner's search. Pure: no torch, no processes; `measure` is injected.
+
+Phases, cheapest first:
+1. screen: every variant once at the screening batch size, a short run. A variant that breaks
+   a limit there is retried at smaller batches (halving) before it is dropped.
+2. grow (throughput goal): the best `keep` variants grow their batch geometrically while
+   throughput improves by at least `min_gain` and the limits hold; when a limit stops the
+   growth, the gap between the last good and the first bad batch is bisected.
+3. final: the two best candidates measured again with full-length runs.
+4. confirm: winner and runner-up measured once more, back to back; when their difference is
+   within the noise of the runs the result is reported as a tie.
+Every measurement is kept with the reason it lost, for the table and the store.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+Phase = Literal["screen", "grow", "final", "confirm"]
+Goal = Literal["throughput", "latency-p50", "latency-p99"]
+QualityLevel = Literal["strict", "balanced", "loose", "off"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Candidate:
+    variant: str  # a plan (preset) name
+    batch_size: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.variant}@{self.batch_size}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Measurement:
+    candidate: Candidate
+    phase: Phase
+    status: str  # ok | unsupported | oom | error | timeout | crashed
+    throughput: float | None = None
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    memory_mb: float | None = None
+    quality: str | None = None  # pass | warn | fail | None (not checked)
+    cv: float = 0.0  # coefficient of variation of the per-call latency
+    seconds: float = 0.0  # what the measurement cost, wall time
+    reason: str | None = None
+    run_id: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Constraints:
+    max_memory_mb: float | None = None
+    p99_ms: float | None = None
+    quality: QualityLevel = "balanced"
+
+    def violation(self, m: Measurement) -> str | None:
+        """Why a measurement is not acceptable, or None."""
+        if m.status == "unsupported":
+            return f"unsupported here: {m.reason}"
+        if m.status == "oom":
+            return "out of memory"
+        if m.status != "ok":
+            return f"{m.status}: {m.reason}"
+        if self.max_memory_mb is not None and m.memory_mb is not None and m.memory_mb > self.max_memory_mb:
+            return f"memory {m.memory_mb:.0f} MB > limit {self.max_memory_mb:.0f} MB"
+        if self.p99_ms is not None and m.p99_ms is not None and m.p99_ms > self.p99_ms:
+            return f"p99 {m.p99_ms:.1f} ms > SLA {self.p99_ms:.1f} ms"
+        if self.quality != "off" and m.quality == "fail":
+            return "quality failed"
+        if self.quality == "strict" and m.quality == "warn":
+            return "quality warned (strict)"
+        return None
+
+    def limit_kind(self, m: Measurement) -> str | None:
+        """Which limit a violation hit: memory, sla, quality, unsupported, error."""
+        why = self.violation(m)
+        if why is None:
+            return None
+        if why.startswith(("memory", "out of memory")):
+            return "memory"
+        if why.startswith("p99"):
+            return "sla"
+        if why.startswith("quality"):
+            return "quality"
+        if why.startswith("unsupported"):
+            return "unsupported"
+        return "error"
+
+
+def score(m: Measurement, goal: Goal) -> float:
+    """Higher is better."""
+    if goal == "throughput":
+        return m.throughput or 0.0
+    latency = m.p50_ms if goal == "latency-p50" else m.p99_ms
+    return -(latency if latency is not None else float("inf"))
+
+
+@dataclass(kw_only=True)
+class SearchLog:
+    measurements: list[Measurement] = field(default_factory=list)
+    winner: Measurement | None = None
+    runner_up: Measurement | None = None
+    tie: bool = False
+    verdicts: dict[str, str] = field(default_factory=dict)  # candidate key -> why it lost / "winner"
+    no_feasible_reason: str | None = None
+    budget_spent: bool = False
+
+    @property
+    def measured_seconds(self) -> float:
+        return sum(m.seconds for m in self.measurements)
+
+
+Measure = Callable[[Candidate, Phase], Measurement]
+
+
+class _BudgetSpent(Exception):
+    pass
+
+
+@dataclass(kw_only=True)
+class Search:
+    variants: list[str]
+    batch_sizes: list[int]  # allowed batch sizes, ascending (the geometric ladder)
+    measure: Measure
+    constraints: Constraints
+    goal: Goal = "throughput"
+    screen_batch: int = 1
+    keep: int = 2
+    min_gain: float = 0.03  # grow the batch only while throughput improves by this much
+    noise_floor: float = 0.03  # differences under this (or under the runs' noise) are ties
+    budget_s: float | None = None  # wall time for the whole search; then the best so far wins
+    clock: Callable[[], float] = time.monotonic
+    log: SearchLog = field(default_factory=SearchLog)
+    _best_ok: dict[str, Measurement] = field(default_factory=dict)
+    _start: float = 0.0
+
+    # -- bookkeeping ----------------------------------------------------------------------
+    def _run(self, candidate: Candidate, phase: Phase) -> Measurement:
+        if self.budget_s is not None and self.clock() - self._start > self.budget_s:
+            raise _BudgetSpent
+        m = self.measure(candidate, phase)
+        self.log.measurements.append(m)
+        why = self.constraints.violation(m)
+        if why is None:
+            best = self._best_ok.get(candidate.key)
+            if phase in ("final", "confirm") or best is None:
+                self._best_ok[candidate.key] = m
+        else:
+            self.log.verdicts[candidate.key] = why
+        return m
+
+    def _ok(self, m: Measurement) -> bool:
+        return self.constraints.violation(m) is None
+
+    # -- phases ---------------------------------------------------------------------------
+    def screen(self) -> list[Measurement]:
+        survivors = []
+        for variant in self.variants:
+            batch = self.screen_batch
+            while True:
+                m = self._run(Candidate(variant=variant, batch_size=batch), "screen")
+                kind = self.constraints.limit_kind(m)
+                if kind is None:
+                    survivors.append(m)
+                    break
+                # a limit that a smaller batch may meet: halve and retry
+                if kind in ("memory", "sla") and batch > self.batch_sizes[0] and self.goal == "throughput":
+                    batch = max(b for b in self.batch_sizes if b < batch)
+                    continue
+                break
+        return sorted(survivors, key=lambda m: score(m, self.goal), reverse=True)
+
+    def grow(self, start: Measurement) -> Measurement:
+        """Geometric growth from a feasible measurement, then bisection at the limit."""
+        best = start
+        ladder = [b for b in self.batch_sizes if b > start.candidate.batch_size]
+        bad: int | None = None
+        for batch in ladder:
+            m = self._run(Candidate(variant=start.candidate.variant, batch_size=batch), "grow")
+            if not self._ok(m):
+                bad = batch if self.constraints.limit_kind(m) in ("memory", "sla", "error") else None
+                break
+            if score(m, self.goal) < score(best, self.goal) * (1 + self.min_gain):
+                self._lost(m, f"no gain over batch {best.candidate.batch_size} ({_fmt(m)} vs {_fmt(best)})")
+                break  # flat: bigger batches stop paying
+            self._lost(best, f"batch {batch} was faster ({_fmt(m)} vs {_fmt(best)})")
+            best = m
+        if bad is not None:
+            best = self._bisect(best, bad)
+        return best
+
+    def _lost(self, m: Measurement, why: str) -> None:
+        self.log.verdicts.setdefault(m.candidate.key, why)
+
+    def _bisect(self, good: Measurement, bad_batch: int) -> Measurement:
+        lo, hi = good.candidate.batch_size, bad_batch
+        best = good
+        while hi - lo > max(1, lo // 4):  # stop within a quarter of the batch: finer steps are noise
+            mid = (lo + hi) // 2
+            m = self._run(Candidate(variant=good.candidate.variant, batch_size=mid), "grow")
+            if self._ok(m):
+                lo = mid
+                if score(m, self.goal) > score(best, self.goal):
+                    self._lost(best, f"batch {mid} was faster ({_fmt(m)} vs {_fmt(best)})")
+                    best = m
+                else:
+                    self._lost(m, f"no gain over batch {best.candidate.batch_size} ({_fmt(m)} vs {_fmt(best)})")
+            else:
+                hi = mid
+        return best
+
+    def final(self, finalists: list[Measurement]) -> list[Measurement]:
+        results = []
+        for m in finalists:
+            again = self._run(m.candidate, "final")
+            if self._ok(again):
+                results.append(again)
+        return sorted(results, key=lambda m: score(m, self.goal), reverse=True)
+
+    def confirm(self, winner: Measurement, runner_up: Measurement) -> tuple[Measurement, Measurement, bool]:
+        a = self._run(winner.candidate, "confirm")
+        b = self._run(runner_up.candidate, "confirm")
+        if not (self._ok(a) and self._ok(b)):
+            return winner, runner_up, False
+        a, b = _merge(winner, a, self.goal), _merge(runner_up, b, self.goal)
+        if score(b, self.goal) > score(a, self.goal):
+            a, b = b, a
+        gap = abs(score(a, self.goal) - score(b, self.goal)) / max(abs(score(a, self.goal)), 1e-12)
+        noise = max(self.noise_floor, 2 * max(a.cv, b.cv))
+        return a, b, gap < noise
+
+    # -- the whole search -------------------------------------------------------------------
+    def run(self) -> SearchLog:
+        self._start = self.clock()
+        try:
+            return self._run_phases()
+        except _BudgetSpent:
+            self.log.budget_spent = True
+            ranked = sorted(self._best_ok.values(), key=lambda m: score(m, self.goal), reverse=True)
+            if not ranked:
+                self.log.no_feasible_reason = "the --budget ran out before any plan met every limit; raise --budget"
+                return self.log
+            self.log.winner = ranked[0]
+            self.log.runner_up = ranked[1] if len(ranked) > 1 else None
+            self._explain_losers()
+            return self.log
+
+    def _run_phases(self) -> SearchLog:
+        screened = self.screen()
+        if not screened:
+            self.log.no_feasible_reason = self._nothing_met()
+            return self.log
+        leaders = screened[: self.keep]
+        for m in screened[self.keep + 1 :]:
+            self._lost(m, f"slower in screening ({_fmt(m)} vs {_fmt(screened[0])} for {screened[0].candidate.key})")
+        if self.goal == "throughput":
+            leaders = [self.grow(m) for m in leaders]
+        finalists = _distinct(sorted(leaders + screened[self.keep : self.keep + 1], key=lambda m: score(m, self.goal), reverse=True))[:2]
+        for m in leaders + screened[self.keep : self.keep + 1]:
+            if m.candidate.key not in {f.candidate.key for f in finalists}:
+                self._lost(m, f"slower than the finalists ({_fmt(m)})")
+        finals = self.final(finalists)
+        if not finals:
+            self.log.no_feasible_reason = self._nothing_met()
+            return self.log
+        winner, runner_up, tie = finals[0], (finals[1] if len(finals) > 1 else None), False
+        if runner_up is not None:
+            winner, runner_up, tie = self.confirm(winner, runner_up)
+        self.log.winner, self.log.runner_up, self.log.tie = winner, runner_up, tie
+        self._explain_losers()
+        return self.log
+
+    def _explain_losers(self) -> None:
+        winner = self.log.winner
+        assert winner is not None
+        self.log.verdicts[winner.candidate.key] = "winner"
+        if self.log.runner_up is not None:
+            ru = self.log.runner_up.candidate.key
+            self.log.verdicts[ru] = "tie with the winner (within noise)" if self.log.tie else "runner-up"
+        best = score(winner, self.goal)
+        unit = "items/s" if self.goal == "throughput" else "ms"
+        for key, m in self._best_ok.items():
+            if key in self.log.verdicts:
+                continue
+            value = m.throughput if self.goal == "throughput" else -score(m, self.goal)
+            target = winner.throughput if self.goal == "throughput" else -best
+            self.log.verdicts[key] = f"slower ({value:.4g} vs {target:.4g} {unit})"
+
+    def _nothing_met(self) -> str:
+        kinds = {self.constraints.limit_kind(m) for m in self.log.measurements}
+        names = {
+            "memory": f"the memory limit ({self.constraints.max_memory_mb:.0f} MB)" if self.constraints.max_memory_mb else "memory",
+            "sla": f"the p99 SLA ({self.constraints.p99_ms:g} ms)" if self.constraints.p99_ms else "the SLA",
+            "quality": f"the quality tolerance ({self.constraints.quality})",
+            "unsupported": "support on this device",
+            "error": "running without errors",
+        }
+        met = ", ".join(names[k] for k in sorted(k for k in kinds if k))
+        return f"no plan met every limit; what stopped them: {met}. Loosen that limit or widen the search."
+
+
+def _fmt(m: Measurement) -> str:
+    if m.throughput is not None and m.p99_ms is not None:
+        return f"{m.throughput:.4g}/s, p99 {m.p99_ms:.4g} ms"
+    return m.status
+
+
+def _merge(first: Measurement, second: Measurement, goal: Goal) -> Measurement:
+    """Average two runs of the same candidate (throughput, latency); keep the worse memory."""
+    def avg(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else (a + b) / 2
+
+    return replace(
+        second,
+        throughput=avg(first.throughput, second.throughput),
+        p50_ms=avg(first.p50_ms, second.p50_ms),
+        p99_ms=max(first.p99_ms or 0, second.p99_ms or 0) or None,
+        memory_mb=max(first.memory_mb or 0, second.memory_mb or 0) or None,
+        cv=max(first.cv, second.cv, _spread(first, second, goal)),
+    )
+
+
+def _spread(a: Measurement, b: Measurement, goal: Goal) -> float:
+    sa, sb = score(a, goal), score(b, goal)
+    mean = (abs(sa) + abs(sb)) / 2
+    return abs(sa - sb) / mean / 2 if mean else 0.0
+
+
+def _distinct(ms: list[Measurement]) -> list[Measurement]:
+    seen, out = set(), []
+    for m in ms:
+        if m.candidate.key not in seen:
+            seen.add(m.candidate.key)
+            out.append(m)
+    return out

@@ -1,0 +1,133 @@
+"""The tuner's search with a fake measure function: milliseconds, no models."""
+
+import pytest
+
+from accelab.tune.search import Candidate, Constraints, Measurement, Search
+
+# A fake machine: throughput per variant grows with batch and saturates; memory grows with batch.
+SPEED = {"baseline": 10.0, "fast": 14.0, "faster": 18.0, "broken": 30.0}
+
+
+def fake_measure(calls, *, oom_at=None, latency_per_item=10.0, quality=None):
+    def measure(c: Candidate, phase):
+        calls.append((c.key, phase))
+        if c.variant == "unsupported":
+            return Measurement(candidate=c, phase=phase, status="unsupported", reason="no GPU", seconds=0.1)
+        if oom_at is not None and c.batch_size >= oom_at:
+            return Measurement(candidate=c, phase=phase, status="oom", reason="OutOfMemoryError (fake)", seconds=1)
+        sat = c.batch_size / (c.batch_size + 8)  # saturating throughput curve
+        tp = SPEED[c.variant] * 10 * sat
+        return Measurement(
+            candidate=c, phase=phase, status="ok", throughput=tp,
+            p50_ms=c.batch_size * 1000 / tp, p99_ms=c.batch_size * 1000 / tp * 1.2,
+            memory_mb=400 + 50 * c.batch_size, quality=(quality or {}).get(c.variant, "pass"),
+            cv=0.01, seconds=2.0 if phase in ("screen", "grow") else 5.0,
+        )
+
+    return measure
+
+
+LADDER = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+def test_finds_fastest_variant_and_grows_batch():
+    calls = []
+    log = Search(variants=["baseline", "fast", "faster"], batch_sizes=LADDER, measure=fake_measure(calls),
+                 constraints=Constraints(quality="off"), screen_batch=8).run()
+    assert log.winner.candidate.variant == "faster"
+    assert log.winner.candidate.batch_size >= 64  # grew until gains fell under 3%
+    assert log.verdicts["baseline@8"].startswith("slower")
+    # cheaper than the exhaustive grid of 3 x 9 full runs
+    assert len(calls) < 3 * len(LADDER)
+
+
+def test_memory_limit_excludes_large_batches_and_bisects():
+    calls = []
+    limit = 400 + 50 * 40  # batch 40 fits, 41 does not
+    log = Search(variants=["baseline", "faster"], batch_sizes=LADDER, measure=fake_measure(calls),
+                 constraints=Constraints(max_memory_mb=limit, quality="off"), screen_batch=8).run()
+    assert log.winner.memory_mb <= limit
+    assert 32 <= log.winner.candidate.batch_size <= 40  # bisected between 32 (fits) and 64 (too big)
+    assert any("memory" in v for v in log.verdicts.values())
+
+
+def test_p99_sla_excludes_big_batches():
+    log = Search(variants=["baseline", "faster"], batch_sizes=LADDER, measure=fake_measure([]),
+                 constraints=Constraints(p99_ms=60, quality="off"), screen_batch=8).run()
+    assert log.winner.p99_ms <= 60
+    assert any(v.startswith("p99") for v in log.verdicts.values())
+
+
+def test_oom_stops_growth_without_crashing():
+    log = Search(variants=["faster"], batch_sizes=LADDER, measure=fake_measure([], oom_at=100),
+                 constraints=Constraints(quality="off"), screen_batch=8, min_gain=0.0).run()
+    assert log.winner.candidate.batch_size < 100
+    assert any(v == "out of memory" for v in log.verdicts.values())
+
+
+def test_quality_failure_removes_fastest_plan():
+    log = Search(variants=["baseline", "fast", "broken"], batch_sizes=LADDER,
+                 measure=fake_measure([], quality={"broken": "fail"}), constraints=Constraints(quality="balanced"),
+                 screen_batch=8).run()
+    assert log.winner.candidate.variant == "fast"
+    assert log.verdicts["broken@8"] == "quality failed"
+
+
+def test_unsupported_is_reported_not_measured_twice():
+    calls = []
+    log = Search(variants=["baseline", "unsupported"], batch_sizes=LADDER, measure=fake_measure(calls),
+                 constraints=Constraints(quality="off"), screen_batch=8).run()
+    assert [c for c in calls if c[0].startswith("unsupported")] == [("unsupported@8", "screen")]
+    assert log.verdicts["unsupported@8"] == "unsupported here: no GPU"
+
+
+def test_impossible_limit_says_which_limit():
+    log = Search(variants=["baseline", "fast"], batch_sizes=LADDER, measure=fake_measure([]),
+                 constraints=Constraints(max_memory_mb=100, quality="off"), screen_batch=8).run()
+    assert log.winner is None
+    assert "memory limit (100 MB)" in log.no_feasible_reason
+
+
+def test_tie_within_noise():
+    def measure(c, phase):
+        tp = {"a": 100.0, "b": 101.0}[c.variant]
+        return Measurement(candidate=c, phase=phase, status="ok", throughput=tp, p50_ms=10, p99_ms=12,
+                           memory_mb=500, cv=0.02, seconds=1)
+
+    log = Search(variants=["a", "b"], batch_sizes=[1], measure=measure, constraints=Constraints(quality="off"),
+                 screen_batch=1).run()
+    assert log.tie is True
+    assert "tie" in log.verdicts[log.runner_up.candidate.key]
+
+
+def test_latency_goal_prefers_lowest_latency():
+    log = Search(variants=["baseline", "fast", "faster"], batch_sizes=[1], measure=fake_measure([]),
+                 constraints=Constraints(quality="off"), goal="latency-p99", screen_batch=1).run()
+    assert log.winner.candidate.key == "faster@1"
+
+
+def test_budget_stops_search_with_best_so_far():
+    now = [0.0]
+
+    def measure(c, phase):
+        now[0] += 10
+        return fake_measure([])(c, phase)
+
+    log = Search(variants=["baseline", "fast", "faster"], batch_sizes=LADDER, measure=measure,
+                 constraints=Constraints(quality="off"), screen_batch=8, budget_s=25, clock=lambda: now[0]).run()
+    assert log.budget_spent
+    assert log.winner is not None and len(log.measurements) == 3
+
+
+@pytest.mark.parametrize("text,mb", [("2GiB", 2048), ("1500MiB", 1500), ("1GB", 1e9 / 2**20)])
+def test_parse_memory(text, mb):
+    from accelab.tune.run import parse_memory_mb
+
+    assert parse_memory_mb(text) == pytest.approx(mb)
+
+
+def test_parse_memory_needs_unit():
+    from accelab.tune.run import parse_memory_mb
+
+    with pytest.raises(ValueError, match="needs a unit"):
+        parse_memory_mb("2000")
