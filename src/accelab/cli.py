@@ -24,6 +24,7 @@ COMMAND_MODULES = [
     "accelab.measure.commands",  # env
     "accelab.bench.commands",  # bench, compare, verify
     "accelab.tune.commands",  # tune
+    "accelab.predict.commands",  # predict
 ]
 
 

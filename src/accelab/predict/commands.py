@@ -1,0 +1,95 @@
+"""`accelab predict`: batch inference over a folder of images, a file of texts or a saved dataset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+PLAN_HELP = "A preset name (baseline, bf16-autocast, compile, int8-weight, ...) or a YAML plan file."
+
+
+def register(app: typer.Typer) -> None:
+    app.command("predict")(predict_command)
+
+
+def predict_command(
+    model: str = typer.Argument(..., help="Catalog name, user model, local directory, .gguf file or Hub id."),
+    inputs: str = typer.Option(..., "--inputs", "-i", help="A folder of images (searched recursively), a .jsonl/.csv/"
+                               ".tsv/.txt file of texts or prompts, or a `datasets` dataset saved with save_to_disk."),
+    out: Path = typer.Option(..., "--out", "-o", help="results.jsonl (any task), results.parquet (any task) or "
+                             "embeddings.npy (feature extraction; ids in embeddings.npy.ids.jsonl)."),
+    task: Optional[str] = typer.Option(None, help="Override the task inferred from the model."),
+    plan: str = typer.Option("baseline", "--plan", help=PLAN_HELP),
+    set_: list[str] = typer.Option([], "--set", help="Override a plan field: --set precision=bf16-autocast."),
+    text_field: Optional[str] = typer.Option(None, "--text-field", help="Column with the text (default: text, prompt, "
+                                             "sentence, or the only string column)."),
+    split: Optional[str] = typer.Option(None, "--split", help="Split of a saved DatasetDict."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N inputs."),
+    top_k: int = typer.Option(5, "--top-k", help="Labels per image (classification)."),
+    max_length: Optional[int] = typer.Option(None, "--max-length", help="Truncate texts to this many tokens "
+                                             "(default: the model's limit)."),
+    max_new_tokens: int = typer.Option(32, "--max-new-tokens", help="Tokens to generate per input (greedy)."),
+    prompt: str = typer.Option("Describe the image.", "--prompt", help="The question asked about each image "
+                               "(vision-language models)."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", "-b", help="Per process (default: the plan's, else "
+                                             "32, or 8 for generation)."),
+    chunk_size: Optional[int] = typer.Option(None, "--chunk-size", help="Items per resumable chunk (default 8 "
+                                             "batches); an interrupted run redoes at most one chunk per process."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="DataLoader workers per process for decoding and "
+                                          "preprocessing (default: min(4, CPUs per process - 1))."),
+    device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N (several processes: one GPU each)."),
+    threads: Optional[int] = typer.Option(None, help="Intra-op threads per process (default: CPUs / processes)."),
+    nproc: int = typer.Option(1, "--nproc", help="Processes on this node (data parallel through torchrun when > 1; "
+                              "one per GPU)."),
+    nnodes: int = typer.Option(1, "--nnodes", help="Nodes; run the same command on each, output on a shared disk."),
+    node_rank: Optional[int] = typer.Option(None, "--node-rank"),
+    master_addr: Optional[str] = typer.Option(None, "--master-addr"),
+    master_port: Optional[int] = typer.Option(None, "--master-port"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output, or discard an interrupted "
+                                   "run's finished chunks instead of resuming."),
+    progress: bool = typer.Option(True, "--progress/--no-progress"),
+    timeout: float = typer.Option(86400.0, help="Give up after this many seconds (finished chunks are kept)."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the Result as JSON to this file."),
+    db: Optional[Path] = typer.Option(None, help="Results store (SQLite); default in the cache dir."),
+    tag: Optional[str] = typer.Option(None, help="Label this run in the results store."),
+    store: bool = typer.Option(True, "--store/--no-store", help="Append the run to the results store."),
+) -> None:
+    """Run a model over a whole dataset with a plan, in one process or many; resumable, ordered output."""
+    import tempfile
+
+    from accelab.plan.runtime import Unsupported
+    from accelab.plan.techniques.system import available_cpus
+    from accelab.predict import launch as launcher
+    from accelab.predict.options import build_request
+    from accelab.predict.report import print_run, result_of
+    from accelab.results.store import open_store
+
+    launch = launcher.LaunchOptions(nproc=nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
+                                    master_port=master_port)
+    try:
+        request = build_request(
+            model=model, task=task, plan=plan, overrides=set_, inputs=inputs, out=str(out), launch=launch,
+            cpus=available_cpus(), overwrite=overwrite, threads=threads, device=device, batch_size=batch_size,
+            chunk_size=chunk_size, workers=workers, text_field=text_field, split=split, limit=limit, top_k=top_k,
+            max_length=max_length, max_new_tokens=max_new_tokens, prompt=prompt, progress=progress, timeout_s=timeout,
+        )
+    except Unsupported as err:  # a plan technique that cannot run here: said before any model loads
+        typer.secho(f"unsupported: {err}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(3) from None
+    if request.resuming:
+        typer.secho(f"resuming: {request.resuming:,} of {request.config.source_items:,} items are done", err=True)
+    try:
+        with tempfile.TemporaryDirectory(prefix="accelab-predict-") as work_dir:
+            outcome = launcher.run(request.config, launch, work_dir=Path(work_dir), threads=request.threads)
+        result = result_of(request, outcome, tag=tag)
+    except Unsupported as err:
+        result = result_of(request, None, unsupported=str(err), tag=tag)
+    print_run(result)
+    if json_out:
+        json_out.write_text(result.to_json())
+    if store:
+        open_store(db).add(result)
+    if not result.ok:
+        raise typer.Exit(3 if result.status == "unsupported" else 1)
