@@ -76,3 +76,13 @@ def test_timed_loop_max_seconds_stops_a_slow_model():
 
     timing = timed_loop(call, warmup=1, min_iters=100, min_seconds=1.0, max_seconds=60.0, clock=clock)
     assert timing.iterations == 2
+
+
+def test_capped_samples_keeps_shape():
+    from accelab.measure.stats import capped_samples
+
+    values = [float(v) for v in range(10_000, 0, -1)]
+    capped = capped_samples(values, cap=101)
+    assert len(capped) == 101 and capped[0] == 1.0 and capped[-1] == 10_000.0
+    assert capped == sorted(capped)
+    assert capped_samples([3.0, 1.0]) == [1.0, 3.0]

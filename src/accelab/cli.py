@@ -25,6 +25,7 @@ COMMAND_MODULES = [
     "accelab.bench.commands",  # bench, compare, verify
     "accelab.tune.commands",  # tune
     "accelab.predict.commands",  # predict
+    "accelab.report.commands",  # history, report, regress
 ]
 
 

@@ -57,6 +57,16 @@ def summarize(values: list[float]) -> Stats:
     )
 
 
+def capped_samples(values: list[float], cap: int = 2000) -> list[float]:
+    """The sorted values, evenly subsampled to at most `cap` (keeps the store small; the
+    distribution's shape survives, for CDF plots)."""
+    ordered = sorted(values)
+    if len(ordered) <= cap:
+        return ordered
+    step = (len(ordered) - 1) / (cap - 1)
+    return [ordered[round(i * step)] for i in range(cap)]
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LoopTiming:
     """Per-call durations of a timed loop and the wall time of the whole loop (seconds)."""

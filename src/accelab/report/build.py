@@ -29,26 +29,27 @@ def build_document(
         subtitle=f"{len(results)} run{'s' * (len(results) != 1)}" + (f" · generated {generated}" if generated else ""),
         sections=[],
     )
-    builders: list[tuple[str, Callable[[], Section | None]]] = [
-        ("Summary", lambda: summary_section(results)),
-        ("Baseline against candidate", lambda: regress_section(comparison) if comparison else None),
-        ("Environment", lambda: environment_section(results)),
-        ("Speed-up and quality: no measured runs", lambda: speedup_section(results)),
-        ("Latency distribution: no run with latency figures", lambda: latency_section(results)),
-        ("Throughput against batch size: no plan measured at two batch sizes or more",
-         lambda: batch_section(results, "throughput")),
-        ("Memory against batch size: no plan measured at two batch sizes or more",
-         lambda: batch_section(results, "memory")),
-        ("Tuning trade-off (Pareto): no tune group (or group of 3+ plans) selected", lambda: pareto_section(results)),
-        ("Latency against load: no loadtest runs with per-level latencies", lambda: loadtest_section(results)),
-        ("Training curves: no train runs with a loss or accuracy history", lambda: training_section(results)),
-        ("Runs", lambda: runs_section(results)),
+    # (section builder, what the report says when it has no data for it; None: always present)
+    builders: list[tuple[Callable[[], Section | None], str | None]] = [
+        # the headline first, then the figures; the machine and the run list are the appendix
+        (lambda: summary_section(results), None),
+        (lambda: regress_section(comparison) if comparison else None, None),
+        (lambda: speedup_section(results), "Speed-up and quality: no measured runs"),
+        (lambda: latency_section(results), "Latency distribution: no run with latency figures"),
+        (lambda: batch_section(results, "throughput"),
+         "Throughput against batch size: no plan measured at two batch sizes or more"),
+        (lambda: batch_section(results, "memory"), "Memory against batch size: no plan measured at two batch sizes or more"),
+        (lambda: pareto_section(results), "Tuning trade-off (Pareto): no tune group (or group of 3+ plans) selected"),
+        (lambda: loadtest_section(results), "Latency against load: no loadtest runs with per-level latencies"),
+        (lambda: training_section(results), "Training curves: no train runs selected"),
+        (lambda: environment_section(results), None),
+        (lambda: runs_section(results), None),
     ]
-    for absent, build in builders:
+    for build, absent in builders:
         section = build()
         if section is not None:
             doc.sections.append(section)
-        elif ":" in absent:
+        elif absent:
             doc.skipped.append(absent)
     if doc.skipped and doc.sections:
         doc.sections[0].blocks.append(Note(text="Not in this report — " + "; ".join(doc.skipped) + ".", tone="muted"))
@@ -57,14 +58,21 @@ def build_document(
 
 # -- summary -----------------------------------------------------------------------------------
 def best_speedup(results: list[Result]) -> tuple[float, str] | None:
+    """The largest speed-up over its reference of a plan that differs from the reference (a repeat
+    of the reference plan is not a speed-up); None when no plan beat its reference."""
     best = None
     for members in measurement_groups(results).values():
         ref = _reference(members)
-        base_tp = M.throughput(ref) if ref else None
+        if ref is None:
+            continue
+        labels = S.plan_labels(members)
         for r in members:
-            tp = M.throughput(r)
-            if base_tp and tp and r is not ref and (best is None or tp / base_tp > best[0]):
-                best = (tp / base_tp, f"{M.plan_name(r)} over {M.plan_name(ref)}, {M.model_name(r)}")
+            tp = M.throughput(r) if r.ok else None
+            if not tp or S.plan_identity(r.plan) == S.plan_identity(ref.plan):
+                continue
+            speedup = tp / M.throughput(ref)
+            if speedup > 1 and (best is None or speedup > best[0]):
+                best = (speedup, f"{labels[r.run_id]} over {labels[ref.run_id]}, {M.model_name(r)}")
     return best
 
 
@@ -72,22 +80,33 @@ def summary_section(results: list[Result]) -> Section:
     ok = sum(r.ok for r in results)
     machines = {r.fingerprint for r in results if r.fingerprint}
     cards = [(str(len(results)), f"runs ({ok} ok)"), (str(len({M.model_name(r) for r in results})), "models"),
-             (str(len(machines)), "machines")]
+             (str(len(machines)), "machines" if len(machines) != 1 else "machine")]
     best = best_speedup(results)
     if best:
         cards.append((f"{best[0]:.2f}x", f"best speed-up: {best[1]}"))
     verdicts = [M.quality_verdict(r) for r in results if M.quality_verdict(r)]
     if verdicts:
         cards.append((f"{verdicts.count('pass')}/{len(verdicts)}", "quality checks passed"))
+    blocks: list = [Cards(items=cards)]
+    if len(machines) > 1:
+        blocks.append(Note(tone="warn", text=f"{len(machines)} machines: results from different machines are not "
+                                             "compared as equals (see Environment)."))
+    failed = [r for r in results if not r.ok]
+    if failed:
+        blocks.append(Note(tone="warn", text=f"{len(failed)} run(s) did not measure: " + "; ".join(
+            f"{M.plan_name(r)} {r.status}" for r in failed[:6]) + (" …" if len(failed) > 6 else "")))
+    return Section(id="summary", title="Summary", blocks=blocks)
+
+
+def runs_table(results: list[Result]) -> Table:
     rows = [
         [cell(r.run_id, "id"), cell(short_time(r.created)), cell(r.kind), cell(M.model_name(r)), cell(M.plan_name(r)),
          cell(M.workload_label(r)), cell(r.status, "good" if r.ok else "warn" if r.status == "unsupported" else "bad"),
          cell(M.key_metric(r)), cell(r.tag or ""), cell(r.fingerprint or "-", "id")]
         for r in results
     ]
-    table = Table(columns=["run", "created (UTC)", "kind", "model", "plan", "workload", "status", "key metric", "tag",
-                           "machine"], rows=rows)
-    return Section(id="summary", title="Summary", blocks=[Cards(items=cards), table])
+    return Table(columns=["run", "created (UTC)", "kind", "model", "plan", "workload", "status", "key metric", "tag",
+                          "machine"], rows=rows)
 
 
 # -- regress -----------------------------------------------------------------------------------
@@ -151,8 +170,14 @@ def environment_facts(env: dict, fingerprint: str, runs: int) -> Facts:
 
 def environment_section(results: list[Result]) -> Section | None:
     by_fp: dict[str, list[Result]] = defaultdict(list)
+    unrecorded = []  # e.g. a loadtest measures a server, wherever it runs: no machine of its own
     for r in results:
-        by_fp[r.fingerprint].append(r)
+        if r.fingerprint or r.environment:
+            by_fp[r.fingerprint].append(r)
+        else:
+            unrecorded.append(r)
+    if not by_fp and not unrecorded:
+        return None
     blocks: list = []
     if len(by_fp) > 1:
         blocks.append(Note(tone="warn", text=f"{len(by_fp)} machines: results from different machines are not "
@@ -160,6 +185,10 @@ def environment_section(results: list[Result]) -> Section | None:
     for fp, members in by_fp.items():
         env = next((r.environment for r in reversed(members) if r.environment), {})
         blocks.append(environment_facts(env, fp, len(members)))
+    if unrecorded:
+        kinds = ", ".join(sorted({f"{r.kind} {r.run_id}" for r in unrecorded}))
+        blocks.append(Note(tone="muted", text=f"No machine recorded for {len(unrecorded)} run(s) ({kinds}): a load "
+                                              "test measures a server, wherever that server runs."))
     return Section(id="environment", title="Environment", blocks=blocks,
                    intro="The machine fingerprint hashes CPU model, core counts, GPUs, driver and the torch / "
                          "transformers / accelerate versions: equal fingerprints, comparable numbers.")
@@ -241,10 +270,12 @@ def latency_section(results: list[Result]) -> Section | None:
         return None
     blocks = []
     for i, panel in enumerate(panels, 1):
-        raw = all(c.from_samples for c in panel.curves)
-        how = ("every timed call" if raw else
-               "solid lines: every timed call; dashed lines with markers: through the stored percentiles "
-               "(min, p50, p90, p99, max) of runs that did not keep raw samples")
+        raw = [c.from_samples for c in panel.curves]
+        percentiles = "through the stored percentiles (min, p50, p90, p99, max)"
+        how = ("every timed call" if all(raw) else
+               f"dashed lines {percentiles}: these runs kept no per-call samples" if not any(raw) else
+               f"solid lines: every timed call; dashed lines with markers: {percentiles} of runs that kept no "
+               "per-call samples")
         blocks.append(Figure(name=f"latency-{i}", chart="latency_cdf", data=panel,
                              caption=f"{panel.title}: share of calls finished within a latency ({how}).",
                              alt=f"Latency CDF of {len(panel.curves)} runs, {panel.title}"))
@@ -295,12 +326,22 @@ def loadtest_section(results: list[Result]) -> Section | None:
     if not curves:
         return None
     blocks = [Figure(name=f"load-{i}", chart="load_curve", data=c,
-                     caption=f"{c.label}: latency percentiles against {c.load_name.replace('_', ' ')}"
-                             + (" and the load actually served" if any(p.served for p in c.points) else "")
-                             + (f"; dotted line: the {fmt(c.slo_ms)} ms SLO" if c.slo_ms else "") + ".",
+                     caption=f"{c.label}: {c.latency_name.removesuffix('_ms')} latency percentiles against "
+                             f"{c.load_name.replace('_', ' ')}"
+                             + (" (right axis: requests/s served and within the SLO)" if any(p.served for p in c.points) else "")
+                             + (f"; dotted line: the {fmt(c.slo_ms)} ms SLO" if c.slo_ms else "")
+                             + (f"; dash-dot line: the most load that met it, {fmt(c.max_load)}" if c.max_load else "") + ".",
                      alt=f"Latency against load, {c.label}") for i, c in enumerate(curves, 1)]
     return Section(id="loadtest", title="Latency against load", blocks=blocks,
                    intro="Where the p99 turns upward is the most load one replica holds.")
+
+
+def final_eval(result: Result) -> str:
+    accuracy = S.final_accuracy(result)
+    if accuracy is not None:
+        return f"accuracy {accuracy:.2%}"
+    perplexity = M.number(result.metrics.get("final_perplexity"))
+    return f"perplexity {fmt(perplexity)}" if perplexity is not None else "-"
 
 
 def training_section(results: list[Result]) -> Section | None:
@@ -311,14 +352,15 @@ def training_section(results: list[Result]) -> Section | None:
     blocks: list = []
     if curves:
         blocks.append(Figure(name="training-1", chart="train_curves", data=curves,
-                             caption="Training loss per step and accuracy per epoch, one line per run.",
+                             caption="Training loss per optimizer step and the evaluations, one line per run.",
                              alt=f"Training curves of {len(curves)} runs"))
     labels = S.plan_labels(trains)
     rows = [[cell(f"{M.model_name(r)} · {labels[r.run_id]}"), cell(r.status, "good" if r.ok else "bad"),
-             cell(fmt(M.number(r.metrics.get("epoch_time_s")))), cell(fmt(M.throughput(r))),
-             cell(fmt(M.peak_memory_mb(r))), cell(fmt(S.final_accuracy(r), 4)), cell(r.run_id, "id")]
+             cell(fmt(M.epoch_seconds(r)) + (" (est.)" if r.metrics.get("epoch_s_estimated") else "")),
+             cell(fmt(M.throughput(r))),
+             cell(fmt(M.peak_memory_mb(r))), cell(final_eval(r)), cell(r.run_id, "id")]
             for r in trains]
-    blocks.append(Table(columns=["run", "status", "epoch s", "samples/s", "peak MB", "final accuracy", "run id"],
+    blocks.append(Table(columns=["run", "status", "epoch s", "samples/s", "peak MB", "final eval", "run id"],
                         rows=rows, numeric=frozenset({2, 3, 4, 5})))
     return Section(id="training", title="Training curves", blocks=blocks)
 
@@ -332,6 +374,6 @@ def runs_section(results: list[Result]) -> Section | None:
         detail = "; ".join(filter(None, [M.first_line(r.reason, 200) if r.reason else "", *r.notes]))
         rows.append([cell(r.run_id, "id"), cell(r.command or "-"), cell(detail or "-", "muted"),
                      cell(r.group_id or "-", "id")])
-    return Section(id="runs", title="Runs", intro="The command that reproduces each run.",
-                   blocks=[Table(columns=["run", "command", "notes", "group"], rows=rows)])
+    return Section(id="runs", title="Runs", intro="Every run in this report, and the command that reproduces it.",
+                   blocks=[runs_table(results), Table(columns=["run", "command", "notes", "group"], rows=rows)])
 

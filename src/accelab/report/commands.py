@@ -6,9 +6,14 @@ import json
 import logging
 from dataclasses import asdict
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
+
+if TYPE_CHECKING:  # heavy or report-only imports stay out of `accelab --help`
+    from rich.console import Console
+
+    from accelab.report.regress import Comparison, Thresholds
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +157,7 @@ def regress_command(
         raise typer.Exit(1)
 
 
-def _thresholds(threshold: str, memory_threshold: str, noise_factor: float):  # -> regress.Thresholds
+def _thresholds(threshold: str, memory_threshold: str, noise_factor: float) -> "Thresholds":
     from accelab.report.regress import Thresholds, parse_percent
 
     latency = parse_percent(threshold, "--threshold")
@@ -160,10 +165,18 @@ def _thresholds(threshold: str, memory_threshold: str, noise_factor: float):  # 
                       memory=parse_percent(memory_threshold, "--memory-threshold"), noise_factor=noise_factor)
 
 
-def print_comparison(comparison, console) -> None:  # (regress.Comparison, rich Console)
-    from rich.table import Table
-
+def _value(value: float | str | None, unit: str) -> str:
     from accelab.results.table import fmt
+
+    if value is None:
+        return "-"
+    text = fmt(value) if isinstance(value, float) else str(value)
+    return f"{text} {unit}" if unit else text
+
+
+def print_comparison(comparison: "Comparison", console: "Console") -> None:
+    """The regress table per pair: metric | baseline | candidate | change | limit | verdict | why."""
+    from rich.table import Table
 
     colours = {"ok": "green", "improved": "green", "noise": "dim", "REGRESSION": "bold red", "-": "dim"}
     for warning in comparison.warnings:
@@ -174,9 +187,8 @@ def print_comparison(comparison, console) -> None:  # (regress.Comparison, rich 
         for name in ("metric", "baseline", "candidate", "change", "limit", "verdict", "why"):
             table.add_column(name, justify="right" if name in ("baseline", "candidate", "change", "limit") else "left")
         for c in pair.checks:
-            value = (lambda v: "-" if v is None else (fmt(v) if isinstance(v, float) else str(v)) + (f" {c.unit}" if c.unit else ""))
             table.add_row(
-                c.metric, value(c.baseline), value(c.candidate),
+                c.metric, _value(c.baseline, c.unit), _value(c.candidate, c.unit),
                 "-" if c.change is None else f"{c.change * 100:+.1f}%",
                 "-" if c.limit is None else f"±{c.limit * 100:.1f}%",
                 f"[{colours.get(c.verdict, 'white')}]{c.verdict}[/]", c.why,

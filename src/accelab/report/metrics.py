@@ -57,22 +57,40 @@ def stat(result: Result, name: str) -> float | None:
     return number(stats.get(name)) if stats else None
 
 
+# Where each kind keeps its rate, and its unit when the Result does not name one.
+THROUGHPUT_KEYS = (("throughput", None), ("samples_per_s", "samples/s"), ("request_throughput", "req/s"))
+
+
+def _throughput_key(result: Result) -> tuple[str, str | None] | None:
+    return next(((k, u) for k, u in THROUGHPUT_KEYS if number(result.metrics.get(k)) is not None), None)
+
+
 def throughput(result: Result) -> float | None:
-    m = result.metrics
-    return number(m.get("throughput")) if number(m.get("throughput")) is not None else number(m.get("samples_per_s"))
+    found = _throughput_key(result)
+    return number(result.metrics[found[0]]) if found else None
 
 
 def throughput_unit(result: Result) -> str:
-    m = result.metrics
-    if m.get("throughput_unit"):
-        return str(m["throughput_unit"])
-    if number(m.get("throughput")) is None and number(m.get("samples_per_s")) is not None:
-        return "samples/s"
+    if result.metrics.get("throughput_unit"):
+        return str(result.metrics["throughput_unit"])
+    found = _throughput_key(result)
+    if found and found[1]:
+        return found[1]
     return "tokens/s" if is_generate(result) else "items/s"
 
 
+# bench / tune / compare store peak_memory_mb; train stores the GPU peak or the largest rank's RSS.
+MEMORY_KEYS = ("peak_memory_mb", "gpu_peak_allocated_mb_max", "peak_rss_mb_max")
+
+
 def peak_memory_mb(result: Result) -> float | None:
-    return number(result.metrics.get("peak_memory_mb"))
+    return next((number(result.metrics[k]) for k in MEMORY_KEYS if number(result.metrics.get(k)) is not None), None)
+
+
+def epoch_seconds(result: Result) -> float | None:
+    """Training time of one epoch (`accelab train`: epoch_s)."""
+    m = result.metrics
+    return number(m.get("epoch_s")) if number(m.get("epoch_s")) is not None else number(m.get("epoch_time_s"))
 
 
 def quality_verdict(result: Result) -> str | None:
@@ -84,11 +102,12 @@ def model_name(result: Result) -> str:
 
 
 def plan_name(result: Result) -> str:
-    return str(result.plan.get("name") or "?")
+    return str(result.plan.get("name") or "-")
 
 
 def batch_size(result: Result) -> int | None:
-    value = result.workload.get("batch_size") or result.plan.get("batch_size")
+    wl = result.workload
+    value = wl.get("batch_size") or result.plan.get("batch_size") or wl.get("global_batch")
     return int(value) if number(value) is not None else None
 
 
@@ -103,6 +122,10 @@ def workload_label(result: Result) -> str:
     parts = [str(wl.get("scenario") or result.kind)]
     if wl.get("batch_size") is not None:
         parts.append(f"batch {wl['batch_size']}")
+    elif wl.get("global_batch") is not None:  # train: samples per optimizer step, all processes
+        parts.append(f"global batch {wl['global_batch']}")
+    if (wl.get("nproc") or 1) > 1 or (wl.get("nnodes") or 1) > 1:
+        parts.append(f"{wl.get('nproc')} processes x {wl.get('nnodes') or 1} nodes")
     task = result.model.get("task")
     if wl.get("scenario") == "generate" and wl.get("new_tokens"):
         parts.append(f"{wl['new_tokens']} new tokens")
@@ -129,10 +152,12 @@ def key_metric(result: Result) -> str:
         parts.append(f"{'e2e ' if is_generate(result) else ''}p50 {fmt(p50)} ms")
     if throughput(result) is not None:
         parts.append(f"{fmt(throughput(result))} {throughput_unit(result)}")
-    if number(m.get("epoch_time_s")) is not None:
-        parts.append(f"epoch {fmt(m['epoch_time_s'])} s")
-    if number(m.get("max_sustainable_rps")) is not None:
-        parts.append(f"max {fmt(m['max_sustainable_rps'])} req/s")
+    if epoch_seconds(result) is not None:
+        parts.append(f"epoch {fmt(epoch_seconds(result))} s")
+    if number(m.get("final_accuracy")) is not None:
+        parts.append(f"accuracy {m['final_accuracy']:.1%}")
+    if number(m.get("max_rate")) is not None:
+        parts.append(f"max {fmt(m['max_rate'])} req/s under SLO")
     if quality_verdict(result):
         parts.append(f"quality {quality_verdict(result)}")
     return " · ".join(parts) or "-"

@@ -155,28 +155,34 @@ def load_curve(curve: LoadCurve) -> MplFigure:
     fig = MplFigure(figsize=(9, 4.2))
     ax = fig.add_subplot()
     xs = [p.load for p in curve.points]
+    latency = {"e2e_ms": "e2e", "ttft_ms": "TTFT", "tpot_ms": "TPOT"}.get(curve.latency_name, "")
     for i, (name, pick) in enumerate((("p50", lambda p: p.p50), ("p90", lambda p: p.p90), ("p99", lambda p: p.p99))):
         ys = [pick(p) for p in curve.points]
         if any(y is not None for y in ys):
             ax.plot(xs, [math.nan if y is None else y for y in ys], marker="o", linewidth=2, color=colour(i),
-                    label=f"{name} latency")
+                    label=f"{latency} {name}".strip())
     if curve.slo_ms:
         ax.axhline(curve.slo_ms, color="#dc2626", linestyle=":", linewidth=1.5, label=f"SLO {_short(curve.slo_ms)} ms")
-    ax.set_xlabel(curve.load_name.replace("_", " "))
-    ax.set_ylabel("latency (ms)")
+    if curve.max_load:
+        ax.axvline(curve.max_load, color="#16a34a", linestyle="-.", linewidth=1.2,
+                   label=f"max under SLO: {_short(curve.max_load)}")
+    ax.set_xlabel(curve.load_name.replace("_", " ") + (" (req/s offered)" if "rate" in curve.load_name else ""))
+    ax.set_ylabel(f"{latency} latency (ms)".strip())
     ax.set_ylim(bottom=0)
-    served = [p.served for p in curve.points]
     handles, labels = ax.get_legend_handles_labels()
-    if any(s is not None for s in served):
+    rates = [("served", [p.served for p in curve.points], "s"), ("goodput", [p.goodput for p in curve.points], "^")]
+    if any(v is not None for _, values, _ in rates for v in values):
         twin = ax.twinx()
         twin.grid(False)
-        twin.plot(xs, [math.nan if s is None else s for s in served], color="#6b7280", linestyle="--", marker="s",
-                  markersize=4, label="served (req/s)")
-        twin.set_ylabel("served (req/s)")
+        for name, values, marker in rates:
+            if any(v is not None for v in values):
+                twin.plot(xs, [math.nan if v is None else v for v in values], color="#6b7280" if name == "served"
+                          else "#0891b2", linestyle="--", marker=marker, markersize=4, label=f"{name} (req/s)")
+        twin.set_ylabel("requests/s")
         twin.set_ylim(bottom=0)
         h2, l2 = twin.get_legend_handles_labels()
         handles, labels = handles + h2, labels + l2
-    ax.legend(handles, labels, loc="upper left")
+    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.08, 1.0), borderaxespad=0)
     ax.set_title(curve.label, loc="left")
     return fig
 
@@ -184,26 +190,26 @@ def load_curve(curve: LoadCurve) -> MplFigure:
 # -- training ----------------------------------------------------------------------------------
 def train_curves(curves: list[TrainCurve]) -> MplFigure:
     has_loss = any(c.losses for c in curves)
-    has_acc = any(a is not None for c in curves for a in c.epoch_accuracy)
-    has_eval = any(v is not None for c in curves for v in c.epoch_eval_loss)
+    has_acc = any(a is not None for c in curves for a in c.eval_accuracy)
+    has_eval = any(v is not None for c in curves for v in c.eval_loss)
     panels = [p for p, present in (("loss", has_loss), ("acc", has_acc), ("eval", has_eval and not has_acc)) if present]
     fig = MplFigure(figsize=(5.5 * len(panels), 4))
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    eval_x_name = next((c.eval_x_name for c in curves if c.eval_x), "epoch")
     for ax, panel in zip(axes, panels):
         for i, c in enumerate(curves):
             if panel == "loss" and c.losses:
                 ax.plot(c.steps, c.losses, color=colour(i), linewidth=1.6, label=c.label)
-            values = c.epoch_accuracy if panel == "acc" else c.epoch_eval_loss if panel == "eval" else []
-            points = [(e, v) for e, v in zip(c.epochs, values) if v is not None]
+            values = c.eval_accuracy if panel == "acc" else c.eval_loss if panel == "eval" else []
+            points = [(x, v) for x, v in zip(c.eval_x, values) if v is not None]
             if points:
                 ax.plot(*zip(*points), color=colour(i), marker="o", linewidth=2, label=c.label)
-        ax.set_xlabel("optimizer step" if panel == "loss" else "epoch")
+        ax.set_xlabel("optimizer step" if panel == "loss" else eval_x_name)
         ax.set_ylabel({"loss": "training loss", "acc": "eval accuracy", "eval": "eval loss"}[panel])
-        ax.set_title({"loss": "loss per step", "acc": "accuracy per epoch", "eval": "eval loss per epoch"}[panel],
-                     loc="left")
+        ax.set_title({"loss": "training loss per step", "acc": "eval accuracy", "eval": "eval loss"}[panel], loc="left")
         if panel == "acc":
             ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-        if panel != "loss":
+        if panel != "loss" and eval_x_name == "epoch":
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         _legend(ax, len(curves))
     return fig

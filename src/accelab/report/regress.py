@@ -28,7 +28,9 @@ REGRESSION only when it exceeds BOTH
     apart by much more than stdev/sqrt(n); the per-call spread is the honest yardstick.
 The limit shown is max(threshold, noise). A move beyond the threshold but within the noise is
 reported as "noise" and passes; a move beyond the limit in the good direction is "improved".
-Peak memory has no spread in a Result, so it is judged on its threshold alone.
+Peak memory has no spread in a Result, so it is judged on its threshold alone. Training runs
+(kind "train") are checked on step time p50, samples/s and epoch time, each against the cv of
+the per-step times, and on peak memory.
 Quality: a verdict worse than the baseline's (pass -> warn, pass -> fail, warn -> fail) is a
 regression; a candidate that did not run (error, oom, timeout, crashed) where the baseline ran is
 a regression.
@@ -182,9 +184,16 @@ def metric_specs(result: Result) -> list[MetricSpec]:
                                     read=_field(stats, "p50"), spread=_cv(stats), spread_name="cv"))
     specs.append(MetricSpec(label="throughput", unit=M.throughput_unit(result), better="higher",
                             family="throughput", read=M.throughput, spread=_cv(main), spread_name="cv"))
-    if result.kind == "train":
-        specs.append(MetricSpec(label="epoch time", unit="s", better="lower", family="latency",
-                                read=lambda r: M.number(r.metrics.get("epoch_time_s"))))
+    if result.kind == "train":  # the step time distribution is the noise of a training run
+        steps = _stats_of("step_ms")
+        specs = [MetricSpec(label="step p50", unit="ms", better="lower", family="latency", read=_field(steps, "p50"),
+                            spread=_cv(steps), spread_name="cv"),
+                 MetricSpec(label="samples/s", unit="samples/s", better="higher", family="throughput",
+                            read=M.throughput, spread=_cv(steps), spread_name="cv"),
+                 MetricSpec(label="epoch time", unit="s", better="lower", family="latency", read=M.epoch_seconds,
+                            spread=_cv(steps), spread_name="cv"),
+                 MetricSpec(label="peak memory", unit="MB", better="lower", family="memory", read=M.peak_memory_mb)]
+        return specs
     specs.append(MetricSpec(label="peak memory", unit="MB", better="lower", family="memory", read=M.peak_memory_mb))
     return specs
 
@@ -319,7 +328,7 @@ def _require_same_work(base: Result, cand: Result) -> None:
 
 
 def plan_differences(base: dict[str, Any], cand: dict[str, Any]) -> list[str]:
-    keys = sorted((set(base) | set(cand)) - {"name"})
+    keys = sorted(set(base) | set(cand))
     return [f"{k} {base.get(k)!r} -> {cand.get(k)!r}" for k in keys if base.get(k) != cand.get(k)]
 
 

@@ -2,8 +2,9 @@
 training curves. Pure: no matplotlib, no I/O; every extractor returns [] when its data is absent,
 so that a report section with nothing to draw is left out instead of drawing an empty chart.
 
-Kinds still being written (train, loadtest, tune) are read tolerantly: the field names each one
-accepts are listed next to its extractor.
+train, loadtest and tune Results are read as `accelab.train.report`, `accelab.loadtest.run` and
+`accelab.tune.measure` store them, and tolerantly beyond that (those engines are young): the field
+names each extractor accepts are listed next to it.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def percentile_points(stats: dict[str, float]) -> tuple[list[float], list[float]
 
 def latency_panels(results: list[Result]) -> list[LatencyPanel]:
     """One panel per (model, workload): every plan's latency CDF, from raw samples when stored."""
-    measured = [r for r in results if r.ok and M.latency_stats(r) and r.kind != "tune"]  # tune: see pareto_sets
+    # tune trials are read on the Pareto chart, loadtests on the load curve
+    measured = [r for r in results if r.ok and M.latency_stats(r) and r.kind not in ("tune", "loadtest")]
     labels = plan_labels(measured)
     groups: dict[tuple, list[Result]] = defaultdict(list)
     for r in measured:
@@ -116,7 +118,7 @@ def batch_panels(results: list[Result], what: str) -> list[BatchPanel]:
     at one batch size: the newest counts."""
     read = {"throughput": M.throughput, "memory": M.peak_memory_mb}[what]
     measured = [r for r in results if r.ok and M.latency_stats(r) and read(r) is not None and M.batch_size(r)
-                and r.kind != "tune"]
+                and r.kind not in ("tune", "loadtest")]
     labels = plan_labels(measured)
     panels: dict[tuple, dict[tuple, dict[int, Result]]] = defaultdict(lambda: defaultdict(dict))
     for r in sorted(measured, key=lambda r: r.created):  # newest last, so it wins
@@ -170,6 +172,23 @@ def pareto_front(costs: list[float], gains: list[float]) -> list[int]:
     return front
 
 
+TUNE_PHASE_RANK = {"screen": 0, "grow": 0, "final": 1, "confirm": 2}
+
+
+def latest_per_candidate(results: list[Result]) -> list[Result]:
+    """A tuner measures a candidate briefly, then again for longer: keep its longest (latest) run.
+    Results without `metrics.tune_candidate` are each their own candidate."""
+    chosen: dict[str, Result] = {}
+    for r in results:
+        key = r.metrics.get("tune_candidate") or r.run_id
+        rank = (TUNE_PHASE_RANK.get(r.metrics.get("tune_phase", ""), 0), r.metrics.get("tune_seq", 0), r.created)
+        old = chosen.get(key)
+        if old is None or rank >= (TUNE_PHASE_RANK.get(old.metrics.get("tune_phase", ""), 0),
+                                   old.metrics.get("tune_seq", 0), old.created):
+            chosen[key] = r
+    return list(chosen.values())
+
+
 def pareto_sets(results: list[Result], min_points: int = 3) -> list[ParetoSet]:
     """One set per group (group_id) of a tune run, or of any group with `min_points` measured
     plans: the trade-off of throughput against p99 latency and against peak memory. A group may
@@ -179,12 +198,14 @@ def pareto_sets(results: list[Result], min_points: int = 3) -> list[ParetoSet]:
         if r.group_id and r.ok and M.throughput(r) is not None and M.stat(r, "p99") is not None:
             groups[r.group_id].append(r)
     out = []
-    for group, members in groups.items():
+    for group, all_members in groups.items():
+        members = latest_per_candidate(all_members)
         if len(members) < min_points and not any(r.kind == "tune" for r in members):
             continue
         names = plan_labels(members)
         several_batches = len({M.batch_size(r) for r in members}) > 1
-        labels = _unique([names[r.run_id] + (f" · b{M.batch_size(r)}" if several_batches else "") for r in members],
+        labels = _unique([r.metrics.get("tune_candidate")
+                          or names[r.run_id] + (f" · b{M.batch_size(r)}" if several_batches else "") for r in members],
                          members)
         points = [
             ParetoPoint(label=label, throughput=float(M.throughput(r)), p99_ms=float(M.stat(r, "p99")),
@@ -206,14 +227,15 @@ def pareto_sets(results: list[Result], min_points: int = 3) -> list[ParetoSet]:
 
 
 # -- load curve (loadtest) ------------------------------------------------------------------------
-# A loadtest Result either holds its sweep as a list of levels under one of LEVEL_LISTS, or is one
-# level itself (several Results of one group then make the curve). In a level, the load is the
-# first of LOAD_KEYS present (in the level, then in the Result's workload); latency is a stats dict
-# under one of LATENCY_KEYS or flat p50_ms / p90_ms / p99_ms; served load is one of SERVED_KEYS.
-LEVEL_LISTS = ("levels", "steps", "sweep", "points", "rates")
-LOAD_KEYS = ("offered_rps", "offered_rate", "rate", "target_rps", "request_rate", "concurrency", "users")
-LATENCY_KEYS = ("latency_ms", "e2e_ms", "ttft_ms")
-SERVED_KEYS = ("achieved_rps", "throughput_rps", "completed_rps", "goodput_rps", "throughput")
+# A loadtest Result either holds its sweep as a list of levels under one of LEVEL_LISTS (`accelab
+# loadtest --find-max` stores its probes), or is one level itself (several single runs of one
+# model then make the curve). In a level, the load is the first of LOAD_KEYS present (in the level,
+# then in the Result's workload); latency is a stats dict under one of LATENCY_KEYS, or flat
+# p50_ms / p90_ms / p99_ms; the load served is one of SERVED_KEYS, the goodput `goodput_rate`.
+LEVEL_LISTS = ("probes", "levels", "steps", "sweep", "points")
+LOAD_KEYS = ("rate", "offered_rate", "offered_rps", "target_rps", "request_rate", "concurrency", "users")
+LATENCY_KEYS = ("e2e_ms", "latency_ms", "ttft_ms")
+SERVED_KEYS = ("request_throughput", "achieved_rps", "throughput_rps", "completed_rps")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -222,15 +244,18 @@ class LoadPoint:
     p50: float | None
     p90: float | None
     p99: float | None
-    served: float | None
+    served: float | None  # requests/s answered
+    goodput: float | None = None  # requests/s answered within the SLO
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LoadCurve:
     label: str
-    load_name: str  # "offered_rps", "concurrency", ...
+    load_name: str  # "rate", "concurrency", ...
+    latency_name: str  # "e2e_ms", "ttft_ms", ...
     points: list[LoadPoint]  # by load
-    slo_ms: float | None = None
+    slo_ms: float | None = None  # the objective on the plotted latency
+    max_load: float | None = None  # the most load that met the SLO (find-max)
 
 
 def _first(data: dict[str, Any], keys: tuple[str, ...]) -> tuple[str | None, Any]:
@@ -240,20 +265,36 @@ def _first(data: dict[str, Any], keys: tuple[str, ...]) -> tuple[str | None, Any
     return None, None
 
 
-def load_point(level: dict[str, Any], workload: dict[str, Any] | None = None) -> tuple[str, LoadPoint] | None:
+def load_point(level: dict[str, Any], workload: dict[str, Any] | None = None) -> tuple[str, str, LoadPoint] | None:
+    """(load name, latency name, point), or None when the level lacks a load or a latency."""
     name, load = _first(level, LOAD_KEYS)
     if M.number(load) is None and workload:
         name, load = _first(workload, LOAD_KEYS)
     if M.number(load) is None:
         return None
-    _, stats = _first(level, LATENCY_KEYS)
-    stats = stats if M.is_stats(stats) else {q: level.get(f"{q}_ms") for q in ("p50", "p90", "p99")}
+    latency_name, stats = next(((k, level[k]) for k in LATENCY_KEYS if M.is_stats(level.get(k))), (None, None))
+    if stats is None:
+        latency_name, stats = "latency_ms", {q: level.get(f"{q}_ms") for q in ("p50", "p90", "p99")}
     _, served = _first(level, SERVED_KEYS)
     point = LoadPoint(load=float(load), p50=M.number(stats.get("p50")), p90=M.number(stats.get("p90")),
-                      p99=M.number(stats.get("p99")), served=M.number(served))
+                      p99=M.number(stats.get("p99")), served=M.number(served), goodput=M.number(level.get("goodput_rate")))
     if point.p50 is None and point.p99 is None:
         return None
-    return str(name), point
+    return str(name), str(latency_name), point
+
+
+def _slo_ms(result: Result, latency_name: str) -> float | None:
+    """The objective on the plotted latency: `workload.slo` is in seconds by key (e2e, ttft)."""
+    slo = result.workload.get("slo") or result.metrics.get("slo") or {}
+    value = M.number(slo.get(latency_name.removesuffix("_ms"))) if isinstance(slo, dict) else None
+    return value * 1000 if value is not None else None
+
+
+def _curve(label: str, parsed: list[tuple[str, str, LoadPoint]], result: Result) -> LoadCurve:
+    load_name, latency_name = parsed[0][0], parsed[0][1]
+    return LoadCurve(label=label, load_name=load_name, latency_name=latency_name,
+                     points=sorted((p for _, _, p in parsed), key=lambda p: p.load),
+                     slo_ms=_slo_ms(result, latency_name), max_load=M.number(result.metrics.get("max_rate")))
 
 
 def load_curves(results: list[Result]) -> list[LoadCurve]:
@@ -262,38 +303,27 @@ def load_curves(results: list[Result]) -> list[LoadCurve]:
     for r in results:
         if r.kind != "loadtest" or not r.ok:
             continue
+        plan = "" if M.plan_name(r) == "-" else f" · {M.plan_name(r)}"
         _, levels = _first(r.metrics, LEVEL_LISTS)
         if isinstance(levels, list):
             parsed = [p for p in (load_point(lv, r.workload) for lv in levels if isinstance(lv, dict)) if p]
             if parsed:
-                curves.append(LoadCurve(label=f"{M.model_name(r)} · {M.plan_name(r)} · {r.run_id[:6]}",
-                                        load_name=parsed[0][0], points=sorted((p for _, p in parsed), key=lambda p: p.load),
-                                        slo_ms=_slo(r)))
+                curves.append(_curve(f"{M.model_name(r)}{plan} · {r.run_id[:6]}", parsed, r))
         else:
-            single[(r.group_id or "", M.model_name(r), M.plan_name(r))].append(r)
-    for (group, model, plan), members in single.items():
+            single[(r.group_id or "", M.model_name(r), plan, r.workload.get("endpoint"))].append(r)
+    for (group, model, plan, _), members in single.items():
         parsed = [p for p in (load_point(r.metrics, r.workload) for r in members) if p]
         if len(parsed) >= 2:
-            curves.append(LoadCurve(label=f"{model} · {plan}" + (f" · group {group}" if group else ""),
-                                    load_name=parsed[0][0], points=sorted((p for _, p in parsed), key=lambda p: p.load),
-                                    slo_ms=_slo(members[0])))
+            curves.append(_curve(f"{model}{plan}" + (f" · group {group}" if group else ""), parsed, members[0]))
     return curves
 
 
-def _slo(result: Result) -> float | None:
-    for source in (result.metrics, result.workload):
-        for key in ("slo_ms", "slo_p99_ms", "p99_slo_ms"):
-            if M.number(source.get(key)) is not None:
-                return float(source[key])
-    return None
-
-
 # -- training curves ------------------------------------------------------------------------------
-# The loss curve is the first of LOSS_KEYS present: a list of numbers (one per step), a list of
-# {"step", "loss"} dicts, or {"step": [...], "loss": [...]}. Per-epoch records (EPOCH_KEYS) are
-# dicts with any of epoch, loss / train_loss, eval_loss, accuracy / eval_accuracy, epoch_time_s.
-LOSS_KEYS = ("loss_curve", "losses", "train_loss_curve", "loss_history", "step_losses", "history")
-EPOCH_KEYS = ("epochs", "epoch_history", "per_epoch")
+# The loss curve is the first of LOSS_KEYS present: a list of numbers (one per optimizer step, as
+# `accelab train` stores `losses`), a list of {"step", "loss"} dicts, or {"step": [...], "loss": [...]}.
+# Evaluations are the first of EVAL_KEYS: dicts with step and/or epoch, and accuracy / loss.
+LOSS_KEYS = ("losses", "loss_curve", "train_loss_curve", "loss_history", "step_losses", "history")
+EVAL_KEYS = ("evals", "epochs", "epoch_history", "per_epoch")
 ACCURACY_KEYS = ("final_accuracy", "eval_accuracy", "accuracy", "top1", "final_top1")
 
 
@@ -302,9 +332,10 @@ class TrainCurve:
     label: str
     steps: list[float]
     losses: list[float]
-    epochs: list[float]
-    epoch_accuracy: list[float | None]
-    epoch_eval_loss: list[float | None]
+    eval_x: list[float]  # optimizer step of each evaluation (or its epoch, when no step is stored)
+    eval_x_name: str  # "optimizer step" | "epoch"
+    eval_accuracy: list[float | None]
+    eval_loss: list[float | None]
 
 
 def _loss_points(raw: Any) -> tuple[list[float], list[float]]:
@@ -323,15 +354,17 @@ def _loss_points(raw: Any) -> tuple[list[float], list[float]]:
     return steps, losses
 
 
+def _evals(result: Result) -> list[dict[str, Any]]:
+    _, raw = _first(result.metrics, EVAL_KEYS)
+    return [e for e in raw if isinstance(e, dict)] if isinstance(raw, list) else []
+
+
 def final_accuracy(result: Result) -> float | None:
     _, value = _first(result.metrics, ACCURACY_KEYS)
     if M.number(value) is not None:
         return float(value)
-    _, epochs = _first(result.metrics, EPOCH_KEYS)
-    if isinstance(epochs, list) and epochs and isinstance(epochs[-1], dict):
-        _, value = _first(epochs[-1], ("accuracy", "eval_accuracy", "top1"))
-        return M.number(value)
-    return None
+    evals = _evals(result)
+    return M.number(_first(evals[-1], ("accuracy", "eval_accuracy", "top1"))[1]) if evals else None
 
 
 def train_curves(results: list[Result]) -> list[TrainCurve]:
@@ -341,12 +374,13 @@ def train_curves(results: list[Result]) -> list[TrainCurve]:
     for label, r in zip(labels, trains):
         _, raw = _first(r.metrics, LOSS_KEYS)
         steps, losses = _loss_points(raw)
-        _, epochs_raw = _first(r.metrics, EPOCH_KEYS)
-        records = [e for e in epochs_raw if isinstance(e, dict)] if isinstance(epochs_raw, list) else []
-        epochs = [float(e.get("epoch", i)) for i, e in enumerate(records, 1)]
-        accuracy = [M.number(_first(e, ("accuracy", "eval_accuracy", "top1"))[1]) for e in records]
-        eval_loss = [M.number(e.get("eval_loss")) for e in records]
+        evals = _evals(r)
+        by_step = bool(evals) and all(M.number(e.get("step")) is not None for e in evals)
+        eval_x = [float(e["step"]) if by_step else float(e.get("epoch", i)) for i, e in enumerate(evals, 1)]
+        accuracy = [M.number(_first(e, ("accuracy", "eval_accuracy", "top1"))[1]) for e in evals]
+        eval_loss = [M.number(e.get("eval_loss", e.get("loss"))) for e in evals]
         if losses or any(a is not None for a in accuracy) or any(v is not None for v in eval_loss):
-            out.append(TrainCurve(label=f"{M.model_name(r)} · {label}", steps=steps, losses=losses, epochs=epochs,
-                                  epoch_accuracy=accuracy, epoch_eval_loss=eval_loss))
+            out.append(TrainCurve(label=f"{M.model_name(r)} · {label}", steps=steps, losses=losses, eval_x=eval_x,
+                                  eval_x_name="optimizer step" if by_step else "epoch", eval_accuracy=accuracy,
+                                  eval_loss=eval_loss))
     return out

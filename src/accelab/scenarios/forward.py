@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from accelab.measure.stats import summarize, timed_loop
+from accelab.measure.stats import capped_samples, summarize, timed_loop
 from accelab.plan.runtime import Runnable
 from accelab.scenarios.timing import call_timer
 from accelab.scenarios.workload import Workload
@@ -26,6 +26,7 @@ def run_forward(runnable: Runnable, batch: dict[str, torch.Tensor], workload: Wo
     first_call_s = timing.warmup_seconds[0]
     return {
         "latency_ms": latency.to_dict(),
+        "latency_samples_ms": capped_samples([s * 1000 for s in timing.durations]),
         "iterations": timing.iterations,
         "timed_seconds": timing.wall_seconds,
         "items_per_call": batch_size,

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from accelab.measure.stats import summarize
+from accelab.measure.stats import capped_samples, summarize
 from accelab.plan.runtime import Runnable
 from accelab.scenarios.timing import synchronizer
 from accelab.scenarios.workload import Workload
@@ -88,6 +88,7 @@ def run_generate(
     metrics: dict[str, Any] = {
         "ttft_ms": summarize([t * 1000 for t in ttft]).to_dict(),
         "e2e_ms": summarize([t * 1000 for t in e2e]).to_dict(),
+        "latency_samples_ms": capped_samples([t * 1000 for t in e2e]),
         "iterations": len(e2e),
         "timed_seconds": wall,
         "new_tokens": n,
