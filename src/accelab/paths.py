@@ -22,5 +22,10 @@ def models_dir() -> Path:
     return path
 
 
+DB_ENV = "ACCELAB_DB"
+
+
 def default_db() -> Path:
-    return cache_dir() / "results.db"
+    """The results store: `ACCELAB_DB`, else results.db in the cache."""
+    override = os.environ.get(DB_ENV)
+    return Path(override).expanduser() if override else cache_dir() / "results.db"

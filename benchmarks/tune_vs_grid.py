@@ -1,0 +1,84 @@
+"""tune against the exhaustive grid over the same space, in one run.
+
+For each model: every (plan, batch) of the space measured with full-length runs (the grid),
+then `accelab tune`'s search over the same space. Prints the best throughput each found and the
+measurement time each spent (the wall time of all measuring child processes). The tuner is
+worth it when its winner is within 5% of the grid's best at <= 40% of the grid's time.
+
+    python benchmarks/tune_vs_grid.py [--models minilm-l6,smollm2-135m] [--quality off]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from rich.console import Console
+
+from accelab.catalog.resolve import resolve
+from accelab.scenarios.workload import Workload
+from accelab.tune.measure import BenchMeasurer
+from accelab.tune.search import Candidate, Constraints, Search, score
+from accelab.tune.space import ladder
+
+SPACES = {
+    "minilm-l6": dict(variants=["baseline", "bf16-autocast", "int8-dynamic", "compile"], max_batch=64, screen=8,
+                      workload=Workload(scenario="forward", seq_len=128, min_seconds=2.0)),
+    "smollm2-135m": dict(variants=["baseline", "bf16-autocast", "static-cache", "int8-weight"], max_batch=32, screen=4,
+                         workload=Workload(scenario="generate", new_tokens=32, min_seconds=2.0)),
+}
+
+
+def measurer(spec, workload, console, quality):
+    from accelab.quality.collect import QualityConfig
+
+    qc = QualityConfig(samples=8, new_tokens=16) if quality != "off" else None
+    return BenchMeasurer(spec=spec, workload=workload, device=None, store=None, group_id=f"bench-{time.time():.0f}",
+                         quality=qc, tolerance=quality if quality != "off" else "balanced",
+                         screen_seconds=1.0, final_seconds=workload.min_seconds, console=console)
+
+
+def run_grid(spec, space, console, quality):
+    m = measurer(spec, space["workload"], console, quality)
+    constraints = Constraints(quality=quality)
+    results = [m(Candidate(variant=v, batch_size=b), "final") for v in space["variants"] for b in ladder(space["max_batch"])]
+    feasible = [r for r in results if constraints.violation(r) is None]
+    best = max(feasible, key=lambda r: score(r, "throughput"))
+    return best, sum(r.seconds for r in results), len(results)
+
+
+def run_tuner(spec, space, console, quality):
+    m = measurer(spec, space["workload"], console, quality)
+    log = Search(variants=space["variants"], batch_sizes=ladder(space["max_batch"]), measure=m,
+                 constraints=Constraints(quality=quality), screen_batch=space["screen"]).run()
+    return log.winner, log.measured_seconds, len(log.measurements)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="minilm-l6,smollm2-135m")
+    parser.add_argument("--quality", default="off", choices=["off", "strict", "balanced", "loose"])
+    args = parser.parse_args()
+    console = Console(stderr=True)
+    lines = []
+    for name in args.models.split(","):
+        spec, space = resolve(name), SPACES[name]
+        console.print(f"[bold]{name}: grid[/]")
+        grid_best, grid_s, grid_n = run_grid(spec, space, console, args.quality)
+        console.print(f"[bold]{name}: tune[/]")
+        tune_best, tune_s, tune_n = run_tuner(spec, space, console, args.quality)
+        ratio = tune_best.throughput / grid_best.throughput
+        share = tune_s / grid_s
+        ok = ratio >= 0.95 and share <= 0.40
+        lines.append(
+            f"{name}: grid best {grid_best.candidate.key} {grid_best.throughput:.4g}/s in {grid_s:.0f} s ({grid_n} runs); "
+            f"tune {tune_best.candidate.key} {tune_best.throughput:.4g}/s in {tune_s:.0f} s ({tune_n} runs); "
+            f"tune/grid throughput {ratio:.3f}, time {share:.0%} -> {'OK' if ok else 'MISSED'}"
+        )
+    print("\n".join(lines))
+    print(f"reproduce: python {' '.join(sys.argv)}")
+
+
+if __name__ == "__main__":
+    main()
