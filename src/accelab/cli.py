@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "accelab.tune.commands",  # tune
     "accelab.predict.commands",  # predict
     "accelab.report.commands",  # history, report, regress
+    "accelab.train.commands",  # train
 ]
 
 

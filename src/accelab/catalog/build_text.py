@@ -33,7 +33,10 @@ def build_smollm2(target: Path, step: Step) -> dict:
     step("dequantising the GGUF to fp32 (~30 s)")
     gguf = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=SMOLLM2_GGUF)
-    model = AutoModelForCausalLM.from_config(gguf.config, dtype=torch.float32)
+    config = gguf.config
+    if hasattr(config, "quantization_config"):  # the fp32 copy is not a GGUF: drop the stale marker
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(gguf.state_dict())
     model.generation_config = gguf.generation_config
 

@@ -19,6 +19,7 @@ from accelab.train.accel import precision_problem
 from accelab.train.config import TrainConfig
 from accelab.train.launch import LaunchOptions, run_workers
 from accelab.train.report import result_of
+from accelab.train.threads import threads_per_process
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -55,9 +56,10 @@ def _slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
-def run_bench(config: TrainConfig, spec: Any, rows: list[BenchRow], *, timeout_s: float, cpus: int,
+def run_bench(config: TrainConfig, spec: Any, rows: list[BenchRow], *, timeout_s: float, idle: float | None,
               tag: str | None = None, on_row: Any = None) -> list[Result]:
-    """Run every supported row, one after another; a Result per row (shared group_id)."""
+    """Run every supported row, one after another; a Result per row (shared group_id).
+    idle: CPUs idle at launch (CPU runs), measured once so every row shares one thread policy."""
     from accelab.measure.environment import environment
 
     env = environment()
@@ -67,10 +69,13 @@ def run_bench(config: TrainConfig, spec: Any, rows: list[BenchRow], *, timeout_s
         launch = LaunchOptions(nproc=row.nproc)
         row_config = config.with_changes(
             **row.changes, world_size=row.nproc, output_dir=str(Path(config.output_dir) / _slug(row.name)),
-            result_path=None, checkpoints=False, save_as=None, progress=False, log_with="none", resume_from=None)
+            result_path=None, checkpoints=False, save_final=False, save_as=None, progress=False, log_with="none",
+            resume_from=None)
+        if idle is not None:
+            row_config = row_config.with_changes(threads=threads_per_process(row.nproc, config.threads, idle))
         outcome = None
         if row.unsupported is None:
-            outcome = run_workers(row_config, launch, timeout_s=timeout_s, cpus=cpus)
+            outcome = run_workers(row_config, launch, timeout_s=timeout_s)
         result = result_of(name=row.name, spec=spec, config=row_config, launch=launch, outcome=outcome,
                            unsupported=row.unsupported, group_id=group, tag=tag, env=env)
         results.append(result)

@@ -7,6 +7,12 @@ rank reads the same file, so all ranks agree on every choice.
 Batch sizes. `batch_size` is the GLOBAL batch: the samples behind one optimizer step, summed
 over all processes and accumulation micro-steps. Each process sees
 `batch_size // (world_size * grad_accum)` samples per forward pass; the sum must divide evenly.
+
+1 vs N processes (and vs accumulation) at the same global batch: every optimizer step sees the
+same samples (one (seed, epoch) order, each loader batch split across ranks by accelerate), so
+the per-step loss matches a one-process run within 1e-4 relative (tested on 2 gloo ranks); only
+float summation order differs. Needs dropout off for exactness, and holds approximately for
+models with BatchNorm (statistics over each rank's slice).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ def _choice(name: str, value: object, allowed: tuple, fix: str = "") -> None:
         raise ValueError(f"{name}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}{fix}")
 
 
-def _at_least(name: str, value: float | int | None, minimum: float | int, option: str) -> None:
+def _at_least(name: str, value: float | None, minimum: float, option: str) -> None:
     if value is not None and value < minimum:
         raise ValueError(f"{name}={value} is out of range: pass {option} {minimum} or more")
 
@@ -53,13 +59,13 @@ class TrainConfig:
     reinit_head: bool = False  # replace a classifier head whose label count does not fit
 
     # how long
-    epochs: int = 3
+    epochs: int = 10
     max_steps: int | None = None  # train exactly this many optimizer steps (overrides epochs)
 
     # optimisation
-    batch_size: int = 32  # GLOBAL batch per optimizer step (see the module docstring)
+    batch_size: int = 16  # GLOBAL batch per optimizer step (see the module docstring)
     grad_accum: int = 1
-    lr: float = 1e-3
+    lr: float = 4e-4
     weight_decay: float = 0.05
     schedule: Schedule = "cosine"
     warmup_steps: int | None = None  # None: warmup_ratio of the total steps
@@ -72,7 +78,7 @@ class TrainConfig:
     compile: CompileMode = "off"
     gradient_checkpointing: bool = False
     attention: str | None = None  # attn_implementation, from a Plan
-    threads: int | None = None  # intra-op threads per process
+    threads: int | None = None  # intra-op threads per process; None: torch's default (the CLI picks it, threads.py)
     cpu: bool = False  # train on CPU even where CUDA is present
 
     # processes
@@ -82,6 +88,7 @@ class TrainConfig:
     output_dir: str
     checkpoint_every: int | None = None  # optimizer steps; checkpoints are also written at epoch ends
     checkpoints: bool = True  # False: no checkpoints at all (bench rows)
+    save_final: bool = True  # write the final model to <output_dir>/model (bench rows: no)
     resume_from: str | None = None  # a checkpoint directory (resolved from PATH | latest)
     log_with: LogWith = "none"
     save_as: str | None = None  # store the trained model under this name (None: do not store)
@@ -158,7 +165,7 @@ def warmup_for(config: TrainConfig, total_steps: int) -> int:
     """Warm-up steps of the LR schedule: --warmup-steps, else the ratio of the total steps."""
     if config.warmup_steps is not None:
         return min(config.warmup_steps, total_steps)
-    return int(round(config.warmup_ratio * total_steps))
+    return round(config.warmup_ratio * total_steps)
 
 
 def total_steps(config: TrainConfig, steps_per_epoch: int) -> int:

@@ -96,7 +96,4 @@ def build(config: TrainConfig, processor: Any, image_size: int | None) -> TrainD
 
     builders = {"digits": data_images.build_digits, "imagefolder": data_images.build_folder,
                 "disk": data_images.build_disk}
-    data = builders[config.dataset_kind](config, processor, image_size)
-    if data.skipped:
-        log.warning("skipped %d unreadable image(s) in %s", data.skipped, config.dataset)
-    return data
+    return builders[config.dataset_kind](config, processor, image_size)  # they warn about skipped images

@@ -108,7 +108,7 @@ def _readable(path: Path) -> str | None:
         with Image.open(path) as image:
             image.convert("RGB")
         return None
-    except Exception as err:  # PIL raises many types (UnidentifiedImageError, OSError, SyntaxError, ...)
+    except Exception as err:  # noqa: BLE001 - PIL raises many types (UnidentifiedImageError, OSError, ...)
         return f"{type(err).__name__}: {err}"
 
 
@@ -251,7 +251,7 @@ def _disk_items(dataset: Any, image_col: str, label_ids: list[int], skipped: lis
         try:
             images.append(_decode(dataset[row][image_col]))
             labels.append(label)
-        except Exception as err:  # an undecodable cell: skip it, count it
+        except Exception as err:  # noqa: BLE001 - an undecodable cell: skip it, count it
             skipped.append(f"row {row} ({type(err).__name__}: {err})")
     return images, labels
 

@@ -83,21 +83,13 @@ def worker_command(config_path: Path, launch: LaunchOptions) -> list[str]:
     return [*cmd, *worker]
 
 
-def threads_per_process(launch: LaunchOptions, threads: int | None, cpus: int) -> int | None:
-    """Intra-op threads per rank: --threads, else the node's CPUs shared among its ranks
-    (torchrun alone would pin every rank to 1 thread). None: torch's default (one process)."""
-    if threads is not None:
-        return threads
-    if not launch.distributed:
-        return None
-    return max(1, cpus // launch.nproc)
-
-
-def worker_env(launch: LaunchOptions, threads: int | None) -> dict[str, str]:
+def worker_env(threads: int | None) -> dict[str, str]:
+    """The workers' environment. OMP_NUM_THREADS follows the run's threads (torchrun alone would
+    pin every rank to 1 thread); the worker also calls torch.set_num_threads with them."""
     env = dict(os.environ)
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    if threads is not None and "OMP_NUM_THREADS" not in os.environ:
+    if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
     return env
 
@@ -112,7 +104,7 @@ class WorkerOutcome:
     command: list[str]
 
 
-def run_workers(config: TrainConfig, launch: LaunchOptions, *, timeout_s: float, cpus: int) -> WorkerOutcome:
+def run_workers(config: TrainConfig, launch: LaunchOptions, *, timeout_s: float) -> WorkerOutcome:
     """Write the config, start the worker(s), wait; the outcome with rank 0's summary."""
     output = Path(config.output_dir)
     output.mkdir(parents=True, exist_ok=True)
@@ -121,7 +113,7 @@ def run_workers(config: TrainConfig, launch: LaunchOptions, *, timeout_s: float,
     config_path = output / "train_config.json"
     config_path.write_text(json.dumps(config.with_changes(result_path=str(result_path)).to_dict(), indent=2) + "\n")
     command = worker_command(config_path, launch)
-    env = worker_env(launch, threads_per_process(launch, config.threads, cpus))
+    env = worker_env(config.threads)
     log.info("starting %s", " ".join(command))
     start = time.perf_counter()
     proc = subprocess.Popen(command, env=env, start_new_session=True)
@@ -156,6 +148,9 @@ def _outcome(result_path: Path, returncode: int, command: list[str], wall: float
     status = (doc or {}).get("status")
     if returncode == 0 and status == "ok":
         return WorkerOutcome(status="ok", summary=doc, reason=None, returncode=0, wall_s=wall, command=command)
+    if returncode == 0 and doc is None:  # a node without global rank 0: the summary is written on node 0
+        return WorkerOutcome(status="ok", summary=None, reason="the run's summary is written by global rank 0 (node 0)",
+                             returncode=0, wall_s=wall, command=command)
     if status in ("error", "unsupported"):
         return WorkerOutcome(status=status, summary=None, reason=doc.get("reason"), returncode=returncode,
                              wall_s=wall, command=command)

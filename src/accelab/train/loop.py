@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -84,8 +84,6 @@ def setup(config: TrainConfig) -> Session:
     classes = class_names(config)
     loaded = load_for_training(config, classes)
     data = build(config, loaded.processor, loaded.image_size)
-    if data.skipped and accelerator.is_main_process:
-        log.warning("%d unreadable image(s) skipped in %s", data.skipped, config.dataset)
 
     # Loaders: the global micro-batch per dataloader batch; accelerate slices it per rank
     sampler = EpochSampler(len(data.train), seed=config.seed, multiple_of=config.batch_size)
@@ -99,7 +97,7 @@ def setup(config: TrainConfig) -> Session:
     scheduler = get_scheduler(config.schedule if config.schedule != "constant" else "constant_with_warmup",
                               optimizer, num_warmup_steps=warmup_for(config, total), num_training_steps=total)
 
-    # prepare: DDP wrap, device placement, autocast, compile (in that order, inside accelerate)
+    # prepare (inside accelerate, in this order): device placement, autocast forward, DDP wrap, compile
     model, optimizer, train_dl, eval_dl, scheduler = accelerator.prepare(
         loaded.model, optimizer, train_dl, eval_dl, scheduler)
     num_labels = len(classes) if classes else None
@@ -149,12 +147,12 @@ class Record:
     lrs: list[float]
     evals: list[dict[str, Any]]
     skipped_steps: int = 0
-    full_epochs: list[int] | None = None
+    full_epochs: list[int] = field(default_factory=list)
 
 
 def run_epochs(session: Session, start: Position, timer: StepTimer, progress: Any) -> Record:
-    config, accelerator = session.config, session.accelerator
-    record = Record(losses=[], lrs=[], evals=[], full_epochs=[])
+    config = session.config
+    record = Record(losses=[], lrs=[], evals=[])
     position = Position(global_step=start.global_step, epoch=start.epoch, step_in_epoch=start.step_in_epoch)
     for epoch in range(start.epoch, epochs_needed(session.total_steps, session.steps_per_epoch)):
         position.epoch = epoch
@@ -244,11 +242,17 @@ def save_model(session: Session, directory: Path) -> None:
 
 
 class NoProgress:
+    """No bar; eval lines still printed by the main process (people wait for them)."""
+
+    def __init__(self, main: bool):
+        self._main = main
+
     def advance(self, loss: float, lr: float) -> None:
         pass
 
     def say(self, message: str) -> None:
-        log.info(message)
+        if self._main:
+            print(message, flush=True)
 
 
 class RichProgress:
@@ -278,7 +282,7 @@ class RichProgress:
 def progress_for(session: Session, start: Position) -> contextlib.AbstractContextManager:
     if session.config.progress and session.accelerator.is_main_process:
         return RichProgress(session.total_steps, start.global_step)
-    return contextlib.nullcontext(NoProgress())
+    return contextlib.nullcontext(NoProgress(session.accelerator.is_main_process))
 
 
 def cuda_sync(session: Session) -> Any:

@@ -154,6 +154,10 @@ def load_for_training(config: TrainConfig, classes: list[str] | None) -> TrainMo
         model_class = transformers.AutoModelForImageClassification
     else:
         model_class = transformers.AutoModelForCausalLM
+        if (model_config.get("quantization_config") or {}).get("quant_method") == "gguf":
+            kwargs["config"] = _without_gguf_marker(config.model_source)
+            notes.append(f"{config.model}: the config's GGUF quantization marker is dropped; its safetensors "
+                         "weights are fp32, which training needs (and save_pretrained refuses GGUF models)")
     log.info("loading %s from %s for training", config.model, config.model_source)
     model = model_class.from_pretrained(config.model_source, **kwargs)
     model.train()
@@ -174,6 +178,17 @@ def load_for_training(config: TrainConfig, classes: list[str] | None) -> TrainMo
     return TrainModel(model=model, processor=processor, image_size=image_size, notes=notes)
 
 
+def _without_gguf_marker(source: str) -> Any:
+    """The model's config minus a `quantization_config` of GGUF origin (a model dequantised from
+    a GGUF to fp32 safetensors may carry it; with it, transformers refuses to save the model)."""
+    from transformers import AutoConfig
+
+    model_config = AutoConfig.from_pretrained(source)
+    if hasattr(model_config, "quantization_config"):
+        delattr(model_config, "quantization_config")
+    return model_config
+
+
 def check_block_size(model_config: Any, block_size: int, model: str) -> None:
     limit = getattr(model_config, "max_position_embeddings", None)
     if isinstance(limit, int) and block_size > limit:
@@ -187,7 +202,12 @@ def enable_gradient_checkpointing(model: Any, name: str) -> None:
             f"{name} ({type(model).__name__}) does not support gradient checkpointing in transformers; "
             "drop --gradient-checkpointing (or lower --batch-size / raise --grad-accum to save memory)"
         )
-    # non-reentrant: works with DDP and with inputs that do not require grad
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # non-reentrant: works with DDP and with inputs that do not require grad.
+    # transformers >= 5.2x names it activation checkpointing; older 5.x only has the old name.
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     if hasattr(model.config, "use_cache"):
         model.config.use_cache = False  # a KV cache is useless in training and conflicts with checkpointing

@@ -27,12 +27,16 @@ log = logging.getLogger(__name__)
 _PLAN_PRECISION = {"fp32": "no", "bf16-autocast": "bf16", "fp16-autocast": "fp16"}
 _PLAN_FIELDS_USED = ("name", "precision", "compile", "batch_size", "threads", "attention")
 
-# Per-task defaults for options left unset
+# Per-task defaults for options left unset. Measured on the 2-core CPU with vit-tiny on digits
+# (from random weights): lr 4e-4 at batch 16 reached 95.8-96.4 % test accuracy in 8 epochs
+# (10 leave a margin); lr 1e-3 and above learned slower or not at all; batch 8 / lr 3e-4 was as
+# good (97 % in 8 epochs).
 DEFAULTS = {
-    "image-classification": {"batch_size": 32, "epochs": 3, "weight_decay": 0.05},
-    "text-generation": {"batch_size": 8, "epochs": 1, "weight_decay": 0.0},
+    "image-classification": {"batch_size": 16, "weight_decay": 0.05},
+    "text-generation": {"batch_size": 8, "weight_decay": 0.0},
 }
-LR_FROM_SCRATCH, LR_FINE_TUNE = 1e-3, 5e-5
+FROM_SCRATCH = {"lr": 4e-4, "epochs": 10}  # models with random weights (catalog configs like vit-tiny)
+FINE_TUNE = {"lr": 5e-5, "epochs": 3}  # pretrained weights
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -111,6 +115,9 @@ def build_request(*, model: str, task: str | None, dataset: str | None, explicit
     dataset_path = dataset if kind == "digits" or dataset in ("", "heldout") else str(Path(dataset).expanduser().resolve())
 
     # Names and directories
+    if launch.nnodes > 1 and output_dir is None:
+        raise ValueError("multi-node training needs --output-dir on a filesystem every node shares: checkpoints hold "
+                         "every rank's RNG state, and all nodes must write to the same run directory")
     name = save_as or default_name(dataset, kind, model)
     if save:
         from accelab.catalog.store import check_name
@@ -125,7 +132,7 @@ def build_request(*, model: str, task: str | None, dataset: str | None, explicit
                          "to continue it, or choose another --output-dir")
 
     # The config
-    defaults = {**DEFAULTS[spec.task], "lr": LR_FROM_SCRATCH if spec.random_weights else LR_FINE_TUNE}
+    defaults = {**DEFAULTS[spec.task], **(FROM_SCRATCH if spec.random_weights else FINE_TUNE)}
     values = merge(explicit, plan_values, defaults)
     config = TrainConfig(
         model=model, model_source=spec.source, task=spec.task, dataset=dataset_path, dataset_kind=kind,

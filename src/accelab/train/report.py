@@ -39,7 +39,7 @@ def metrics_of(summary: dict[str, Any]) -> dict[str, Any]:
         "samples_per_s": timing["samples_per_s"], "epoch_s": timing["epoch_s"],
         "epoch_s_estimated": timing["epoch_s_estimated"], "step_ms": timing["step_ms"],
         "timed_steps": timing["timed_steps"], "timed_samples": timing["timed_samples"],
-        "timed_wall_s": timing["timed_wall_s"], "steps": summary["total_steps"],
+        "timed_wall_s": timing["timed_wall_s"], "warmup_s": timing.get("warmup_s"), "steps": summary["total_steps"],
         "peak_rss_mb_max": memory["peak_rss_mb_max"], "peak_rss_mb_sum": memory["peak_rss_mb_sum"],
         "peak_rss_mb_per_rank": memory["peak_rss_mb_per_rank"],
         "gpu_peak_allocated_mb_max": memory["gpu_peak_allocated_mb_max"],
@@ -59,13 +59,13 @@ def result_of(*, name: str, spec: ModelSpec, config: TrainConfig, launch: Launch
     from accelab.measure.environment import environment, fingerprint
 
     env = env if env is not None else environment()
+    metrics: dict[str, Any] = {}
     if unsupported is not None:
-        status, reason, metrics = "unsupported", unsupported, {}
+        status, reason = "unsupported", unsupported
     else:
         assert outcome is not None
         status, reason = outcome.status, outcome.reason
-        metrics = metrics_of(outcome.summary) if outcome.summary else {}
-        metrics["wall_s"] = outcome.wall_s
+        metrics = {**(metrics_of(outcome.summary) if outcome.summary else {}), "wall_s": outcome.wall_s}
     summary_notes = (outcome.summary or {}).get("notes", []) if outcome else []
     return Result(kind="train", status=status, model=spec.to_dict(), plan=plan_of(name, config),
                   workload=workload_of(config, launch), metrics=metrics, environment=env, fingerprint=fingerprint(env),
@@ -106,7 +106,7 @@ def quality_cell(metrics: dict[str, Any]) -> str:
 def row_cells(result: Result, baseline_sps: float | None) -> list[str]:
     m = result.metrics
     if not result.ok:
-        return [result.plan["name"], "-", "-", "-", "-", "-", f"{result.status}: {result.reason}"]
+        return [result.plan["name"], "-", "-", "-", "-", "-", f"{result.status} (below)"]
     sps = m.get("samples_per_s")
     speedup = f"{sps / baseline_sps:.2f}x" if sps and baseline_sps else "-"
     note = f"{m['skipped_steps']} fp16 steps skipped" if m.get("skipped_steps") else ""
@@ -117,12 +117,20 @@ def row_cells(result: Result, baseline_sps: float | None) -> list[str]:
 def bench_table(results: list[Result], title: str, console: Console | None = None) -> None:
     table = Table(title=title, title_justify="left")
     for column in ("configuration", "epoch time", "peak memory", "samples/s", "vs baseline", "final quality", "notes"):
-        table.add_column(column, justify="left" if column in ("configuration", "notes") else "right")
+        table.add_column(column, justify="left" if column in ("configuration", "notes") else "right",
+                         no_wrap=column == "configuration")
     baseline = next((r.metrics.get("samples_per_s") for r in results if r.ok), None)
     for result in results:
         table.add_row(*row_cells(result, baseline))
     console = console or Console()
     console.print(table)
+    for result in results:
+        if not result.ok:
+            console.print(f"{result.plan['name']}: {result.status}: {result.reason}", style="yellow")
+    threads = ", ".join(f"{r.plan['name']} {r.metrics['threads_per_process']}" for r in results
+                        if r.metrics.get("threads_per_process"))
+    if threads:
+        console.print(f"intra-op threads per process: {threads}", style="dim")
     console.print("samples/s = samples of the timed steps / their wall time (first steps excluded); peak memory = "
                   "per-process RSS peak, max over ranks (sum in brackets), or torch's peak GPU allocation",
                   style="dim")
@@ -137,8 +145,8 @@ def print_run(result: Result, console: Console | None = None) -> None:
     table.add_column("")
     rows = [
         ("status", result.status + (f": {result.reason}" if result.reason else "")),
-        ("processes", f"{w['world_size']} x batch {w['per_process_batch']} x accum {w['grad_accum']} "
-                      f"= global batch {w['global_batch']}"),
+        ("processes", (f"{w['world_size']} x batch {w['per_process_batch']} x accum {w['grad_accum']} "
+                       f"= global batch {w['global_batch']}")),
         ("steps", str(m.get("steps", "-"))),
         ("loss", f"{m['first_loss']:.4f} -> {m['final_loss']:.4f}" if m.get("final_loss") is not None else "-"),
         ("final eval", quality_cell(m)),

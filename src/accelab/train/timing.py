@@ -62,6 +62,7 @@ class StepTimer:
             "timed_steps": len(timed),
             "timed_samples": len(timed) * global_batch,
             "timed_wall_s": wall,
+            "warmup_s": sum(self.durations[: self.warmup]),  # first calls, incl. compilation
             "samples_per_s": len(timed) * global_batch / wall if wall > 0 else None,
             "step_ms": summarize([d * 1000 for d in timed]).to_dict() if timed else None,
         }

@@ -37,8 +37,6 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
 
     session = loop.setup(config)
     accelerator = session.accelerator
-    if not accelerator.is_main_process:
-        logging.getLogger("accelab").setLevel(logging.ERROR)  # one copy of each warning
     try:
         if config.log_with != "none":
             accelerator.init_trackers("accelab-train", config=_tracker_config(config))
@@ -49,7 +47,8 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
             timer.start()
             record = loop.run_epochs(session, start, timer, bar)
         final_dir = Path(config.output_dir) / FINAL_MODEL
-        loop.save_model(session, final_dir)
+        if config.save_final or config.save_as:
+            loop.save_model(session, final_dir)
         peaks = _gather_peaks(accelerator, memory.report)
         summary = _summary(session, start, record, timer, peaks, final_dir)
         if accelerator.is_main_process and config.save_as:
@@ -141,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     config = TrainConfig.from_dict(json.loads(Path(args[0]).read_text()))
     rank = _rank()
+    if rank != 0:
+        logging.getLogger("accelab").setLevel(logging.ERROR)  # one copy of each warning, from rank 0
     try:
         summary = train(config)
     except Unsupported as err:
