@@ -15,7 +15,8 @@ $(BIN)/python:
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[test]"
+	# llama-cpp-python builds from source once (~7 min on 2 cores); pip's wheel cache reuses it
+	CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/pip install --quiet -e ".[test,llamacpp]"
 	touch $@
 
 install: $(VENV)/.installed

@@ -27,6 +27,8 @@ COMMAND_MODULES = [
     "accelab.predict.commands",  # predict
     "accelab.report.commands",  # history, report, regress
     "accelab.train.commands",  # train
+    "accelab.serve.commands",  # serve
+    "accelab.loadtest.commands",  # loadtest
 ]
 
 

@@ -1,0 +1,127 @@
+"""Alternative runtimes: ONNX Runtime, OpenVINO and llama.cpp behind the same Runnable as torch.
+
+`load_backend(spec, plan, device)` is what `apply_plan` calls for `plan.backend != "torch"`.
+A runtime that is not installed, or cannot serve this model, task or device, raises
+`Unsupported` with the reason (and the install command), so a compare row says why.
+
+Backend options (`Plan.backend_options`, see `options.OPTION_KEYS`):
+    onnxruntime  ort_fusion on|off, ort_opt_level 0|1|2|99, ort_quant none|int8-dynamic,
+                 ort_per_channel on|off, ort_reduce_range on|off, ort_quant_ops all|matmul|attention,
+                 ort_provider auto|cpu|cuda
+    openvino     ov_precision f32|bf16, ov_hint LATENCY|THROUGHPUT
+    llamacpp     llama_threads N, n_ctx N, n_batch N
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+
+from accelab.catalog.spec import ModelSpec
+from accelab.plan.plan import Plan
+from accelab.plan.runtime import Runnable, Unsupported
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BACKENDS", "INSTALL", "is_installed", "load_backend", "threads_for"]
+
+BackendName = Literal["onnxruntime", "openvino", "llamacpp"]
+
+# backend -> (import name, how to install it)
+INSTALL: dict[BackendName, tuple[str, str]] = {
+    "onnxruntime": ("onnxruntime", "pip install onnxruntime"),
+    "openvino": ("openvino", "pip install openvino"),
+    "llamacpp": (
+        "llama_cpp",
+        'CMAKE_ARGS="-DGGML_NATIVE=ON" pip install llama-cpp-python (or pip install -e ".[llamacpp]"); '
+        "it compiles llama.cpp, about 7 min on 2 cores",
+    ),
+}
+
+
+def is_installed(backend: BackendName) -> bool:
+    return importlib.util.find_spec(INSTALL[backend][0]) is not None
+
+
+def threads_for(plan: Plan) -> int:
+    """The plan's threads, else every CPU this process may use (what torch uses by default)."""
+    from accelab.plan.techniques.system import available_cpus
+
+    return plan.threads or available_cpus()
+
+
+def _graph_check(spec: ModelSpec, plan: Plan, device: torch.device) -> None:
+    from accelab.backends.export import check_task
+
+    check_task(spec)
+
+
+def _openvino_check(spec: ModelSpec, plan: Plan, device: torch.device) -> None:
+    from accelab.backends.openvino import check_device
+
+    _graph_check(spec, plan, device)
+    check_device(device)
+
+
+def _llamacpp_check(spec: ModelSpec, plan: Plan, device: torch.device) -> None:
+    from accelab.backends.llamacpp import check_model
+
+    check_model(spec)
+
+
+def _onnxruntime(spec: ModelSpec, plan: Plan, device: torch.device) -> Runnable:
+    from accelab.backends import onnxruntime
+
+    return onnxruntime.load(spec, plan, device, threads_for(plan))
+
+
+def _openvino(spec: ModelSpec, plan: Plan, device: torch.device) -> Runnable:
+    from accelab.backends import openvino
+
+    return openvino.load(spec, plan, device, threads_for(plan))
+
+
+def _llamacpp(spec: ModelSpec, plan: Plan, device: torch.device) -> Runnable:
+    from accelab.backends import llamacpp
+
+    return llamacpp.load(spec, plan, device)
+
+
+Check = Callable[[ModelSpec, Plan, torch.device], None]
+Load = Callable[[ModelSpec, Plan, torch.device], Runnable]
+
+# Plan fields a backend honours; any other change from the baseline is torch's (autocast, compile, ...)
+_BACKEND_FIELDS = {"backend", "backend_options", "threads", "batch_size", "placement"}
+
+# backend -> (can it serve this model here? without importing the runtime, load)
+BACKENDS: dict[BackendName, tuple[Check, Load]] = {
+    "onnxruntime": (_graph_check, _onnxruntime),
+    "openvino": (_openvino_check, _openvino),
+    "llamacpp": (_llamacpp_check, _llamacpp),
+}
+
+
+def load_backend(spec: ModelSpec, plan: Plan, device: torch.device) -> Runnable:
+    """The Runnable of `spec` on `plan.backend`; Unsupported (with the reason) when it cannot run."""
+    entry = BACKENDS.get(plan.backend)  # type: ignore[call-overload]
+    if entry is None:
+        raise ValueError(f"backend={plan.backend!r} is not one of {', '.join(BACKENDS)} (torch runs without one)")
+    check, loader = entry
+    # what the model and device allow first: that reason holds whether or not the runtime is installed
+    check(spec, plan, device)
+    if not is_installed(plan.backend):  # type: ignore[arg-type]
+        module, command = INSTALL[plan.backend]  # type: ignore[index]
+        raise Unsupported(f"backend {plan.backend} needs the {module} package, which is not installed: {command}")
+    torch_only = [f for f in plan.differs_from_baseline() if f not in _BACKEND_FIELDS]
+    if torch_only:
+        raise Unsupported(
+            f"backend={plan.backend} runs its own graph: the torch fields {', '.join(torch_only)} of this plan "
+            "would not apply; drop them, or use the backend's options (e.g. ort_quant=int8-dynamic, ov_precision=bf16)"
+        )
+    log.info("loading %s on backend %s with %s", spec.name, plan.backend, dict(plan.backend_options) or "defaults")
+    return loader(spec, plan, device)
+

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from accelab.predict.config import PredictConfig
-from accelab.train.launch import LaunchOptions, threads_per_process
+from accelab.train.launch import LaunchOptions
 
 log = logging.getLogger(__name__)
 
@@ -144,3 +144,13 @@ def _outcome(summary_path: Path, returncode: int, command: list[str], wall: floa
     return Outcome(status="crashed", summary=None, wall_s=wall, command=command,
                    reason=f"{why} without a result; see the ranks' output above (finished chunks are kept: rerun "
                           "the same command to continue)")
+
+
+def threads_per_process(launch: LaunchOptions, threads: int | None, cpus: int) -> int | None:
+    """Intra-op threads per rank: --threads, else the node's CPUs shared among its ranks
+    (torchrun alone would pin every rank to 1 thread). None: torch's default (one process)."""
+    if threads is not None:
+        return threads
+    if not launch.distributed:
+        return None
+    return max(1, cpus // launch.nproc)

@@ -27,7 +27,8 @@ from accelab.predict.config import (
     output_format,
 )
 from accelab.predict.parts import Parts, parts_path, sidecar_path
-from accelab.train.launch import LaunchOptions, threads_per_process
+from accelab.predict.launch import threads_per_process
+from accelab.train.launch import LaunchOptions
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from accelab.serve.state import ServerState
 
 def create_app(config: ServeConfig, engine_factory: Callable[[], Engine], *,
                metrics: ServeMetrics | None = None, stop_timeout_s: float = 5.0) -> FastAPI:
-    state = ServerState(config, engine_factory, metrics or ServeMetrics(model=config.model_name))
+    state = ServerState(config, engine_factory, metrics or ServeMetrics())
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -17,6 +17,7 @@ _KINDS = {
     413: ("invalid_request_error", "too_large"),
     422: ("invalid_request_error", "invalid"),
     429: ("rate_limit_error", "queue_full"),
+    499: ("client_closed_request", "client_gone"),  # nginx's code: nobody reads this answer
     500: ("server_error", "model_error"),
     503: ("server_error", "not_ready"),
     504: ("timeout_error", "timeout"),

@@ -9,8 +9,14 @@ from __future__ import annotations
 
 import os
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import CONTENT_TYPE_LATEST  # noqa: F401  (re-exported for the /metrics route)
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,  # noqa: F401  (re-exported for the /metrics route)
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 # seconds: 1 ms to 2 min, denser where interactive latencies live
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.35, 0.5, 0.75, 1.0,
@@ -23,7 +29,7 @@ ERROR_KINDS = ("queue_full", "timeout", "too_large", "invalid", "unauthorized", 
 
 
 class ServeMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None, *, model: str = ""):
+    def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.requests = Counter("accelab_requests", "HTTP requests answered, by route and status code.",

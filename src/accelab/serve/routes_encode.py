@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 
 from accelab.serve import openai_format as fmt
 from accelab.serve.dispatch import Submission, check_count, prepare
@@ -17,7 +18,7 @@ router = APIRouter()
 
 
 @router.post("/v1/embeddings")
-async def embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any]:
+async def embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
     arrival = time.monotonic()
     state: ServerState = request.app.state.accelab
     engine = state.require("embeddings", body.model)
@@ -26,20 +27,22 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any]
     except ValueError as err:
         raise ApiError(422, str(err), param="input") from None
     check_count("inputs", len(inputs), state.config.max_inputs)
-    units = await prepare(lambda: [engine.prepare_text(text) for text in inputs])
-    outcome = await Submission(state, key="embed", units=units, run=engine.embed, arrival=arrival).result()
+    units = await prepare(lambda: [engine.prepare_text(text) for text in inputs], offload=False)
+    submission = Submission(state, key="embed", units=units, run=engine.embed, arrival=arrival)
+    outcome = await submission.result(request.receive)
     vectors: list[list[float]] = outcome.outputs
     if body.dimensions is not None and body.dimensions != len(vectors[0]):
         raise ApiError(422, f"dimensions={body.dimensions} is not supported: {state.config.model_name} gives "
                        f"{len(vectors[0])}-dimensional embeddings; leave dimensions out", param="dimensions")
     tokens = sum(unit.tokens for unit in units)
     state.metrics.prompt_tokens.inc(tokens)
-    return {
+    # a Response skips FastAPI's jsonable_encoder, which walks every float (slow for 384 x N)
+    return JSONResponse({
         "object": "list",
         "data": [fmt.embedding_item(i, v, body.encoding_format) for i, v in enumerate(vectors)],
         "model": state.config.model_name,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-    }
+    })
 
 
 @router.post("/v1/classify")
@@ -50,8 +53,9 @@ async def classify(body: ClassifyRequest, request: Request) -> dict[str, Any]:
     images = body.all_images
     check_count("images", len(images), state.config.max_inputs)
     units = await prepare(lambda: [engine.prepare_image(data, top_k=body.top_k, where=f"images[{i}]")
-                                   for i, data in enumerate(images)])
-    outcome = await Submission(state, key="classify", units=units, run=engine.classify, arrival=arrival).result()
+                                   for i, data in enumerate(images)], offload=True)
+    submission = Submission(state, key="classify", units=units, run=engine.classify, arrival=arrival)
+    outcome = await submission.result(request.receive)
     data = [{"index": i, "labels": [{"label": lab.label, "score": lab.score} for lab in labels]}
             for i, labels in enumerate(outcome.outputs)]
     return {"object": "list", "model": state.config.model_name, "data": data, "usage": {"images": len(images)}}

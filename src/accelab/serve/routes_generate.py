@@ -30,9 +30,11 @@ async def chat_completions(body: ChatRequest, request: Request) -> Any:
     engine = state.require("chat", body.model)
     params = _params(body, body.requested_tokens, state)
     messages = [m.to_engine() for m in body.messages]
-    prompt = await prepare(lambda: _budgeted(engine, engine.prepare_chat(messages), params))
+    has_images = any(isinstance(m["content"], list) and any(p["type"] == "image" for p in m["content"])
+                     for m in messages)
+    prompt = await prepare(lambda: _budgeted(engine, engine.prepare_chat(messages), params), offload=has_images)
     env = fmt.Envelope(kind="chat", model=state.config.model_name)
-    return await _generate(state, engine, [prompt], params, body, env, arrival)
+    return await _generate(state, engine, [prompt], params, body, env, arrival, request)
 
 
 @router.post("/v1/completions")
@@ -43,9 +45,10 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     params = _params(body, body.requested_tokens, state)
     texts = body.prompts
     check_count("prompts", len(texts), state.config.max_inputs)
-    prompts = await prepare(lambda: [_budgeted(engine, engine.prepare_text(t), params) for t in texts])
+    prompts = await prepare(lambda: [_budgeted(engine, engine.prepare_text(t), params) for t in texts],
+                            offload=False)
     env = fmt.Envelope(kind="completions", model=state.config.model_name)
-    return await _generate(state, engine, prompts, params, body, env, arrival)
+    return await _generate(state, engine, prompts, params, body, env, arrival, request)
 
 
 def _params(body: _Sampling, requested: int | None, state: ServerState) -> SamplingParams:
@@ -66,7 +69,7 @@ def _budgeted(engine: Any, prompt: Prompt, params: SamplingParams) -> Prompt:
 
 
 async def _generate(state: ServerState, engine: Any, prompts: list[Prompt], params: SamplingParams,
-                    body: _Sampling, env: fmt.Envelope, arrival: float) -> Any:
+                    body: _Sampling, env: fmt.Envelope, arrival: float, request: Request) -> Any:
     events: asyncio.Queue[tuple[int, str] | None] = asyncio.Queue()
     loop = asyncio.get_running_loop()
     units = [GenUnit(prompt=p, params=params, on_text=_pusher(loop, events, i) if body.stream else _ignore)
@@ -74,7 +77,13 @@ async def _generate(state: ServerState, engine: Any, prompts: list[Prompt], para
     # one request's prompts share a key: chat has one prompt, completions' prompts are text only
     submission = Submission(state, key=prompts[0].batch_key, units=units, run=engine.generate, arrival=arrival)
     if not body.stream:
-        outcome = await submission.result()
+        try:
+            outcome = await submission.result(request.receive)
+        except ApiError as err:
+            if err.kind == "client_gone":  # stop its rows: nobody will read them
+                for unit in units:
+                    unit.cancelled = True
+            raise
         _observe(state, outcome.outputs, arrival)
         return JSONResponse(fmt.full_response(env, outcome.outputs))
     try:

@@ -38,8 +38,8 @@ class ChatMessage(_Body):
     def to_engine(self) -> dict:
         if self.content is None or isinstance(self.content, str):
             return {"role": self.role, "content": self.content or ""}
-        parts = [{"type": "text", "text": p.text} if isinstance(p, TextPart) else {"type": "image", "url": p.image_url.url}
-                 for p in self.content]
+        parts = [{"type": "text", "text": p.text} if isinstance(p, TextPart)
+                 else {"type": "image", "url": p.image_url.url} for p in self.content]
         return {"role": self.role, "content": parts}
 
 

@@ -124,6 +124,7 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.close()
         raise ValueError(f"cannot listen on {host}:{port}: {err.strerror}; pick another --port (0: any free one)") \
             from None
+    sock.listen(2048)  # accept (into the backlog) from now on: the URL is printed before uvicorn starts
     sock.set_inheritable(True)
     return sock
 

@@ -58,6 +58,9 @@ class ServerState:
                 self.status = "ready"
             self.metrics.ready.set(1)
             self.metrics.batch_limit.set(self.worker.batch_limit)
+            device = getattr(getattr(engine, "runnable", None), "device", "n/a")
+            self.metrics.info.labels(model=self.config.model_name, plan=self.config.plan_name,
+                                     device=str(device)).set(1)
             log.info("ready: %s (%s) after %.1f s", self.config.model_name, engine.task, time.perf_counter() - started)
         except Exception as err:  # noqa: BLE001 - reported on /readyz, in the log, and the server stops
             self.load_error = f"{type(err).__name__}: {err}"

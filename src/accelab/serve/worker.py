@@ -16,7 +16,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from accelab.serve.batcher import Batcher, BatchPolicy, Pending, QueueFull

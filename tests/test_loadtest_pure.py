@@ -1,0 +1,121 @@
+"""The pure parts of the load tester: arrival schedules, SLO parsing, summaries, find-max."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from accelab.loadtest.findmax import find_max, goodput_at_least
+from accelab.loadtest.schedule import arrival_times
+from accelab.loadtest.summary import SLO, RequestRecord, parse_slo, summarize_run
+
+
+def test_poisson_schedule_has_the_asked_rate_and_is_seeded():
+    times = arrival_times(50.0, n=4000, seed=1)
+    assert len(times) == 4000 and times == sorted(times)
+    gaps = [b - a for a, b in zip([0.0, *times], times)]
+    assert statistics.fmean(gaps) == pytest.approx(1 / 50, rel=0.05)
+    assert statistics.stdev(gaps) / statistics.fmean(gaps) == pytest.approx(1.0, rel=0.1)  # exponential: cv 1
+    assert arrival_times(50.0, n=10, seed=1) == times[:10]
+    assert arrival_times(50.0, n=10, seed=2) != times[:10]
+
+
+def test_burstiness_changes_the_spread_not_the_rate():
+    bursty = arrival_times(20.0, n=4000, burstiness=0.25, seed=0)
+    even = arrival_times(20.0, n=4000, burstiness=8.0, seed=0)
+    for times, cv in ((bursty, 2.0), (even, 1 / 8**0.5)):
+        gaps = [b - a for a, b in zip([0.0, *times], times)]
+        assert statistics.fmean(gaps) == pytest.approx(1 / 20, rel=0.08)
+        assert statistics.stdev(gaps) / statistics.fmean(gaps) == pytest.approx(cv, rel=0.12)
+
+
+def test_schedule_bounded_by_duration_and_count():
+    assert max(arrival_times(100.0, duration_s=2.0)) < 2.0
+    assert len(arrival_times(100.0, n=7, duration_s=100.0)) == 7
+    with pytest.raises(ValueError, match="bound the schedule"):
+        arrival_times(1.0)
+    with pytest.raises(ValueError, match="rate=0"):
+        arrival_times(0.0, n=1)
+
+
+def test_parse_slo():
+    slo = parse_slo("ttft=500ms, e2e=2s,tpot=0.05")
+    assert slo == SLO(ttft=0.5, e2e=2.0, tpot=0.05)
+    assert slo.describe() == "ttft=500ms,tpot=50ms,e2e=2000ms"
+    with pytest.raises(ValueError, match="KEY=TIME"):
+        parse_slo("latency=1s")
+    with pytest.raises(ValueError, match="500ms"):
+        parse_slo("ttft=fast")
+
+
+def rec(start, e2e, ttft=None, tokens=0, status="200", chunks=()):
+    return RequestRecord(start=start, end=start + e2e, status=status, ttft=ttft, output_tokens=tokens,
+                         chunk_times=[start + c for c in chunks])
+
+
+def test_summary_percentiles_throughput_and_goodput():
+    records = [rec(i * 0.1, 0.2 + 0.01 * i, ttft=0.05, tokens=11, chunks=[0.05, 0.07, 0.10]) for i in range(10)]
+    records.append(rec(1.0, 0.01, status="429"))
+    records.append(rec(1.0, 2.5, ttft=1.0, tokens=11))  # ok but misses the SLO
+    s = summarize_run(records, parse_slo("ttft=500ms,e2e=1s"), offered_rate=10.0)
+    assert s["requests"] == 12 and s["ok"] == 11 and s["errors_by_status"] == {"429": 1}
+    assert s["good_requests"] == 10
+    assert s["goodput_fraction"] == pytest.approx(10 / 12)
+    assert s["duration_s"] == pytest.approx(3.5)
+    assert s["request_throughput"] == pytest.approx(11 / 3.5)
+    assert s["goodput_rate"] == pytest.approx(10 / 3.5)
+    assert s["output_token_throughput"] == pytest.approx(121 / 3.5)
+    assert s["ttft_ms"]["p50"] == pytest.approx(50)
+    assert s["e2e_ms"]["max"] == pytest.approx(2500)
+    assert s["tpot_ms"]["min"] == pytest.approx((200 - 50) / 10)  # (e2e - ttft) / (tokens - 1)
+    assert s["itl_ms"]["n"] == 20 and s["itl_ms"]["min"] == pytest.approx(20)
+
+
+def test_not_streamed_requests_use_e2e_for_ttft_in_the_slo():
+    slo = parse_slo("ttft=100ms")
+    assert slo.met_by(rec(0, 0.08))
+    assert not slo.met_by(rec(0, 0.2))
+    assert not slo.met_by(rec(0, 0.01, status="500"))
+
+
+class FakeServer:
+    """Goodput falls off past a capacity: a stand-in for measuring a real server."""
+
+    def __init__(self, capacity: float):
+        self.capacity = capacity
+        self.rates: list[float] = []
+
+    def measure(self, rate: float) -> dict:
+        self.rates.append(rate)
+        return {"goodput_fraction": 1.0 if rate <= self.capacity else max(0.0, 1 - (rate - self.capacity) / rate)}
+
+
+@pytest.mark.parametrize("capacity", [3.0, 37.0, 100.0, 0.3])
+def test_find_max_converges_to_the_capacity(capacity):
+    server = FakeServer(capacity)
+    result = find_max(server.measure, goodput_at_least(0.95), start_rate=1.0, max_steps=20, rel_tol=0.02)
+    assert result.best_rate <= capacity / 0.95 + 1e-9  # any rate within the goodput tolerance passes
+    assert result.best_rate >= capacity * 0.97
+    assert result.saturated and result.lowest_failing > result.best_rate
+    assert (result.lowest_failing - result.best_rate) / result.best_rate <= 0.02
+    assert len(server.rates) <= 20
+
+
+def test_find_max_brackets_by_doubling_then_bisects():
+    server = FakeServer(10.0)
+    result = find_max(server.measure, goodput_at_least(1.0), start_rate=1.0, max_steps=8, rel_tol=0.01)
+    assert server.rates[:5] == [1.0, 2.0, 4.0, 8.0, 16.0]
+    assert server.rates[5:] == [12.0, 10.0, 11.0]  # bisect within [8, 16]
+    assert result.best_rate == 10.0 and len(result.probes) == 8
+
+
+def test_find_max_reports_when_it_never_saturates():
+    result = find_max(FakeServer(1e9).measure, goodput_at_least(0.95), start_rate=1.0, max_steps=4)
+    assert result.best_rate == 8.0 and not result.saturated
+
+
+def test_find_max_reports_when_nothing_passes():
+    result = find_max(lambda rate: {"goodput_fraction": 0.0}, goodput_at_least(0.95), start_rate=1.0,
+                      max_steps=5)
+    assert result.best_rate is None and [p.rate for p in result.probes] == [1.0, 0.5, 0.25, 0.125, 0.0625]

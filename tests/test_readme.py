@@ -1,0 +1,76 @@
+"""The README's commands: set-up is `make demo` + `make test`, every accelab command it shows
+parses with today's options, and the quick ones run for real."""
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+import typer
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def code_blocks(text):
+    return re.findall(r"```(?:bash|console|sh)?\n(.*?)```", text, flags=re.S)
+
+
+def readme_commands():
+    """`accelab ...` lines of the README (a leading `$ ` is a prompt; `\\` joins lines)."""
+    commands = []
+    for block in code_blocks(README):
+        joined = block.replace("\\\n", " ")
+        for line in joined.splitlines():
+            line = line.strip().removeprefix("$ ").split(" #")[0].strip()
+            line = line.split(" | ")[0].split(" &")[0].strip()
+            if line.startswith("accelab "):
+                commands.append(shlex.split(line)[1:])
+    return commands
+
+
+def test_setup_is_two_make_commands():
+    first = code_blocks(README)[0]
+    lines = [l.split("#")[0].strip() for l in first.strip().splitlines()]
+    assert lines == ["make demo", "make test"]
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^demo:", makefile, re.M) and re.search(r"^test:", makefile, re.M)
+    dry = subprocess.run(["make", "-n", "demo"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    # on a fresh machine: torch pinned first, then accelab, then the offline models, then the demo
+    if "torch==2.13.0" in dry:
+        assert dry.index("torch==2.13.0") < dry.index('-e ".[test')
+    assert "accelab models fetch --all" in dry and "examples/demo.sh" in dry
+    assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_every_readme_command_parses():
+    from accelab.cli import app
+
+    command = typer.main.get_command(app)
+    commands = readme_commands()
+    assert len(commands) >= 10, "the tour shows the main commands"
+    root = click.Context(command)
+    for args in commands:
+        group = command.get_command(root, args[0])
+        assert group is not None, f"README shows unknown command: accelab {' '.join(args)}"
+        rest = list(args[1:])
+        if isinstance(group, click.Group):  # e.g. `models list`
+            leaf = group.get_command(click.Context(group, parent=root), rest[0])
+            assert leaf is not None, f"unknown subcommand in README: accelab {' '.join(args)}"
+            group, rest = leaf, rest[1:]
+        group.make_context(args[0], rest)  # raises on an unknown option or a bad value
+
+
+@pytest.mark.slow
+def test_quick_readme_commands_run(tmp_path):
+    env_json = tmp_path / "env.json"
+    for args in (["env", "--json", str(env_json)], ["models", "list"]):
+        proc = subprocess.run([sys.executable, "-m", "accelab", *args], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "COLUMNS": "200"})
+        assert proc.returncode == 0, proc.stderr
+    assert "minilm-l6" in proc.stdout and "smollm2-135m" in proc.stdout
+    assert '"capabilities"' in env_json.read_text() or "capabilit" in env_json.read_text()
