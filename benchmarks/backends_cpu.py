@@ -100,6 +100,17 @@ class CpuWitness:
         self.foreign = max(used, 0.0) / max(wall, 1e-9)
 
 
+def wait_for_quiet(max_foreign: float, timeout_s: float, console: Console) -> None:
+    """Sleep (in 5 s looks) until other processes use at most max_foreign CPUs, or timeout_s passed."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with CpuWitness() as witness:
+            time.sleep(5)
+        if witness.foreign <= max_foreign:
+            return
+        console.print(f"[dim]waiting for a quieter machine: other processes use {witness.foreign:.2f} CPUs[/]")
+
+
 def _busy_seconds() -> float:
     t = psutil.cpu_times()
     return sum(getattr(t, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq", "steal"))
@@ -136,13 +147,15 @@ class Row:
         return samples[(len(samples) - 1) // 2] if samples else None  # a real sample, with its extras
 
 
-def run_group(title: str, group: Group, rounds: int, console: Console) -> list[Row]:
+def run_group(title: str, group: Group, rounds: int, console: Console, *, max_foreign: float = 0.3,
+              wait_s: float = 0.0) -> list[Row]:
     spec = resolve(group.model)
     rows = {p.name: Row(name=p.name) for p in group.plans}
     for r in range(rounds):
         # the baseline always runs first; the others alternate direction, so drift hits them alike
         order = [group.plans[0], *(group.plans[1:] if r % 2 == 0 else group.plans[:0:-1])]
         quality = QualityConfig(samples=16, new_tokens=16, batch_size=8) if r == 0 else None  # verdicts once
+        wait_for_quiet(max_foreign, wait_s, console)
         console.print(f"[bold]{title}[/] round {r + 1}/{rounds}")
         base_rate, base_foreign = None, 0.0
         for plan in order:
@@ -208,6 +221,9 @@ def main() -> None:
     parser.add_argument("--max-foreign", type=float, default=0.3,
                         help="Rounds during which other processes used more CPUs than this are left out of the "
                              "medians (when a quieter round exists). Default 0.3.")
+    parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                        help="Before each round, wait up to this long for other processes to go below "
+                             "--max-foreign (default 0: do not wait).")
     parser.add_argument("--json", type=Path, help="Write every row and the target checks here.")
     args = parser.parse_args()
     console = Console(width=170)
@@ -215,7 +231,7 @@ def main() -> None:
     report: dict = {"groups": {}, "targets": [], "threads": args.threads}
     for title in [g.strip() for g in args.groups.split(",") if g.strip()]:
         group = all_groups[title]
-        rows = run_group(title, group, args.rounds, console)
+        rows = run_group(title, group, args.rounds, console, max_foreign=args.max_foreign, wait_s=args.wait_quiet)
         render(title, group, rows, args.max_foreign, console)
         report["groups"][title] = [asdict(r) | {"median": asdict(r.median(args.max_foreign) or Sample(
             ratio=None, rate=0, foreign=0, extra={}))} for r in rows]

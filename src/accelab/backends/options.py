@@ -71,6 +71,13 @@ class OrtOptions:
     quant_ops: OrtQuantOps = "all"
     provider: OrtProvider = "auto"
 
+    def __post_init__(self) -> None:
+        if self.quant != "none" and self.quant_ops == "attention" and self.fusion != "on":
+            raise ValueError(
+                "backend option ort_quant_ops='attention' quantises the fused Attention ops, which only "
+                "ort_fusion='on' makes; add ort_fusion=on or choose ort_quant_ops all|matmul"
+            )
+
     @classmethod
     def parse(cls, options: dict[str, str]) -> "OrtOptions":
         _check("onnxruntime", options)
