@@ -4,7 +4,8 @@ In one run, every number measured by accelab's own bench children (`accelab.benc
 what `accelab compare` runs per plan) with the quality guard against the fp32 eager reference:
 - minilm-l6 embeddings, seq 128, batch 1 and batch 32: torch eager vs ONNX Runtime (plain,
   transformer-fused, int8 dynamic), OpenVINO (f32, bf16);
-- smollm2-135m greedy decoding at batch 1: torch eager vs llama.cpp on the catalog's Q4_1 GGUF;
+- smollm2-135m greedy decoding at batch 1: torch eager vs llama.cpp on the catalog's Q4_1 GGUF,
+  as it is and requantised to Q4_0 (llama_quant);
 - vit-base classification at batch 1 and 8 through ONNX Runtime and OpenVINO.
 The machine is shared, so every group runs `--rounds` times with the plan order reversed every
 other round, and a ratio is always taken against the baseline of the same round. A CPU witness
@@ -55,7 +56,13 @@ GRAPH_PLANS = [
     plan("openvino", "openvino"),
     plan("openvino-bf16", "openvino", ov_precision="bf16"),
 ]
-LLM_PLANS = [BASELINE, plan("llamacpp", "llamacpp"), plan("llamacpp-1thread", "llamacpp", llama_threads="1")]
+LLM_PLANS = [
+    BASELINE,
+    plan("llamacpp", "llamacpp"),  # the catalog's Q4_1 GGUF as it is
+    plan("llamacpp-q4_0", "llamacpp", llama_quant="q4_0"),  # requantised: AVX512 repacked Q4_0 kernels
+    plan("llamacpp-q4_0-pure", "llamacpp", llama_quant="q4_0-pure"),  # the tied embedding in Q4_0 too
+    plan("llamacpp-1thread", "llamacpp", llama_threads="1"),  # what a busy 2-core machine leaves
+]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -134,6 +141,7 @@ class Row:
     name: str
     samples: list[Sample] = field(default_factory=list)
     verdict: str = "-"
+    rules: list[str] = field(default_factory=list)  # the quality rules that did not pass
     status: str = "ok"
     reason: str = ""
 
@@ -175,6 +183,7 @@ def run_group(title: str, group: Group, rounds: int, console: Console, *, max_fo
                                       foreign=max(witness.foreign, base_foreign), extra=extra))
             if result.quality:
                 row.verdict = result.quality["verdict"]
+                row.rules = [line for line in result.quality["rules"] if line.split()[1] != "pass"]
             console.print(f"  {plan.name}: {m['throughput']:.1f} {group.unit}, other processes used "
                           f"{witness.foreign:.2f} CPUs meanwhile")
     return list(rows.values())
@@ -192,7 +201,7 @@ def render(title: str, group: Group, rows: list[Row], max_foreign: float, consol
         used = row.used(max_foreign)
         ratios = [s.ratio for s in used if s.ratio is not None]
         quiet = "" if any(s.foreign <= max_foreign for s in row.samples) else " (none quiet)"
-        extra = ", ".join(f"{k} {v:.1f}" for k, v in mid.extra.items() if v is not None)
+        extra = ", ".join([f"{k} {v:.1f}" for k, v in mid.extra.items() if v is not None] + row.rules)
         table.add_row(row.name, f"{mid.rate:.1f}", f"{mid.ratio:.2f}x", f"{min(ratios):.2f}-{max(ratios):.2f}x",
                       f"{len(used)}/{len(row.samples)}{quiet}", row.verdict, extra)
     console.print(table)

@@ -344,6 +344,26 @@ def test_llamacpp_decodes_past_eos_until_min_new_tokens(smollm2_llamacpp):
 
 
 @llama
+def test_llamacpp_requantises_once_and_caches(tmp_path, monkeypatch):
+    import llama_cpp
+
+    spec = catalog_spec("smollm2-135m")  # resolved before the cache moves: the model stays where it is
+    monkeypatch.setenv("ACCELAB_CACHE", str(tmp_path))
+    calls = []
+    real = llama_cpp.llama_model_quantize
+    monkeypatch.setattr(llama_cpp, "llama_model_quantize", lambda *a: calls.append(a) or real(*a))
+    plan = backend_plan("llamacpp", llama_quant="q4_0", llama_threads="1")
+    for _ in range(2):
+        with apply_plan(spec, plan, CPU) as runnable:
+            assert list(tmp_path.glob("exports/gguf-q4_0-*/model.gguf"))
+            assert runnable.weight_bytes < Path(spec.source, "gguf/SmolLM2-135M-Instruct.Q4_1.gguf").stat().st_size
+            assert any("requantised to q4_0" in note for note in runnable.notes)
+            ids = dict(runnable.processor("The capital of France is", return_tensors="pt"))
+            assert runnable.generate(ids, max_new_tokens=3, min_new_tokens=3).shape[1] == ids["input_ids"].shape[1] + 3
+    assert len(calls) == 1
+
+
+@llama
 def test_llamacpp_scores_every_position(smollm2_llamacpp):
     runnable = smollm2_llamacpp
     ids = runnable.processor("The capital of France is Paris. The capital of Germany is", return_tensors="pt").input_ids

@@ -9,7 +9,7 @@ Backend options (`Plan.backend_options`, see `options.OPTION_KEYS`):
                  ort_per_channel on|off, ort_reduce_range on|off, ort_quant_ops all|matmul|attention,
                  ort_provider auto|cpu|cuda
     openvino     ov_precision f32|bf16, ov_hint LATENCY|THROUGHPUT
-    llamacpp     llama_threads N, n_ctx N, n_batch N
+    llamacpp     llama_threads N, n_ctx N, n_batch N, llama_quant gguf|q4_0|q4_0-pure|q8_0
 """
 
 from __future__ import annotations

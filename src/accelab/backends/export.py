@@ -120,10 +120,10 @@ def export_key(spec: ModelSpec, input_names: Sequence[str]) -> str:
         "attn_implementation": "eager",
         "versions": versions(),
     }
-    return _digest(parts)
+    return digest(parts)
 
 
-def _digest(parts: Mapping[str, Any]) -> str:
+def digest(parts: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
@@ -286,7 +286,7 @@ def derived_graph(
 ) -> Graph:
     """A graph made from `base` by `build(base_path, out_path)` (optimised, quantised), cached
     beside it under `<name>-<hash of key_parts>`; the same inputs and output as `base`."""
-    directory = base.directory / f"{name}-{_digest(key_parts)}"
+    directory = base.directory / f"{name}-{digest(key_parts)}"
     if not (directory / "model.onnx").is_file():
         log.info("building the %s graph of %s", name, base.directory.name)
 

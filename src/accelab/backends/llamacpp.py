@@ -1,4 +1,4 @@
-"""llama.cpp (llama-cpp-python): GGUF text generation with greedy, batched decoding.
+"""llama.cpp (llama-cpp-python): GGUF text generation, batched, greedy or sampled.
 
 The batch arrives tokenized by the Hugging Face tokenizer; its ids go to llama.cpp as they are
 (the GGUF's vocabulary is the one the tokenizer was built from; `load` checks the sizes agree).
@@ -13,7 +13,9 @@ so min_new_tokens == max_new_tokens decodes exactly that many tokens.
 
 from __future__ import annotations
 
+import ctypes
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,6 +80,9 @@ def load(spec: ModelSpec, plan: Plan, device: torch.device) -> Runnable:
     path = check_model(spec)
     gpu_layers = _gpu_layers(device)
     threads = options.threads or threads_for(plan)
+    source_name = path.name
+    if options.quant != "gguf":
+        path = requantized(path, options.quant, threads)
 
     # 1. the model and its context
     engine = LlamaEngine(path, threads=threads, n_ctx=options.n_ctx, n_batch=options.n_batch, gpu_layers=gpu_layers)
@@ -94,13 +99,57 @@ def load(spec: ModelSpec, plan: Plan, device: torch.device) -> Runnable:
         model=LlamaCppModel(engine, config), processor=processor, device=device, task=spec.task,
         generate_fn=engine.generate, weight_bytes=path.stat().st_size, spec=spec, plan=plan,
         notes=[
-            f"llama.cpp (llama-cpp-python {engine.version}) on {path.name}, {threads} thread{'s' if threads > 1 else ''}, "
+            f"llama.cpp (llama-cpp-python {engine.version}) on {source_name}"
+            + ("" if options.quant == "gguf" else f" requantised to {options.quant}")
+            + f", {threads} thread{'s' if threads > 1 else ''}, "
             f"{'all layers on the GPU' if gpu_layers else 'CPU'}",
-            "greedy decoding; a batch decodes as parallel sequences of one context",
+            "a batch decodes as parallel sequences of one llama.cpp context (one decode call per step)",
         ],
     )
     runnable.exit_stack.callback(engine.close)
     return runnable
+
+
+_FTYPES = {"q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0", "q4_0-pure": "LLAMA_FTYPE_MOSTLY_Q4_0", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0"}
+GGML_TYPE_Q8_0 = 8  # ggml.h enum ggml_type
+
+
+def requantized(path: Path, quant: str, threads: int) -> Path:
+    """The GGUF requantised by llama.cpp to `quant`, built once and cached in the exports dir."""
+    import llama_cpp
+
+    from accelab.backends.export import build_atomically, digest, exports_dir
+
+    stat = path.stat()
+    key = digest({"gguf": str(path.resolve()), "size": stat.st_size, "mtime": stat.st_mtime_ns, "quant": quant,
+                  "llama_cpp": llama_cpp.__version__})
+    directory = exports_dir() / f"gguf-{quant}-{key}"
+    if (directory / "model.gguf").is_file():
+        log.info("reusing %s requantised to %s from %s", path.name, quant, directory)
+        return directory / "model.gguf"
+
+    def build(tmp: Path) -> None:
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = getattr(llama_cpp, _FTYPES[quant])
+        params.allow_requantize, params.nthread = True, threads
+        if quant.endswith("-pure"):
+            params.pure = True
+        else:  # the tied embedding is also the output layer: 4 bits there cost the most quality
+            params.token_embedding_type = params.output_tensor_type = GGML_TYPE_Q8_0
+        quiet = logging.getLogger("llama-cpp-python")  # llama.cpp logs one line per tensor through it
+        previous = quiet.level
+        quiet.setLevel(logging.ERROR)
+        try:
+            code = llama_cpp.llama_model_quantize(str(path).encode(), str(tmp / "model.gguf").encode(),
+                                                  ctypes.byref(params))
+        finally:
+            quiet.setLevel(previous)
+        if code != 0:
+            raise RuntimeError(f"llama.cpp could not requantise {path} to {quant} (code {code})")
+
+    log.info("requantising %s to %s into %s", path.name, quant, directory)
+    build_atomically(directory, build)
+    return directory / "model.gguf"
 
 
 def _gpu_layers(device: torch.device) -> int:
@@ -237,34 +286,36 @@ class LlamaEngine:
         min_new_tokens: int | None = None,
         do_sample: bool = False,
         stopping_criteria: Any = None,
-        **_: Any,
+        pad_token_id: int | None = None,
+        **sampling: Any,
     ) -> torch.LongTensor:
-        """Greedy decoding of every row; returns [B, prompt + new] like transformers' generate."""
-        if do_sample:
-            raise ValueError("the llama.cpp backend decodes greedily here; call generate with do_sample=False")
+        """Decode every row; returns [B, prompt + new] like transformers' generate (finished rows
+        are padded). Sampling takes generate's logits_processor, temperature, top_k and top_p."""
+        pick = token_picker(do_sample, **sampling)
         ids = batch["input_ids"].cpu()
         mask = batch.get("attention_mask")
         mask = torch.ones_like(ids) if mask is None else mask.cpu()
         prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]  # left padding removed
         lengths = [len(p) for p in prompts]
         b, width = ids.shape
-        out = torch.full((b, width + max_new_tokens), self.eos, dtype=torch.long)
+        pad = self.eos if pad_token_id is None else pad_token_id
+        out = torch.full((b, width + max_new_tokens), pad, dtype=torch.long)  # [B, prompt + new]
         out[:, :width] = ids
         criteria = list(stopping_criteria or [])
-        finished = np.zeros(b, dtype=bool)
+        finished = torch.zeros(b, dtype=torch.bool)
 
         ctx = self.context(b, sum(lengths) + b * max_new_tokens)
-        # prefill: the first token's logits per row; note: TTFT covers this and the first argmax
-        tokens = [int(np.argmax(row)) for row in self.prefill(ctx, prompts)]
+        # prefill: one decode of every prompt; note: TTFT covers it and the first pick
+        tokens = pick(np.stack(self.prefill(ctx, prompts)), out[:, :width])  # [B]
         for step in range(max_new_tokens):
-            column = torch.tensor(tokens, dtype=torch.long)
-            out[:, width + step] = torch.where(torch.from_numpy(finished), self.eos, column)
+            end = width + step + 1
+            out[:, end - 1] = torch.where(finished, pad, tokens)
             if step + 1 >= (min_new_tokens or 0):
-                finished |= np.asarray(tokens) == self.eos
-            if _stop(criteria, out[:, : width + step + 1]) or finished.all() or step + 1 == max_new_tokens:
-                return out[:, : width + step + 1]
-            self.decode(ctx, [(tok, lengths[i] + step, i, True) for i, tok in enumerate(tokens)])
-            tokens = [int(np.argmax(self.logits(ctx, i))) for i in range(b)]
+                finished |= tokens == self.eos
+            if _stop(criteria, out[:, :end]) or bool(finished.all()) or end == out.shape[1]:
+                return out[:, :end]
+            self.decode(ctx, [(int(t), lengths[i] + step, i, True) for i, t in enumerate(tokens)])
+            tokens = pick(np.stack([self.logits(ctx, i) for i in range(b)]), out[:, :end])
         return out[:, :width]  # max_new_tokens == 0
 
     def score(self, ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -277,6 +328,33 @@ class LlamaEngine:
                 ctx = self.context(1, len(tokens))
                 logits[r, m] = torch.from_numpy(self.prefill(ctx, [tokens], all_logits=True)[0])
         return logits
+
+
+Picker = Callable[[np.ndarray, torch.Tensor], torch.Tensor]  # (logits [B, V], ids so far [B, S]) -> [B]
+
+
+def token_picker(do_sample: bool, logits_processor: Any = None, temperature: float | None = None,
+                 top_k: int | None = None, top_p: float | None = None, **_: Any) -> Picker:
+    """Greedy argmax, or sampling through generate's processors and warpers (the same classes)."""
+    if not do_sample:
+        return lambda logits, ids: torch.from_numpy(logits.argmax(axis=1)).long()
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    steps = list(logits_processor or [])
+    if temperature is not None and temperature != 1.0:
+        steps.append(TemperatureLogitsWarper(temperature))
+    if top_k:
+        steps.append(TopKLogitsWarper(top_k))
+    if top_p is not None and top_p < 1.0:
+        steps.append(TopPLogitsWarper(top_p))
+
+    def sample(logits: np.ndarray, ids: torch.Tensor) -> torch.Tensor:
+        scores = torch.from_numpy(logits)  # a copy of llama.cpp's buffer (np.stack): processors may write
+        for step in steps:
+            scores = step(ids, scores)
+        return torch.multinomial(torch.softmax(scores.float(), dim=-1), 1)[:, 0]
+
+    return sample
 
 
 def _stop(criteria: list[Any], input_ids: torch.Tensor) -> bool:

@@ -18,6 +18,9 @@ OrtProvider = Literal["auto", "cpu", "cuda"]
 OrtQuantOps = Literal["all", "matmul", "attention"]  # which ops int8 dynamic quantisation converts
 OvPrecision = Literal["f32", "bf16"]
 OvHint = Literal["LATENCY", "THROUGHPUT"]
+# gguf: the file as it is; q4_0 / q8_0: requantised by llama.cpp (q4_0 has AVX2/AVX512 repacked
+# kernels); "-pure" also requantises the token embedding (tied to the output layer), else Q8_0
+LlamaQuant = Literal["gguf", "q4_0", "q4_0-pure", "q8_0"]
 
 # option key -> (backend, Literal of allowed values or int); the one table the CLI help, the
 # validation and the README draw from
@@ -34,6 +37,7 @@ OPTION_KEYS: dict[str, tuple[str, object]] = {
     "llama_threads": ("llamacpp", int),
     "n_ctx": ("llamacpp", int),
     "n_batch": ("llamacpp", int),
+    "llama_quant": ("llamacpp", LlamaQuant),
 }
 
 
@@ -105,9 +109,15 @@ class LlamaOptions:
     threads: int | None = None  # None: the plan's threads, else every CPU this process may use
     n_ctx: int = 2048
     n_batch: int = 512
+    quant: LlamaQuant = "gguf"
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> "LlamaOptions":
         _check("llamacpp", options)
-        values = {("threads" if k == "llama_threads" else k): int(v) for k, v in options.items()}
-        return cls(**values)
+        values: dict[str, int | str] = {}
+        for key, value in options.items():
+            if key == "llama_quant":
+                values["quant"] = value
+            else:
+                values["threads" if key == "llama_threads" else key] = int(value)
+        return cls(**values)  # type: ignore[arg-type]
