@@ -14,6 +14,15 @@ def test_count_flops_of_a_linear():
     assert count_flops(layer, torch.randn(8, 512)) == 2 * 8 * 512 * 512
 
 
+def test_count_flops_counts_cpu_fused_attention():
+    # scaled_dot_product_attention on CPU runs a fused kernel torch's counter has no formula for
+    q, k = torch.randn(2, 4, 16, 8), torch.randn(2, 4, 32, 8)
+    qk_and_av = 2 * (2 * 2 * 4 * 16 * 32 * 8)
+    assert count_flops(torch.nn.functional.scaled_dot_product_attention, q, k, k) == qk_and_av
+    # the same attention spelled out in matmuls counts the same
+    assert count_flops(lambda: torch.softmax(q @ k.transpose(-1, -2), -1) @ k) == qk_and_av
+
+
 def test_count_flops_passes_kwargs_and_does_not_build_a_graph():
     layer = nn.Linear(64, 32)
     outputs = []

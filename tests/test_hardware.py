@@ -234,3 +234,32 @@ def test_env_command_writes_the_report(measured, tmp_path, monkeypatch):
     statuses = {cap["technique"]: cap["status"] for cap in report["capabilities"]}
     assert statuses["compile"] in {"ok", "unsupported"}
     assert set(statuses.values()) <= {"ok", "slow", "unsupported"}
+
+
+def test_bench_flags_mfu_above_the_measured_peak(monkeypatch):
+    """An MFU over 100% means the cached peak was measured too low (a busy machine): bench
+    keeps the measured figure but warns and names the command that re-measures it."""
+    from types import SimpleNamespace
+
+    from accelab.bench import engine
+    from accelab.scenarios.workload import Workload
+
+    layer = torch.nn.Linear(256, 256, bias=False)
+    x = torch.randn(8, 256)
+    flops = 2 * 8 * 256 * 256
+    runnable = SimpleNamespace(plan=SimpleNamespace(precision="fp32"), weight_bytes=None, model=layer, forward=layer)
+
+    def figures(peak):
+        limits = hardware.HardwareLimits(
+            device="cpu", fp32_flops=peak, bf16_flops=None, tf32_flops=None, bandwidth_bytes_per_s=1e10,
+            threads=1, measured_at="now", fingerprint="fp",
+        )
+        monkeypatch.setattr(hardware, "hardware_limits", lambda *a, **k: limits)
+        metrics = {"latency_ms": {"p50": 1.0}}  # flops per ms -> flops * 1000 FLOP/s achieved
+        return engine._hardware_figures(runnable, x, Workload(), metrics, torch.device("cpu"))
+
+    ok = figures(peak=flops * 1000 * 4)
+    assert ok["flops_per_call"] == flops and ok["mfu"] == pytest.approx(0.25) and "mfu_warning" not in ok
+    too_low = figures(peak=flops * 1000 / 2)
+    assert too_low["mfu"] == pytest.approx(2.0)
+    assert "200% of the measured peak" in too_low["mfu_warning"] and "accelab env --refresh" in too_low["mfu_warning"]

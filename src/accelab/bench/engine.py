@@ -100,7 +100,7 @@ def measure_in_child(job: BenchJob) -> BenchOutput:
             from accelab.quality.collect import collect
 
             outputs = collect(runnable, job.quality)
-        notes = list(runnable.notes) + ([metrics["roofline_warning"]] if "roofline_warning" in metrics else [])
+        notes = list(runnable.notes) + [metrics[k] for k in ("mfu_warning", "roofline_warning") if k in metrics]
         return BenchOutput(status="ok", metrics=metrics, notes=notes, outputs=outputs)
 
 
@@ -150,6 +150,12 @@ def _hardware_figures(runnable: Any, batch: dict, workload: Workload, metrics: d
             figures["flops_per_call"] = flops
             figures["achieved_flops"] = flops / seconds
             figures["mfu"] = mfu(flops, seconds, peak)
+            if figures["mfu"] > 1.0:
+                # above the measured peak: the peak is wrong, not the model; say so
+                figures["mfu_warning"] = (
+                    f"the forward ran at {figures['mfu'] * 100:.0f}% of the measured peak FLOP/s: the peak "
+                    "figure is too low (measured while the machine was busy?); re-measure with `accelab env --refresh`"
+                )
     elif "decode_step_s" in metrics and model_bytes:
         roof = decode_roofline(model_bytes, metrics["decode_step_s"], limits.bandwidth_bytes_per_s)
         figures["roofline"] = roof

@@ -12,7 +12,7 @@ from collections import defaultdict
 from typing import Any, Callable, Iterable
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 try:
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
@@ -26,10 +26,23 @@ def count_flops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
     """FLOPs of one call fn(*args, **kwargs), run once under no_grad.
 
     Counts matmuls, convolutions and attention (torch's FlopCounterMode: 2 FLOPs per
-    multiply-add); element-wise ops count 0. Forward + backward is about 3x forward."""
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+    multiply-add, plus the CPU fused attention kernel it has no formula for); element-wise ops
+    count 0. Forward + backward is about 3x forward."""
+    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=_EXTRA_FORMULAS) as counter:
         fn(*args, **kwargs)
     return int(counter.get_total_flops())
+
+
+def _cpu_sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    # torch counts its CUDA flash/efficient attention kernels but not the CPU one, which is
+    # what scaled_dot_product_attention runs on CPU: without this a BERT forward misses
+    # its QK^T and AV matmuls. Like torch's own formula, causal masking is not discounted.
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+_EXTRA_FORMULAS: dict[Any, Any] = {}
+if hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
+    _EXTRA_FORMULAS[torch.ops.aten._scaled_dot_product_flash_attention_for_cpu] = _cpu_sdpa_flops
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
