@@ -24,18 +24,21 @@ from accelab.results import compare_table
 from accelab.scenarios.workload import Workload
 
 GROUPS = {
-    "smollm2-135m decode, batch 1": dict(
+    "smollm2-b1": dict(
+        title="smollm2-135m decode, batch 1",
         model="smollm2-135m", workload=Workload(scenario="generate", batch_size=1, new_tokens=32, min_seconds=4, min_iters=3),
         plans=["baseline", "bf16-autocast", "bf16", "static-cache", "compile-static", "int8-weight", "int8-weight-compile"],
         compile_plans={"compile-static", "int8-weight-compile"},
     ),
-    "smollm2-135m decode, batch 16": dict(
+    "smollm2-b16": dict(
+        title="smollm2-135m decode, batch 16",
         model="smollm2-135m", workload=Workload(scenario="generate", batch_size=1, new_tokens=32, min_seconds=4, min_iters=3),
         plans=["baseline", "baseline[batch_size=16]", "bf16-autocast[batch_size=16]", "bf16[batch_size=16]",
                "static-cache[batch_size=16]", "compile-static[batch_size=16]"],
         compile_plans={"compile-static[batch_size=16]"},
     ),
-    "minilm-l6 embeddings, batch 32, seq 128": dict(
+    "minilm-b32": dict(
+        title="minilm-l6 embeddings, batch 32, seq 128",
         model="minilm-l6", workload=Workload(scenario="forward", batch_size=32, seq_len=128, min_seconds=4, min_iters=5),
         plans=["baseline", "bf16-autocast", "bf16", "compile", "int8-dynamic", "int8-weight-compile"],
         compile_plans={"compile", "int8-weight-compile"},
@@ -46,12 +49,15 @@ GROUPS = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--skip-compile", action="store_true", help="Leave out compiled plans (each compiles ~1-2 min).")
-    parser.add_argument("--groups", default=",".join(GROUPS), help="Comma-separated group names to run.")
+    parser.add_argument("--groups", default=",".join(GROUPS), help=f"Comma-separated groups to run, of {', '.join(GROUPS)}.")
     args = parser.parse_args()
     console = Console(width=170)
     summary = []
-    for title in [g.strip() for g in args.groups.split(",") if g.strip()]:
-        group = GROUPS[title]
+    for key in [g.strip() for g in args.groups.split(",") if g.strip()]:
+        if key not in GROUPS:
+            parser.error(f"unknown group {key!r}; choose from {', '.join(GROUPS)}")
+        group = GROUPS[key]
+        title = group["title"]
         names = [p for p in group["plans"] if not (args.skip_compile and p in group["compile_plans"])]
         spec = resolve(group["model"])
         quality = QualityConfig(samples=8, new_tokens=16, batch_size=8)

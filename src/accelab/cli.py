@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import importlib
 import logging
-import sys
-
 import typer
 
 app = typer.Typer(
@@ -46,11 +44,6 @@ for _module in COMMAND_MODULES:
 
 
 def main() -> None:
-    from accelab.quiet import quiet_third_party
+    from accelab.entry import run_app
 
-    quiet_third_party()
-    try:
-        app()
-    except ValueError as err:  # user errors: say what was wrong and how to fix it, no traceback
-        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
-        sys.exit(2)
+    run_app(app)

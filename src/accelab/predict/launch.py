@@ -5,7 +5,7 @@ One process on one node runs in this process (no launcher, no second model load)
 interpreter), the multi-node options passed through; each node runs the same `accelab predict`
 command with its `--node-rank`, and the output's directory must be on a filesystem every node
 sees (the chunk files are the gather). The launch options are the training command's
-(`accelab.train.launch.LaunchOptions`): the same flags, checked the same way.
+(`accelab.launch.LaunchOptions`): the same flags, checked the same way.
 
 The parent blocks on torchrun (never spins), with a timeout. torchrun stays in this process
 group, so Ctrl-C reaches it and it stops its ranks; it is also told to die with this process
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from accelab.predict.config import PredictConfig
-from accelab.train.launch import LaunchOptions
+from accelab.launch import LaunchOptions, torchrun_command, worker_env
 
 log = logging.getLogger(__name__)
 
@@ -47,29 +47,7 @@ class Outcome:
 
 
 def worker_command(config_path: Path, launch: LaunchOptions) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(launch.nproc)]
-    rendezvous = (launch.master_addr, launch.master_port, launch.rdzv_backend, launch.rdzv_endpoint)
-    if launch.nnodes == 1 and all(v is None for v in rendezvous):
-        cmd.append("--standalone")  # a free local port: concurrent runs on one machine do not collide
-    else:
-        cmd += ["--nnodes", str(launch.nnodes)]
-        for flag, value in (("--node_rank", launch.node_rank), ("--master_addr", launch.master_addr),
-                            ("--master_port", launch.master_port), ("--rdzv_backend", launch.rdzv_backend),
-                            ("--rdzv_endpoint", launch.rdzv_endpoint), ("--rdzv_id", launch.rdzv_id),
-                            ("--rdzv_conf", launch.rdzv_conf)):
-            if value is not None:
-                cmd += [flag, str(value)]
-    return [*cmd, "-m", WORKER_MODULE, str(config_path)]
-
-
-def worker_env(threads: int | None) -> dict[str, str]:
-    env = dict(os.environ)
-    for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1"),
-                       ("TOKENIZERS_PARALLELISM", "false")):
-        env.setdefault(key, value)
-    if threads is not None and "OMP_NUM_THREADS" not in os.environ:
-        env["OMP_NUM_THREADS"] = str(threads)  # torchrun alone would give every rank 1 thread
-    return env
+    return torchrun_command(launch, ["-m", WORKER_MODULE, str(config_path)])
 
 
 def run(config: PredictConfig, launch: LaunchOptions, *, work_dir: Path, threads: int | None) -> Outcome:

@@ -23,13 +23,13 @@ import os
 import signal
 import sys
 import time
-import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from accelab.launch import EXIT_USER_ERROR, run_worker
 from accelab.predict import dist
 from accelab.predict.chunks import Chunk, WorkPlan, plan_work
 from accelab.predict.config import PredictConfig
@@ -38,8 +38,6 @@ from accelab.predict.sources import Source
 
 log = logging.getLogger(__name__)
 
-EXIT_USER_ERROR = 2
-EXIT_UNSUPPORTED = 3
 SAMPLE_INTERVAL_S = 0.05  # RSS sampling; a run lasts seconds to hours
 
 
@@ -252,26 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     if rank != 0:
         logging.getLogger("accelab").setLevel(logging.ERROR)  # one copy of each warning
-    try:
-        summary = run(config)
-    except Unsupported as err:
-        return _fail(config, rank, "unsupported", str(err), EXIT_UNSUPPORTED)
-    except ValueError as err:
-        return _fail(config, rank, "error", str(err), EXIT_USER_ERROR)
-    except BaseException as err:
-        _fail(config, rank, "error", f"{type(err).__name__}: {err}", 1, traceback.format_exc())
-        raise
-    if summary is not None and config.summary_path:
-        Path(config.summary_path).write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    return 0
 
+    def write(doc: dict[str, Any]) -> None:
+        if config.summary_path:
+            Path(config.summary_path).write_text(json.dumps(doc, indent=2, default=str) + "\n")
 
-def _fail(config: PredictConfig, rank: int, status: str, reason: str, code: int, tb: str | None = None) -> int:
-    prefix = f"[rank {rank}] " if config.world_size > 1 else ""
-    print(f"{prefix}{status}: {reason}", file=sys.stderr)
-    if rank == 0 and config.summary_path:
-        Path(config.summary_path).write_text(json.dumps({"status": status, "reason": reason, "traceback": tb}))
-    return code
+    return run_worker(lambda: run(config), rank=rank, world_size=config.world_size, write=write, unsupported=Unsupported)
 
 
 def _die_with_parent() -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from accelab.launch import LaunchOptions, torchrun_command, worker_env
 from accelab.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -32,66 +33,11 @@ WORKER_MODULE = "accelab.train.worker"
 Status = Literal["ok", "error", "unsupported", "timeout", "crashed"]
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LaunchOptions:
-    nproc: int = 1  # processes on this node
-    nnodes: int = 1
-    node_rank: int | None = None
-    master_addr: str | None = None
-    master_port: int | None = None
-    rdzv_backend: str | None = None
-    rdzv_endpoint: str | None = None
-    rdzv_id: str | None = None
-    rdzv_conf: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.nproc < 1:
-            raise ValueError(f"--nproc {self.nproc} must be 1 or more")
-        if self.nnodes < 1:
-            raise ValueError(f"--nnodes {self.nnodes} must be 1 or more")
-        if self.node_rank is not None and not 0 <= self.node_rank < self.nnodes:
-            raise ValueError(f"--node-rank {self.node_rank} must be within 0..{self.nnodes - 1} (--nnodes {self.nnodes})")
-        if self.nnodes > 1 and not (self.master_addr or self.rdzv_endpoint):
-            raise ValueError(f"--nnodes {self.nnodes} needs --master-addr HOST (and --node-rank on every node), "
-                             "or --rdzv-endpoint HOST:PORT with --rdzv-backend c10d")
-
-    @property
-    def world_size(self) -> int:
-        return self.nproc * self.nnodes
-
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
-
-
 def worker_command(config_path: Path, launch: LaunchOptions) -> list[str]:
     worker = ["-m", WORKER_MODULE, str(config_path)]
     if not launch.distributed:
         return [sys.executable, *worker]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(launch.nproc)]
-    rendezvous = (launch.master_addr, launch.master_port, launch.rdzv_backend, launch.rdzv_endpoint)
-    if launch.nnodes == 1 and not any(v is not None for v in rendezvous):
-        cmd.append("--standalone")  # a free local port: concurrent runs on one machine do not collide
-    else:
-        cmd += ["--nnodes", str(launch.nnodes)]
-        for flag, value in (("--node_rank", launch.node_rank), ("--master_addr", launch.master_addr),
-                            ("--master_port", launch.master_port), ("--rdzv_backend", launch.rdzv_backend),
-                            ("--rdzv_endpoint", launch.rdzv_endpoint), ("--rdzv_id", launch.rdzv_id),
-                            ("--rdzv_conf", launch.rdzv_conf)):
-            if value is not None:
-                cmd += [flag, str(value)]
-    return [*cmd, *worker]
-
-
-def worker_env(threads: int | None) -> dict[str, str]:
-    """The workers' environment. OMP_NUM_THREADS follows the run's threads (torchrun alone would
-    pin every rank to 1 thread); the worker also calls torch.set_num_threads with them."""
-    env = dict(os.environ)
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    if threads is not None:
-        env["OMP_NUM_THREADS"] = str(threads)
-    return env
+    return torchrun_command(launch, worker)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

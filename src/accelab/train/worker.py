@@ -13,19 +13,17 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from accelab.launch import EXIT_USER_ERROR, run_worker
 from accelab.train.accel import Unsupported, uses_cuda
 from accelab.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
-EXIT_USER_ERROR = 2
-EXIT_UNSUPPORTED = 3
 FINAL_MODEL = "model"
 
 
@@ -142,32 +140,14 @@ def main(argv: list[str] | None = None) -> int:
     rank = _rank()
     if rank != 0:
         logging.getLogger("accelab").setLevel(logging.ERROR)  # one copy of each warning, from rank 0
-    try:
-        summary = train(config)
-    except Unsupported as err:
-        return _fail(config, rank, "unsupported", str(err), EXIT_UNSUPPORTED)
-    except ValueError as err:
-        return _fail(config, rank, "error", str(err), EXIT_USER_ERROR)
-    except BaseException as err:
-        _fail(config, rank, "error", f"{type(err).__name__}: {err}", 1, traceback.format_exc())
-        raise
-    if summary is not None:
-        _write(config.result_path, summary)
-    return 0
+    return run_worker(lambda: train(config), rank=rank, world_size=config.world_size,
+                      write=lambda doc: _write(config.result_path, doc), unsupported=Unsupported)
 
 
 def _rank() -> int:
     import os
 
     return int(os.environ.get("RANK", "0"))
-
-
-def _fail(config: TrainConfig, rank: int, status: str, reason: str, code: int, tb: str | None = None) -> int:
-    prefix = f"[rank {rank}] " if config.world_size > 1 else ""
-    print(f"{prefix}{status}: {reason}", file=sys.stderr)
-    if rank == 0:
-        _write(config.result_path, {"status": status, "reason": reason, "traceback": tb})
-    return code
 
 
 if __name__ == "__main__":

@@ -1,0 +1,29 @@
+"""How accelab's commands start and end: the `accelab` command and each `python -m
+accelab.<capability>` run the same way, and a user error (ValueError) ends them with its message
+and exit code 2, no traceback."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import typer
+
+
+def run_app(app: typer.Typer) -> None:
+    from accelab.quiet import quiet_third_party
+
+    quiet_third_party()
+    try:
+        app()
+    except ValueError as err:  # user errors: the message says what was wrong and how to fix it
+        typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
+        sys.exit(2)
+
+
+def run_one(add: Callable[[typer.Typer], object]) -> None:
+    """`python -m accelab.<capability>`: one command, which typer runs without a sub-command name;
+    `add(app)` registers it."""
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    add(app)
+    run_app(app)
