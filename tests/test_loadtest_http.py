@@ -96,3 +96,30 @@ def test_config_validation_and_url_normalisation():
         LoadConfig(url="x", inputs=("a",), rate=1.0, concurrency=2)
     with pytest.raises(ValueError, match="endpoint="):
         LoadConfig(url="x", inputs=("a",), endpoint="images", concurrency=1)
+
+
+def test_transport_errors_are_counted_by_kind_not_raised():
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    refused = LoadConfig(url=f"127.0.0.1:{port}", endpoint="embeddings", inputs=("x",), concurrency=2, requests=4,
+                         duration_s=10, warmup=0, timeout_s=2)
+    records = run_load(refused, "fake")
+    assert len(records) == 4 and {r.status for r in records} == {"error:ClientConnectorError"}
+    assert all(r.error for r in records)
+
+    engine = FakeEmbeddingEngine(name="fake", delay_s=1.0)
+    with serve(engine, max_batch_size=1) as url:
+        slow = LoadConfig(url=url, endpoint="embeddings", inputs=("x",), concurrency=1, requests=2, duration_s=10,
+                          warmup=0, timeout_s=0.3)
+        summary = summarize_run(run_load(slow, "fake"), parse_slo("e2e=10s"))
+    assert summary["errors_by_status"] == {"error:Timeout": 2} and summary["ok"] == 0
+
+
+def test_embeddings_are_asked_for_as_base64_like_the_openai_client():
+    from accelab.loadtest.client import _Sender
+
+    config = LoadConfig(url="127.0.0.1:1", endpoint="embeddings", inputs=("a", "b"), rate=1.0)
+    assert _Sender(config, None, "m").body(1) == {"model": "m", "input": "b", "encoding_format": "base64"}

@@ -1,7 +1,12 @@
-"""The HTTP side of a load test: OpenAI-protocol requests with httpx (async), sent open loop
-(on a schedule of arrival times, whatever the server's pace) or closed loop (N users, each
-sending its next request when the last one answered). Works against any OpenAI-compatible
-server, not only `accelab serve`."""
+"""The HTTP side of a load test: OpenAI-protocol requests with aiohttp, sent open loop (on a
+schedule of arrival times, whatever the server's pace) or closed loop (N users, each sending
+its next request when the last one answered). Works against any OpenAI-compatible server, not
+only `accelab serve`.
+
+aiohttp rather than httpx: a load generator should spend its CPU on requests, not on itself,
+above all when it shares the machine with the server; per request aiohttp needs a fraction of
+httpx's CPU. Embeddings are asked for as base64, as the official openai client does.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import aiohttp
 import httpx
 
 from accelab.loadtest.schedule import arrival_times
@@ -95,10 +101,11 @@ def run_load(config: LoadConfig, model: str, *, rate: float | None = None) -> li
 
 
 async def _run(config: LoadConfig, model: str, rate: float | None) -> list[RequestRecord]:
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-    async with httpx.AsyncClient(base_url=config.base_url, headers=_headers(config), limits=limits,
-                                 timeout=httpx.Timeout(config.timeout_s, connect=10.0)) as client:
-        sender = _Sender(config, client, model)
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)  # no pool limit: --max-in-flight bounds it
+    # like a read timeout: at most timeout_s without a byte (a long stream that keeps sending is fine)
+    timeout = aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=config.timeout_s)
+    async with aiohttp.ClientSession(headers=_headers(config), connector=connector, timeout=timeout) as session:
+        sender = _Sender(config, session, model)
         if config.warmup:
             await asyncio.gather(*(sender.one(i, time.perf_counter()) for i in range(config.warmup)))
         if rate is not None:
@@ -147,17 +154,17 @@ async def _closed_loop(sender: "_Sender", config: LoadConfig) -> list[RequestRec
 
 
 class _Sender:
-    def __init__(self, config: LoadConfig, client: httpx.AsyncClient, model: str):
+    def __init__(self, config: LoadConfig, session: aiohttp.ClientSession, model: str):
         self.config = config
-        self.client = client
+        self.session = session
         self.model = model
-        self.path = ENDPOINTS[config.endpoint]
+        self.url = config.base_url + ENDPOINTS[config.endpoint]
         self.in_flight = 0
 
     def body(self, index: int) -> dict[str, Any]:
         text = self.config.inputs[index % len(self.config.inputs)]
         if self.config.endpoint == "embeddings":
-            return {"model": self.model, "input": text}
+            return {"model": self.model, "input": text, "encoding_format": "base64"}
         body: dict[str, Any] = {"model": self.model, "max_tokens": self.config.max_tokens, "temperature": 0,
                                 "stream": self.config.streams}
         if self.config.streams:
@@ -172,48 +179,47 @@ class _Sender:
         record = RequestRecord(start=time.perf_counter() - t0, end=0.0, status="")
         self.in_flight += 1
         try:
-            if self.config.streams:
-                await self._streamed(index, t0, record)
-            else:
-                response = await self.client.post(self.path, json=self.body(index))
-                record.status = str(response.status_code)
-                if response.status_code == 200:
-                    _count_usage(record, response.json().get("usage"))
+            async with self.session.post(self.url, json=self.body(index)) as response:
+                record.status = str(response.status)
+                if response.status != 200:
+                    record.error = (await response.read()).decode(errors="replace")[:300]
+                elif self.config.streams:
+                    await self._streamed(response, t0, record)
                 else:
-                    record.error = response.text[:300]
-        except (httpx.HTTPError, json.JSONDecodeError, asyncio.TimeoutError) as err:
-            record.status = f"error:{type(err).__name__}"
-            record.error = str(err)[:300] or type(err).__name__
+                    _count_usage(record, json.loads(await response.read()).get("usage"))
+        except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as err:
+            record.status = f"error:{_error_name(err)}"
+            record.error = str(err)[:300] or _error_name(err)
         finally:
             self.in_flight -= 1
         record.end = time.perf_counter() - t0
         return record
 
-    async def _streamed(self, index: int, t0: float, record: RequestRecord) -> None:
-        async with self.client.stream("POST", self.path, json=self.body(index)) as response:
-            record.status = str(response.status_code)
-            if response.status_code != 200:
-                record.error = (await response.aread()).decode(errors="replace")[:300]
-                return
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    break
-                chunk = json.loads(payload)
-                if "error" in chunk:
-                    record.error = str(chunk["error"].get("message", chunk["error"]))[:300]
-                    continue
-                if _content(chunk):
-                    now = time.perf_counter() - t0
-                    record.chunk_times.append(now)
-                    if record.ttft is None:
-                        record.ttft = now - record.start
-                if chunk.get("usage"):
-                    _count_usage(record, chunk["usage"])
+    async def _streamed(self, response: aiohttp.ClientResponse, t0: float, record: RequestRecord) -> None:
+        async for raw in response.content:  # one SSE line at a time
+            line = raw.decode(errors="replace").strip()
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                break
+            chunk = json.loads(payload)
+            if "error" in chunk:
+                record.error = str(chunk["error"].get("message", chunk["error"]))[:300]
+                continue
+            if _content(chunk):
+                now = time.perf_counter() - t0
+                record.chunk_times.append(now)
+                if record.ttft is None:
+                    record.ttft = now - record.start
+            if chunk.get("usage"):
+                _count_usage(record, chunk["usage"])
         if record.output_tokens == 0:  # a server without usage in streams: one token per chunk
             record.output_tokens = len(record.chunk_times)
+
+
+def _error_name(err: BaseException) -> str:
+    return "Timeout" if isinstance(err, asyncio.TimeoutError) else type(err).__name__
 
 
 def _content(chunk: dict[str, Any]) -> str:
