@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from accelab.backends import export, is_installed, load_backend
-from accelab.backends.options import LlamaOptions, OrtOptions, OvOptions
+from accelab.plan.backend_options import LlamaOptions, OrtOptions, OvOptions
 from accelab.catalog.spec import ModelSpec
 from accelab.paths import models_dir
 from accelab.plan.apply import apply_plan, check_supported
@@ -47,8 +47,10 @@ def test_options_parse_and_reject_with_the_allowed_set():
         OrtOptions.parse({"ort_fuson": "on"})
     with pytest.raises(ValueError, match="choose one of: none, int8-dynamic"):
         OrtOptions.parse({"ort_quant": "int4"})
-    with pytest.raises(ValueError, match="not an option of backend=openvino"):
+    with pytest.raises(ValueError, match="is an option of backend=onnxruntime.*runs backend=openvino"):
         OvOptions.parse({"ort_fusion": "on"})
+    with pytest.raises(ValueError, match="not an option of backend=openvino.*its options are: ov_precision"):
+        OvOptions.parse({"ov_precison": "f32"})
     with pytest.raises(ValueError, match="whole number"):
         LlamaOptions.parse({"n_ctx": "big"})
     with pytest.raises(ValueError, match="needs|only ort_fusion='on'"):

@@ -4,7 +4,7 @@
 A runtime that is not installed, or cannot serve this model, task or device, raises
 `Unsupported` with the reason (and the install command), so a compare row says why.
 
-Backend options (`Plan.backend_options`, see `options.OPTION_KEYS`):
+Backend options (`Plan.backend_options`, see `accelab.plan.backend_options.OPTION_KEYS`):
     onnxruntime  ort_fusion on|off, ort_opt_level 0|1|2|99, ort_quant none|int8-dynamic,
                  ort_per_channel on|off, ort_reduce_range on|off, ort_quant_ops all|matmul|attention,
                  ort_provider auto|cpu|cuda

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from transformers.modeling_outputs import CausalLMOutput
 
-from accelab.backends.options import LlamaOptions
+from accelab.plan.backend_options import LlamaOptions
 from accelab.catalog.spec import ModelSpec
 from accelab.plan.plan import Plan
 from accelab.plan.runtime import Runnable, Unsupported

@@ -60,6 +60,10 @@ class Plan:
                 raise ValueError(f"Plan field {name}={value} is out of range: it must be 1 or more (or unset)")
         if self.max_memory is not None:
             parse_max_memory(self.max_memory)
+        if self.backend_options:
+            from accelab.plan.backend_options import check_options
+
+            check_options(self.backend, dict(self.backend_options))
         if self.placement in ("device-map", "cpu-offload", "disk-offload") and self.backend != "torch":
             raise ValueError(f"placement={self.placement!r} needs backend='torch' (got {self.backend!r})")
 
@@ -123,9 +127,9 @@ def _check_field(name: str, value: Any, hint: Any) -> None:
         raise ValueError(f"Plan field {name}={value!r} must be true or false")
 
 
-def _unknown_field_message(name: str) -> str:
+def _unknown_field_message(name: str, also: list[str] | tuple[str, ...] = ()) -> str:
     names = [f.name for f in fields(Plan)]
-    close = difflib.get_close_matches(name, names, n=1)
+    close = difflib.get_close_matches(name, [*names, *also], n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return f"unknown Plan field {name!r}{hint}; fields are: {', '.join(names)}"
 
@@ -176,19 +180,28 @@ def _coerce(name: str, raw: str) -> Any:
 
 def apply_overrides(plan: Plan, assignments: list[str] | tuple[str, ...]) -> Plan:
     """Apply `--set field=value` assignments; the plan keeps its name with a `+` mark."""
+    from accelab.plan.backend_options import OPTION_KEYS
+
     changes: dict[str, Any] = {}
+    options: dict[str, str] = {}  # backend options set by their own name: --set ort_fusion=on
     names = {f.name for f in fields(Plan)}
     for item in assignments:
         if "=" not in item:
             raise ValueError(f"--set {item!r} must look like field=value, e.g. --set batch_size=8")
         key, raw = item.split("=", 1)
         key = key.strip().replace("-", "_")
+        if key in OPTION_KEYS and key not in names:
+            options[key] = raw.strip()
+            continue
         if key not in names:
-            raise ValueError(_unknown_field_message(key))
+            raise ValueError(_unknown_field_message(key, tuple(OPTION_KEYS)) + f"; backend options: {', '.join(OPTION_KEYS)}")
         changes[key] = _coerce(key, raw.strip())
-    if not changes:
+    if not changes and not options:
         return plan
-    label = ",".join(f"{k}={v}" for k, v in changes.items() if k != "name")
+    label = ",".join([f"{k}={v}" for k, v in changes.items() if k != "name"] + [f"{k}={v}" for k, v in options.items()])
+    if options:
+        merged = dict(changes.get("backend_options", plan.backend_options))
+        changes["backend_options"] = tuple(sorted({**merged, **options}.items()))
     changes.setdefault("name", f"{plan.name}+{label}" if label else plan.name)
     return plan.with_changes(**changes)
 

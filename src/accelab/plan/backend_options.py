@@ -41,10 +41,22 @@ OPTION_KEYS: dict[str, tuple[str, object]] = {
 }
 
 
+def check_options(backend: str, options: dict[str, str]) -> None:
+    """Every key belongs to `backend` and every value is allowed (and the combination, for the
+    backends whose options depend on each other); ValueError names the culprit."""
+    _check(backend, options)
+    parsers = {"onnxruntime": OrtOptions, "openvino": OvOptions, "llamacpp": LlamaOptions}
+    if backend in parsers:
+        parsers[backend].parse(options)
+
+
 def _check(backend: str, options: dict[str, str]) -> None:
-    """Every key belongs to `backend` and every value is allowed; ValueError names the culprit."""
     own = [k for k, (b, _) in OPTION_KEYS.items() if b == backend]
     for key, value in options.items():
+        if key in OPTION_KEYS and key not in own:
+            other = OPTION_KEYS[key][0]
+            raise ValueError(f"backend option {key}={value!r} is an option of backend={other}, and this plan runs "
+                             f"backend={backend}; add backend={other} (--set backend={other})")
         if key not in own:
             close = difflib.get_close_matches(key, own, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
