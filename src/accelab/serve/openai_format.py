@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import base64
 import json
-import struct
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from accelab.serve.engines.base import Completion
 
@@ -71,9 +72,10 @@ def sse(data: dict[str, Any] | str) -> str:
     return f"data: {payload}\n\n"
 
 
-def embedding_item(index: int, vector: list[float], encoding: str) -> dict[str, Any]:
+def embedding_item(index: int, vector: Any, encoding: str) -> dict[str, Any]:
+    """`vector`: a list of floats or a float array, [D]."""
     if encoding == "base64":  # little-endian float32, what the openai client decodes
-        value: Any = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+        value: Any = base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode()
     else:
-        value = vector
+        value = vector.tolist() if isinstance(vector, np.ndarray) else list(vector)
     return {"object": "embedding", "index": index, "embedding": value}

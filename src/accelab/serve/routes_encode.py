@@ -30,7 +30,7 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
     units = await prepare(lambda: [engine.prepare_text(text) for text in inputs], offload=False)
     submission = Submission(state, key="embed", units=units, run=engine.embed, arrival=arrival)
     outcome = await submission.result(request.receive)
-    vectors: list[list[float]] = outcome.outputs
+    vectors: list[Any] = outcome.outputs
     if body.dimensions is not None and body.dimensions != len(vectors[0]):
         raise ApiError(422, f"dimensions={body.dimensions} is not supported: {state.config.model_name} gives "
                        f"{len(vectors[0])}-dimensional embeddings; leave dimensions out", param="dimensions")

@@ -129,7 +129,7 @@ class GenerationEngine(Engine, Protocol):
 class EmbeddingEngine(Engine, Protocol):
     def prepare_text(self, text: str | list[int]) -> TextInput: ...
 
-    def embed(self, units: list[TextInput]) -> list[list[float]]: ...
+    def embed(self, units: list[TextInput]) -> list[Any]: ...  # one [D] vector (list or float32 array) per unit
 
 
 class ClassificationEngine(Engine, Protocol):
