@@ -7,6 +7,10 @@ slows both alike: the ratio is measured in one run. Prints both maximum rates, t
 the commands that reproduce each half by hand. Each search is stored in the results store
 (kind "loadtest", tag "serve-batching").
 
+Then the ceiling: the server's own engine, without HTTP, timed on the same sentences at batch 1
+and at the largest batch. Batching cannot gain more than the model's cost per input falls
+between the two, so the printout says how much of that ceiling the server kept.
+
     python benchmarks/serve_batching.py                   # 3-5 minutes on 2 CPU cores
     python benchmarks/serve_batching.py --slo e2e=100ms --duration 4
 """
@@ -105,6 +109,35 @@ def search(label: str, url: str, opts: argparse.Namespace, turns: Turns, out: di
         turns.leave(label)
 
 
+def model_ceiling(opts: argparse.Namespace, max_batch: int, seconds: float = 3.0, rounds: int = 3) -> dict[int, float]:
+    """Seconds per input of the server's engine alone (the same plan, sentences and code path),
+    at batch 1 and at max_batch, best of interleaved rounds."""
+    import torch
+
+    from accelab.catalog.resolve import resolve
+    from accelab.plan.apply import apply_plan
+    from accelab.plan.plan import load_plan
+    from accelab.serve.engines import build_engine
+
+    engine = build_engine(apply_plan(resolve(opts.model), load_plan("baseline", opts.set), torch.device("cpu")),
+                          name=opts.model)
+    try:
+        units = [engine.prepare_text(text) for text in sentences(224)]
+        best = {1: float("inf"), max_batch: float("inf")}
+        for _ in range(rounds):
+            for size in best:
+                engine.embed(units[:size])  # warm
+                done, start = 0, time.perf_counter()
+                while time.perf_counter() - start < seconds:
+                    first = done % (len(units) - size)
+                    engine.embed(units[first:first + size])
+                    done += size
+                best[size] = min(best[size], (time.perf_counter() - start) / done)
+        return best
+    finally:
+        engine.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="minilm-l6")
@@ -153,6 +186,15 @@ def main() -> int:
     base, batched = (found[label].best_rate if label in found else None for label in SERVERS)
     if base and batched:
         print(f"  dynamic batching sustains {batched / base:.2f}x the rate of one request per call")
+    max_batch = int(SERVERS["dynamic batching"][1])
+    cost = model_ceiling(opts, max_batch)
+    ceiling = cost[1] / cost[max_batch]
+    print(f"\nthe model alone (the server's engine, no HTTP, same sentences and plan): {cost[1] * 1000:.2f} ms per input "
+          f"at batch 1, {cost[max_batch] * 1000:.2f} ms at batch {max_batch}: batching can gain at most {ceiling:.2f}x here")
+    if base and batched:
+        print(f"  the server kept {batched / base / ceiling:.0%} of that ceiling; one request per call ran at "
+              f"{base * cost[1]:.0%} of the model's batch-1 pace, dynamic batching at {batched * cost[max_batch]:.0%} "
+              f"of its batch-{max_batch} pace")
     print("\nreproduce one half by hand (then Ctrl+C the server):")
     for label, batching in SERVERS.items():
         serve = ["accelab", "serve", *server_args(opts, batching)[1:]]
