@@ -144,7 +144,8 @@ def main() -> int:
     parser.add_argument("--slo", default="e2e=500ms",
                         help="per-request SLO both servers must meet; loose enough that capacity decides, not "
                              "one request's latency on a busy shared CPU")
-    parser.add_argument("--goodput-target", type=float, default=0.95)
+    parser.add_argument("--goodput-target", type=float, default=0.99,
+                        help="share of requests that must meet the SLO: 0.99 makes it a p99 SLO")
     parser.add_argument("--start-rate", type=float, default=16.0)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds of load per find-max probe")
     parser.add_argument("--max-steps", type=int, default=8, help="probes per search")

@@ -11,7 +11,7 @@ from accelab.plan.presets import PRESETS
 VARIANTS: dict[str, tuple[str, ...]] = {
     "forward": (
         "baseline", "bf16-autocast", "fp16-autocast", "bf16", "fp16", "compile", "int8-dynamic",
-        "int8-weight-compile", "channels-last", "onnxruntime", "onnxruntime-fused", "openvino",
+        "int8-weight-compile", "channels-last", "onnxruntime", "onnxruntime-fused", "onnxruntime-int8", "openvino",
     ),
     "generate": (
         "baseline", "bf16-autocast", "fp16-autocast", "bf16", "static-cache", "compile-static",
