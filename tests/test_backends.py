@@ -11,14 +11,12 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from accelab.backends import export, is_installed, load_backend
 from accelab.plan.backend_options import LlamaOptions, OrtOptions, OvOptions
 from accelab.catalog.spec import ModelSpec
-from accelab.paths import models_dir
 from accelab.plan.apply import apply_plan, check_supported
 from accelab.plan.plan import Plan
 from accelab.plan.presets import PRESETS

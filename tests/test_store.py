@@ -1,13 +1,11 @@
 """The SQLite results store: round trip, filters, concurrent writers, a killed writer, migrations."""
 
-import json
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 

@@ -42,7 +42,7 @@ def bench_command(
     """Measure one model under one plan and workload: latency, throughput, memory, roofline."""
     from accelab.bench.engine import bench
     from accelab.bench.options import build_request
-    from accelab.results.store import open_store
+    from accelab.results.store import keep
     from accelab.results.table import print_bench
 
     request = build_request(
@@ -63,10 +63,7 @@ def bench_command(
     )
     result = bench(request.spec, request.plan, request.workload, device=device, timeout_s=timeout, tag=tag)
     print_bench(result)
-    if json_out:
-        json_out.write_text(result.to_json())
-    if store:
-        open_store(db).add(result)
+    keep(result, json_out=json_out, store=store, db=db)
     if result.status in ("error", "crashed", "timeout", "oom"):
         if result.metrics.get("traceback"):
             typer.echo(result.metrics["traceback"], err=True)
@@ -160,7 +157,7 @@ def verify_command(
     from accelab.quality.collect import QualityConfig
     from accelab.quality.verdict import rules_for
     from accelab.quality.verify import verify
-    from accelab.results.store import open_store
+    from accelab.results.store import keep
     from accelab.results.table import print_verify
 
     plan_obj = resolve_plan(plan, set_, None)
@@ -169,9 +166,6 @@ def verify_command(
     config = QualityConfig(samples=samples, new_tokens=new_tokens, batch_size=batch_size)
     result = verify(spec, plan_obj, config, tolerance=tolerance, device=device, timeout_s=timeout, tag=tag)
     print_verify(result)
-    if json_out:
-        json_out.write_text(result.to_json())
-    if store:
-        open_store(db).add(result)
+    keep(result, json_out=json_out, store=store, db=db)
     if result.status in ("error", "crashed", "timeout", "oom") or (result.quality or {}).get("verdict") == "fail":
         raise typer.Exit(1)

@@ -103,12 +103,9 @@ def loadtest_command(
             ok = [r for r in records if r.ok]
             plot_cdf({"e2e": [r.e2e * 1000 for r in ok], "TTFT": [r.ttft * 1000 for r in ok if r.ttft is not None]},
                      plot, title=f"{served} {endpoint}: latency CDF")
-    if json_out:
-        json_out.write_text(result.to_json())
-    if store:
-        from accelab.results.store import open_store
+    from accelab.results.store import keep
 
-        open_store(db).add(result)
+    keep(result, json_out=json_out, store=store, db=db)
 
 
 def _inputs(endpoint: str, path: Path | None) -> list[str]:

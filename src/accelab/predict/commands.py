@@ -64,7 +64,7 @@ def predict_command(
     from accelab.predict import launch as launcher
     from accelab.predict.options import build_request
     from accelab.predict.report import print_run, result_of
-    from accelab.results.store import open_store
+    from accelab.results.store import keep
 
     launch = launcher.LaunchOptions(nproc=nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
                                     master_port=master_port)
@@ -87,9 +87,6 @@ def predict_command(
     except Unsupported as err:
         result = result_of(request, None, unsupported=str(err), tag=tag)
     print_run(result)
-    if json_out:
-        json_out.write_text(result.to_json())
-    if store:
-        open_store(db).add(result)
+    keep(result, json_out=json_out, store=store, db=db)
     if not result.ok:
         raise typer.Exit(3 if result.status == "unsupported" else 1)

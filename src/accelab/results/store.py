@@ -164,3 +164,12 @@ def open_store(path: str | Path | None = None) -> Store:
     from accelab.paths import default_db
 
     return Store(path or default_db())
+
+
+def keep(result: Result, *, json_out: str | Path | None, store: bool, db: str | Path | None) -> None:
+    """What every measuring command does with its Result: the `--json` file if asked, and the
+    results store unless `--no-store`."""
+    if json_out:
+        Path(json_out).write_text(result.to_json())
+    if store:
+        open_store(db).add(result)

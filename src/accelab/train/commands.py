@@ -165,7 +165,7 @@ def _with_threads(request, idle: float | None):  # type: ignore[no-untyped-def]
 
 def _train(request, timeout: float, json_out: Optional[Path], db: Optional[Path], tag: Optional[str],  # type: ignore[no-untyped-def]
            store: bool) -> None:
-    from accelab.results.store import open_store
+    from accelab.results.store import keep
     from accelab.train.launch import run_workers
     from accelab.train.report import print_run, result_of
 
@@ -178,10 +178,7 @@ def _train(request, timeout: float, json_out: Optional[Path], db: Optional[Path]
     if outcome.summary and outcome.summary.get("saved_model"):
         result.notes.append(f"model stored as {request.config.save_as} ({outcome.summary['saved_model']})")
     print_run(result)
-    if json_out:
-        json_out.write_text(result.to_json())
-    if store:
-        open_store(db).add(result)
+    keep(result, json_out=json_out, store=store, db=db)
     if not result.ok:
         raise typer.Exit(3 if result.status == "unsupported" else 1)
 
