@@ -131,3 +131,41 @@ def test_parse_memory_needs_unit():
 
     with pytest.raises(ValueError, match="needs a unit"):
         parse_memory_mb("2000")
+
+
+def _scripted(values):
+    """A measure that returns the throughputs in `values[(key, phase)]`, in order when a list."""
+    calls = []
+
+    def measure(c, phase):
+        calls.append((c.key, phase))
+        value = values[(c.variant, phase)]
+        tp = value.pop(0) if isinstance(value, list) else value
+        return Measurement(candidate=c, phase=phase, status="ok", throughput=tp, p50_ms=10, p99_ms=12,
+                           memory_mb=500, cv=0.005, seconds=1)
+
+    return measure, calls
+
+
+def test_confirm_skipped_when_the_final_repeats_a_clear_lead():
+    measure, calls = _scripted({("a", "screen"): 100.0, ("b", "screen"): 90.0,
+                                ("a", "final"): 104.0, ("b", "final"): 92.0})
+    log = Search(variants=["a", "b"], batch_sizes=[1], measure=measure, constraints=Constraints(quality="off"),
+                 screen_batch=1).run()
+    assert log.winner.candidate.variant == "a" and log.confirm_skipped and not log.tie
+    assert [phase for _, phase in calls] == ["screen", "screen", "final", "final"]
+
+
+@pytest.mark.parametrize("screen_b, final_b", [
+    (90.0, 102.0),   # the final's lead is inside the noise
+    (103.0, 92.0),   # the final reverses the screening order
+])
+def test_confirm_runs_when_the_final_is_not_conclusive(screen_b, final_b):
+    measure, calls = _scripted({("a", "screen"): 100.0, ("b", "screen"): screen_b,
+                                ("a", "final"): 104.0, ("b", "final"): final_b,
+                                ("a", "confirm"): 100.0, ("b", "confirm"): 99.0})
+    log = Search(variants=["a", "b"], batch_sizes=[1], measure=measure, constraints=Constraints(quality="off"),
+                 screen_batch=1).run()
+    assert not log.confirm_skipped
+    assert [phase for _, phase in calls][-2:] == ["confirm", "confirm"]
+    assert log.winner.candidate.variant == "a"  # merged: a (104+100)/2 = 102 > b

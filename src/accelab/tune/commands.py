@@ -102,7 +102,7 @@ def tune_command(
         json_out.write_text(json.dumps({
             "tune_id": group, "winner": log.winner and log.winner.candidate.key,
             "runner_up": log.runner_up and log.runner_up.candidate.key, "tie": log.tie,
-            "measured_seconds": log.measured_seconds, "reused": measurer.reused,
+            "confirm_skipped": log.confirm_skipped, "measured_seconds": log.measured_seconds, "reused": measurer.reused,
             "verdicts": log.verdicts, "pruned": space.pruned, "no_feasible_reason": log.no_feasible_reason,
             "run_ids": [r.run_id for r in measurer.results],
         }, indent=2))
@@ -122,5 +122,8 @@ def tune_command(
     write_plan(plan, out, header)
     tie = f" (a tie with {log.runner_up.candidate.key}: within noise)" if log.tie and log.runner_up else ""
     console.print(f"[bold green]best plan: {w.candidate.key}{tie}[/] -> {out}")
+    if log.confirm_skipped and log.runner_up:
+        console.print(f"[dim]no confirming runs: the full-length runs ranked {w.candidate.key} over "
+                      f"{log.runner_up.candidate.key} as the screening did, by more than the noise[/]")
     if log.budget_spent:
         console.print("[yellow]the --budget ran out: this is the best plan measured so far[/]")

@@ -8,7 +8,9 @@ Phases, cheapest first:
    growth, the gap between the last good and the first bad batch is bisected.
 3. final: the two best candidates measured again with full-length runs.
 4. confirm: winner and runner-up measured once more, back to back; when their difference is
-   within the noise of the runs the result is reported as a tie.
+   within the noise of the runs the result is reported as a tie. Skipped when the final runs
+   repeat the order of the earlier ones and both leads are beyond the noise: two independent
+   looks agree, a third would not change the answer (it would only cost the longest runs again).
 Every measurement is kept with the reason it lost, for the table and the store.
 """
 
@@ -107,6 +109,7 @@ class SearchLog:
     verdicts: dict[str, str] = field(default_factory=dict)  # candidate key -> why it lost / "winner"
     no_feasible_reason: str | None = None
     budget_spent: bool = False
+    confirm_skipped: bool = False  # the final repeated the earlier order with a clear lead
 
     @property
     def measured_seconds(self) -> float:
@@ -228,9 +231,22 @@ class Search:
         a, b = _merge(winner, a, self.goal), _merge(runner_up, b, self.goal)
         if score(b, self.goal) > score(a, self.goal):
             a, b = b, a
-        gap = abs(score(a, self.goal) - score(b, self.goal)) / max(abs(score(a, self.goal)), 1e-12)
-        noise = max(self.noise_floor, 2 * max(a.cv, b.cv))
-        return a, b, gap < noise
+        return a, b, self._lead(a, b) < self._noise(a, b)
+
+    def _lead(self, a: Measurement, b: Measurement) -> float:
+        """How far a is ahead of b, relative (negative when behind)."""
+        return (score(a, self.goal) - score(b, self.goal)) / max(abs(score(a, self.goal)), 1e-12)
+
+    def _noise(self, a: Measurement, b: Measurement) -> float:
+        return max(self.noise_floor, 2 * max(a.cv, b.cv))
+
+    def _settled(self, earlier: list[Measurement], winner: Measurement, runner_up: Measurement) -> bool:
+        """The finals rank winner over runner-up beyond the noise, and so did their earlier runs."""
+        before = {m.candidate.key: m for m in earlier}
+        first, second = before.get(winner.candidate.key), before.get(runner_up.candidate.key)
+        if first is None or second is None:
+            return False
+        return all(self._lead(a, b) >= self._noise(a, b) for a, b in ((winner, runner_up), (first, second)))
 
     # -- the whole search -------------------------------------------------------------------
     def run(self) -> SearchLog:
@@ -268,7 +284,10 @@ class Search:
             return self.log
         winner, runner_up, tie = finals[0], (finals[1] if len(finals) > 1 else None), False
         if runner_up is not None:
-            winner, runner_up, tie = self.confirm(winner, runner_up)
+            if self._settled(finalists, winner, runner_up):
+                self.log.confirm_skipped = True
+            else:
+                winner, runner_up, tie = self.confirm(winner, runner_up)
         self.log.winner, self.log.runner_up, self.log.tie = winner, runner_up, tie
         self._explain_losers()
         return self.log
