@@ -5,8 +5,8 @@ then `accelab tune`'s search over the same space. Prints the best throughput eac
 measurement time each spent (the wall time of all measuring child processes). The tuner is
 worth it when its winner is within 5% of the grid's best at <= 40% of the grid's time.
 "Within 5%" is judged like with like: when tune picks the grid's best plan the two are the same
-plan; when it picks another, both plans are measured again side by side (alternating, twice
-each, not counted in either time) and their medians compared. The figures of the separate runs
+plan; when it picks another, both plans are measured again side by side (alternating, three
+times each, not counted in either time) and their medians compared. The figures of the separate runs
 are printed too; they differ by the machine's drift between the two phases.
 Each phase compiles into its own fresh inductor cache, so neither reuses the other's kernels
 (a compiled plan costs each what it costs a first-time user).
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -73,14 +74,14 @@ def run_grid(spec, space, console, quality):
     return best, sum(r.seconds for r in results), len(results)
 
 
-def head_to_head(spec, space, console, quality, a, b, rounds: int = 2) -> tuple[float, float]:
+def head_to_head(spec, space, console, quality, a, b, rounds: int = 3) -> tuple[float, float]:
     """Median throughput of candidates a and b, measured alternately `rounds` times each."""
     m = measurer(spec, space["workload"], console, quality)
     runs = {a.key: [], b.key: []}
     for _ in range(rounds):
         for c in (a, b):
             runs[c.key].append(m(c, "final").throughput)
-    med = {k: sorted(v)[(len(v) - 1) // 2] for k, v in runs.items()}
+    med = {k: statistics.median(v) for k, v in runs.items()}
     return med[a.key], med[b.key]
 
 

@@ -169,3 +169,25 @@ def test_confirm_runs_when_the_final_is_not_conclusive(screen_b, final_b):
     assert not log.confirm_skipped
     assert [phase for _, phase in calls][-2:] == ["confirm", "confirm"]
     assert log.winner.candidate.variant == "a"  # merged: a (104+100)/2 = 102 > b
+
+
+def test_a_bigger_batch_faster_within_noise_reaches_the_final():
+    # batch 16 is 1.8% faster than 8 at screening length (under min_gain): growth stops, but
+    # both go to the full-length runs, which show 16 ahead (confirmed: the earlier lead was noise-sized)
+    speed = {("c", 8, "screen"): 79.8, ("c", 16, "grow"): 81.2, ("c", 8, "final"): 77.4, ("c", 16, "final"): 81.6,
+             ("b", 8, "screen"): 66.0, ("b", 16, "grow"): 69.5, ("b", 32, "grow"): 71.0,
+             ("c", 16, "confirm"): 81.0, ("c", 8, "confirm"): 77.0}
+    calls = []
+
+    def measure(c, phase):
+        calls.append((c.key, phase))
+        tp = speed[(c.variant, c.batch_size, phase)]
+        return Measurement(candidate=c, phase=phase, status="ok", throughput=tp, p50_ms=10, p99_ms=12,
+                           memory_mb=500, cv=0.005, seconds=1)
+
+    log = Search(variants=["b", "c"], batch_sizes=[8, 16, 32], measure=measure, constraints=Constraints(quality="off"),
+                 screen_batch=8).run()
+    assert [key for key, phase in calls if phase == "final"] == ["c@16", "c@8"]
+    assert [key for key, phase in calls if phase == "confirm"] == ["c@16", "c@8"]
+    assert log.winner.candidate.key == "c@16" and log.runner_up.candidate.key == "c@8"
+    assert log.verdicts["b@32"].startswith("slower")

@@ -5,7 +5,8 @@ Phases, cheapest first:
    a limit there is retried at smaller batches (halving) before it is dropped.
 2. grow (throughput goal): the best `keep` variants grow their batch geometrically while
    throughput improves by at least `min_gain` and the limits hold; when a limit stops the
-   growth, the gap between the last good and the first bad batch is bisected.
+   growth, the gap between the last good and the first bad batch is bisected. A bigger batch
+   that was faster by less than `min_gain` stays a contender for the final.
 3. final: the two best candidates measured again with full-length runs.
 4. confirm: winner and runner-up measured once more, back to back; when their difference is
    within the noise of the runs the result is reported as a tie. Skipped when the final runs
@@ -137,6 +138,7 @@ class Search:
     budget_s: float | None = None  # wall time for the whole search; then the best so far wins
     clock: Callable[[], float] = time.monotonic
     log: SearchLog = field(default_factory=SearchLog)
+    _contenders: list[Measurement] = field(default_factory=list)  # bigger batches that were faster within noise
     _best_ok: dict[str, Measurement] = field(default_factory=dict)
     _start: float = 0.0
 
@@ -187,7 +189,12 @@ class Search:
                 bad = batch if self.constraints.limit_kind(m) in ("memory", "sla", "error") else None
                 break
             if score(m, self.goal) < score(best, self.goal) * (1 + self.min_gain):
-                self._lost(m, f"no gain over batch {best.candidate.batch_size} ({_fmt(m)} vs {_fmt(best)})")
+                if score(m, self.goal) > score(best, self.goal):
+                    # faster, but by less than the noise: neither batch is known to be better, so
+                    # the bigger one stays a contender and the full-length runs decide
+                    self._contenders.append(m)
+                else:
+                    self._lost(m, f"no gain over batch {best.candidate.batch_size} ({_fmt(m)} vs {_fmt(best)})")
                 break  # flat: bigger batches stop paying
             self._lost(best, f"batch {batch} was faster ({_fmt(m)} vs {_fmt(best)})")
             best = m
@@ -273,7 +280,7 @@ class Search:
         for m in screened[self.keep + 1 :]:
             self._lost(m, f"slower in screening ({_fmt(m)} vs {_fmt(screened[0])} for {screened[0].candidate.key})")
         if self.goal == "throughput":
-            leaders = [self.grow(m) for m in leaders]
+            leaders = [self.grow(m) for m in leaders] + self._contenders
         finalists = _distinct(sorted(leaders + screened[self.keep : self.keep + 1], key=lambda m: score(m, self.goal), reverse=True))[:2]
         for m in leaders + screened[self.keep : self.keep + 1]:
             if m.candidate.key not in {f.candidate.key for f in finalists}:
