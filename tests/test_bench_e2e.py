@@ -82,10 +82,11 @@ def test_bad_input_errors_are_clear(tmp_path):
 
 def test_compare_tiny_model_rows_and_verdicts(tmp_path):
     out, md = tmp_path / "c.json", tmp_path / "c.md"
-    accelab(
+    proc = accelab(
         "compare", "vit-tiny", "--batch-size", "8", "--plans", "baseline,fp16-autocast,bf16-autocast,channels-last,baseline[threads=1]",
         *QUICK, "--samples", "8", "--json", str(out), "--markdown", str(md), "--no-store",
     )
+    assert "baseline[threads=1]" in proc.stdout  # the printed table names the variant (no markup eats it)
     rows = {r["plan"]: r for r in json.loads(out.read_text())["rows"]}
     assert rows["baseline"]["speedup"] == 1.0 and rows["baseline"]["quality"] == "pass"
     assert rows["fp16-autocast"]["status"] == "unsupported" and "no-op on CPU" in rows["fp16-autocast"]["notes"]
@@ -94,6 +95,26 @@ def test_compare_tiny_model_rows_and_verdicts(tmp_path):
     assert rows["channels-last"]["status"] == "unsupported"  # a ViT has one convolution
     assert rows["baseline[threads=1]"]["status"] == "ok"
     assert "| baseline |" in md.read_text()
+
+
+def test_compare_exits_1_when_a_plan_breaks(tmp_path):
+    # a run that breaks (here: past its --timeout) is a failure, unlike an "unsupported" row
+    out = tmp_path / "c.json"
+    proc = accelab("compare", "vit-tiny", "--plans", "baseline", "--no-quality", "--timeout", "0.5", *QUICK,
+                   "--json", str(out), "--no-store", check=False)
+    assert proc.returncode == 1
+    assert "1 of 1 plans did not run to the end: baseline" in proc.stderr
+    assert json.loads(out.read_text())["rows"][0]["status"] == "timeout"  # written before the exit
+
+
+def test_verify_a_convnet_against_its_reference(tmp_path):
+    # the fp32 reference of a model without attention layers keeps its default attention
+    out = tmp_path / "r.json"
+    accelab("verify", "resnet-50", "--plan", "channels-last", "--samples", "4", "--batch-size", "4", "--json", str(out),
+            "--no-store")
+    result = json.loads(out.read_text())
+    assert result["status"] == "ok" and result["quality"]["verdict"] == "pass"
+    assert result["quality"]["metrics"]["top1_agreement"] == 1.0
 
 
 def test_verify_detects_a_corrupted_plan(tmp_path):

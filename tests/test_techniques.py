@@ -255,6 +255,15 @@ def test_placement_unsupported_on_cpu(llama_spec):
 
 
 # -- memory format ---------------------------------------------------------------------------
+def test_the_quality_reference_uses_eager_attention_only_where_a_model_has_attention(tmp_path, llama_spec):
+    from accelab.quality.verify import reference_plan
+
+    resnet_spec = _config_spec(tmp_path / "resnet", _resnet_config(), "image-classification")
+    assert reference_plan(llama_spec).attention == "eager"
+    assert reference_plan(resnet_spec).attention == "default"  # asking a ResNet for eager attention is refused
+    assert reference_plan(resnet_spec).precision == "fp32" and reference_plan(resnet_spec).compile == "off"
+
+
 def test_channels_last_sets_conv_weights_and_refuses_vit(tmp_path):
     resnet_spec = _config_spec(tmp_path / "resnet", _resnet_config(), "image-classification")
     plan = Plan(memory_format="channels_last")

@@ -133,6 +133,11 @@ def compare_command(
         csv_out.write_text(compare_table.to_csv(results))
     if markdown_out:
         markdown_out.write_text(compare_table.to_markdown(results))
+    failed = [r.plan.get("name") for r in results if r.status in ("error", "crashed", "timeout", "oom")]
+    if failed:  # "unsupported" is an answer; a run that broke is not
+        typer.secho(f"{len(failed)} of {len(results)} plans did not run to the end: {', '.join(map(str, failed))} "
+                    "(the reasons are in the notes above)", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1)
 
 
 def verify_command(

@@ -29,6 +29,21 @@ log = logging.getLogger(__name__)
 REFERENCE_PLAN = Plan(name="reference-fp32-eager", attention="eager")
 
 
+def reference_plan(spec: ModelSpec) -> Plan:
+    """fp32 with eager attention; a model without attention layers (a ResNet, a ConvNeXt) keeps
+    its default, which is the same computation (asking it for eager attention is refused)."""
+    import torch
+
+    from accelab.plan.runtime import Unsupported
+    from accelab.plan.techniques import attention
+
+    try:
+        attention.check(REFERENCE_PLAN, spec, torch.device("cpu"))
+    except Unsupported:
+        return REFERENCE_PLAN.with_changes(attention="default")
+    return REFERENCE_PLAN
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CollectJob:
     spec: ModelSpec
@@ -74,7 +89,7 @@ def reference_outputs(spec: ModelSpec, config: QualityConfig, *, device: str | N
     outcome = run_isolated(
         ChildJob(
             target="accelab.quality.verify:collect_in_child",
-            payload=CollectJob(spec=spec, plan=REFERENCE_PLAN, config=config, device=device),
+            payload=CollectJob(spec=spec, plan=reference_plan(spec), config=config, device=device),
             timeout_s=timeout_s,
             env={"ACCELAB_FAULT": ""},  # the reference is never the thing under test
         )

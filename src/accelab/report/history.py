@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from accelab.report import metrics as M
@@ -89,7 +90,7 @@ def table(results: list[Result], title: str) -> Table:
         if verdict:
             key = key.replace(f"quality {verdict}", f"quality [{QUALITY_COLOURS.get(verdict, 'white')}]{verdict}[/]")
         t.add_row(
-            r.run_id, short_time(r.created), r.kind, M.model_name(r), M.plan_name(r),
+            r.run_id, short_time(r.created), r.kind, escape(M.model_name(r)), escape(M.plan_name(r)),
             str(r.workload.get("scenario") or "-"), str(M.batch_size(r) or "-"),
             f"[{colour}]{r.status}[/]", key, r.tag or "", r.fingerprint or "-",
         )

@@ -7,6 +7,7 @@ import io
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from accelab.results.result import Result
@@ -85,7 +86,7 @@ def render(results: list[Result], title: str, console: Console | None = None) ->
     colours = {"pass": "green", "warn": "yellow", "fail": "red"}
     footnotes: list[str] = []
     for row in data:
-        cells = [row["plan"], fmt(row["latency_p50_ms"]), fmt(row["latency_p99_ms"])]
+        cells = [escape(row["plan"]), fmt(row["latency_p50_ms"]), fmt(row["latency_p99_ms"])]  # "baseline[batch_size=16]" is no markup
         if generate:
             cells += [fmt(row.get("ttft_p50_ms")), fmt(row.get("tpot_p50_ms")), fmt(row["throughput"]), _pct(row.get("roofline"))]
         else:
@@ -101,7 +102,7 @@ def render(results: list[Result], title: str, console: Console | None = None) ->
         table.add_row(*cells)
     console.print(table)
     for i, note in enumerate(footnotes, 1):
-        console.print(f"[dim]\\[{i}][/] {note}", highlight=False)
+        console.print(f"[dim]\\[{i}][/] {escape(note)}", highlight=False)
 
 
 def _footnote(row: dict[str, Any], footnotes: list[str]) -> str:

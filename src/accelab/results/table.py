@@ -6,6 +6,7 @@ import sys
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from accelab.results.result import Result
@@ -104,7 +105,7 @@ def print_bench(result: Result, console: Console | None = None) -> None:
     table.add_column(style="bold cyan", no_wrap=True)
     table.add_column()
     for label, value in bench_rows(result):
-        table.add_row(label, value)
+        table.add_row(label, escape(value))  # plan names and notes may hold brackets
     console.print(table)
 
 
@@ -114,7 +115,7 @@ def print_verify(result: Result, console: Console | None = None) -> None:
     table.add_column(style="bold cyan", no_wrap=True)
     table.add_column()
     table.add_row("model", f"{result.model.get('name')} ({result.model.get('task')})")
-    table.add_row("plan", str(result.plan.get("name")))
+    table.add_row("plan", escape(str(result.plan.get("name"))))
     table.add_row("reference", "fp32 eager, same real inputs, own process")
     table.add_row("samples", str(result.workload.get("samples")))
     if result.quality is None:
@@ -125,7 +126,7 @@ def print_verify(result: Result, console: Console | None = None) -> None:
         for key, value in result.quality["metrics"].items():
             table.add_row(key, fmt(value, 4))
         for line in result.quality["rules"]:
-            table.add_row("rule", line)
+            table.add_row("rule", escape(line))
     for note in result.notes:
-        table.add_row("note", note)
+        table.add_row("note", escape(note))
     console.print(table)

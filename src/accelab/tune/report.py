@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from accelab.results.table import fmt, make_console
@@ -36,11 +37,11 @@ def render(log: SearchLog, pruned: dict[str, str], unit: str, console: Console |
         verdict = log.verdicts.get(m.candidate.key, "")
         style = "bold green" if verdict == "winner" else "yellow" if verdict.startswith(("tie", "runner")) else ""
         table.add_row(
-            m.candidate.key, m.phase, fmt(m.throughput), fmt(m.p50_ms), fmt(m.p99_ms), fmt(m.memory_mb),
-            m.quality or "-", f"[{style}]{verdict}[/]" if style else verdict,
+            escape(m.candidate.key), m.phase, fmt(m.throughput), fmt(m.p50_ms), fmt(m.p99_ms), fmt(m.memory_mb),
+            m.quality or "-", f"[{style}]{escape(verdict)}[/]" if style else escape(verdict),
         )
     for name, why in pruned.items():
-        table.add_row(name, "-", "-", "-", "-", "-", "-", f"not searched: {why}")
+        table.add_row(escape(name), "-", "-", "-", "-", "-", "-", escape(f"not searched: {why}"))
     console.print(table)
     console.print(
         f"measurement time: {log.measured_seconds:.0f} s over {len(log.measurements)} runs", highlight=False
