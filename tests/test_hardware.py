@@ -247,9 +247,10 @@ def test_bench_flags_mfu_above_the_measured_peak(monkeypatch):
     layer = torch.nn.Linear(256, 256, bias=False)
     x = torch.randn(8, 256)
     flops = 2 * 8 * 256 * 256
-    runnable = SimpleNamespace(plan=SimpleNamespace(precision="fp32"), weight_bytes=None, model=layer, forward=layer)
+    runnable = SimpleNamespace(plan=SimpleNamespace(precision="fp32", quantization="none"), weight_bytes=None,
+                               model=layer, forward=layer)
 
-    def figures(peak):
+    def figures(peak, runnable=runnable):
         limits = hardware.HardwareLimits(
             device="cpu", fp32_flops=peak, bf16_flops=None, tf32_flops=None, bandwidth_bytes_per_s=1e10,
             threads=1, measured_at="now", fingerprint="fp",
@@ -263,3 +264,6 @@ def test_bench_flags_mfu_above_the_measured_peak(monkeypatch):
     too_low = figures(peak=flops * 1000 / 2)
     assert too_low["mfu"] == pytest.approx(2.0)
     assert "200% of the measured peak" in too_low["mfu_warning"] and "accelab env --refresh" in too_low["mfu_warning"]
+    # torch's counter does not see int8 kernels: a quantised plan gets no MFU, not a tiny one
+    quantised = SimpleNamespace(**{**vars(runnable), "plan": SimpleNamespace(precision="fp32", quantization="int8-dynamic")})
+    assert "mfu" not in figures(peak=flops * 1000, runnable=quantised)

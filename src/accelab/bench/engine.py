@@ -143,7 +143,9 @@ def _hardware_figures(runnable: Any, batch: dict, workload: Workload, metrics: d
     figures["hardware"] = {"peak_flops": peak, "bandwidth_bytes_per_s": limits.bandwidth_bytes_per_s}
     model_bytes = runnable.weight_bytes or _safe(lambda: weight_bytes(runnable.model))
     figures["weight_bytes"] = model_bytes
-    if workload.scenario == "forward":
+    if workload.scenario == "forward" and runnable.plan.quantization == "none":
+        # (torch's counter does not see torchao's int8 kernels: a quantised plan gets no MFU
+        # rather than a figure that counts only its few full-precision layers)
         flops = _safe(lambda: count_flops(runnable.forward, batch))
         if flops:
             seconds = metrics["latency_ms"]["p50"] / 1000
