@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import subprocess
 import sys
 import threading
@@ -76,10 +77,13 @@ def test_thread_stops_when_the_block_raises():
 
 
 def test_real_reader_sees_a_200mb_array():
+    # Fresh anonymous pages from the kernel, not from malloc: an allocator that kept a freed
+    # block resident (an earlier test's) could hand it back without RSS growing.
     with PeakMemorySampler(interval=0.005) as sampler:
-        block = np.ones(200 * MiB // 8)  # ones, not empty: pages must be touched to be resident
+        block = mmap.mmap(-1, 200 * MiB)
+        np.frombuffer(block, dtype=np.uint8)[::4096] = 1  # touch every page: only then is it resident
         time.sleep(0.05)
-        del block
+        block.close()
     assert sampler.report.peak_rss_mb - sampler.report.baseline_rss_mb >= 150
 
 

@@ -343,3 +343,20 @@ def test_after_step_counts_skipped_fp16_steps_and_checkpoints_on_cadence(monkeyp
     assert saved == [2, 4]  # every 2 steps; step 6 ends epoch 2, where run_epochs checkpoints after eval
     assert [step for step, _ in session.accelerator.logged] == [1, 2, 3, 4, 5, 6]
     assert timer.epochs == [0, 0, 0, 1, 1, 1]
+
+
+@pytest.mark.parametrize("world_size, finalized", [("2", False), ("1", True)])
+def test_a_torchrun_rank_exits_without_interpreter_finalization(world_size, finalized):
+    """Under torchrun a worker leaves with os._exit after flushing its output, so no destructor of
+    torch's C++ threads can abort it after its work is done; a single process exits normally."""
+    import os
+    import subprocess
+
+    script = ("import atexit, sys; from accelab.launch import exit_worker; "
+              "atexit.register(lambda: print('finalized', flush=True)); "
+              "print('summary written', end=''); sys.stderr.write('a warning'); exit_worker(3)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "WORLD_SIZE": world_size})
+    assert done.returncode == 3
+    assert done.stdout.startswith("summary written") and done.stderr.endswith("a warning")  # flushed
+    assert ("finalized" in done.stdout) is finalized

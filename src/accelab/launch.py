@@ -9,12 +9,14 @@ options uses `--standalone`, a free local port, so concurrent runs on one machin
 
 from __future__ import annotations
 
+import faulthandler
+import logging
 import os
 import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 EXIT_USER_ERROR = 2
 EXIT_UNSUPPORTED = 3
@@ -106,3 +108,22 @@ def run_worker(job: Callable[[], dict[str, Any] | None], *, rank: int, world_siz
     if summary is not None:
         write(summary)
     return 0
+
+
+def start_worker() -> None:
+    """A rank that dies by a signal (SIGABRT from C++, SIGSEGV) prints where its threads were."""
+    faulthandler.enable()
+
+
+def exit_worker(code: int) -> NoReturn:
+    """End a worker process. A rank of a torchrun group leaves without interpreter finalization:
+    its summary is written and its process group destroyed by now, and what finalization would
+    still do is destroy objects that torch's C++ threads may reference (the process group that
+    DDP holds), which can abort the process (SIGABRT, "terminate called without an active
+    exception") after the work is done, and torchrun then kills the other ranks mid-write."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:  # not under torchrun
+        sys.exit(code)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from accelab.launch import EXIT_USER_ERROR, run_worker
+from accelab.launch import EXIT_USER_ERROR, exit_worker, run_worker, start_worker
 from accelab.predict import dist
 from accelab.predict.chunks import Chunk, WorkPlan, plan_work
 from accelab.predict.config import PredictConfig
@@ -244,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USER_ERROR
     if dist.under_torchrun():
         _die_with_parent()
+    start_worker()
     quiet_third_party()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     config = PredictConfig.from_dict(json.loads(Path(args[0]).read_text()))
@@ -273,4 +274,4 @@ def _die_with_parent() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_worker(main())

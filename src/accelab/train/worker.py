@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from accelab.launch import EXIT_USER_ERROR, run_worker
+from accelab.launch import EXIT_USER_ERROR, exit_worker, run_worker, start_worker
 from accelab.train.accel import Unsupported, uses_cuda
 from accelab.train.config import TrainConfig
 
@@ -51,6 +51,8 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
         summary = _summary(session, start, record, timer, peaks, final_dir)
         if accelerator.is_main_process and config.save_as:
             summary["saved_model"] = str(_register(session, summary, final_dir))
+        # every rank leaves the group together: none tears it down while another still works
+        accelerator.wait_for_everyone()
         return summary if accelerator.is_main_process else None
     finally:
         accelerator.end_training()
@@ -135,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m accelab.train.worker CONFIG.json (written by `accelab train`)", file=sys.stderr)
         return EXIT_USER_ERROR
+    start_worker()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     config = TrainConfig.from_dict(json.loads(Path(args[0]).read_text()))
     rank = _rank()
@@ -151,4 +154,4 @@ def _rank() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_worker(main())

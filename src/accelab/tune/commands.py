@@ -123,7 +123,7 @@ def tune_command(
     tie = f" (a tie with {log.runner_up.candidate.key}: within noise)" if log.tie and log.runner_up else ""
     console.print(f"[bold green]best plan: {w.candidate.key}{tie}[/] -> {out}")
     if log.confirm_skipped and log.runner_up:
-        console.print(f"[dim]no confirming runs: the full-length runs ranked {w.candidate.key} over "
-                      f"{log.runner_up.candidate.key} as the screening did, by more than the noise[/]")
+        console.print(f"[dim]no confirming runs: the full-length runs put {w.candidate.key} ahead of "
+                      f"{log.runner_up.candidate.key} by more than their noise[/]")
     if log.budget_spent:
         console.print("[yellow]the --budget ran out: this is the best plan measured so far[/]")

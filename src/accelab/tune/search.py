@@ -7,11 +7,12 @@ Phases, cheapest first:
    throughput improves by at least `min_gain` and the limits hold; when a limit stops the
    growth, the gap between the last good and the first bad batch is bisected. A bigger batch
    that was faster by less than `min_gain` stays a contender for the final.
-3. final: the two best candidates measured again with full-length runs.
-4. confirm: winner and runner-up measured once more, back to back; when their difference is
-   within the noise of the runs the result is reported as a tie. Skipped when the final runs
-   repeat the order of the earlier ones and both leads are beyond the noise: two independent
-   looks agree, a third would not change the answer (it would only cost the longest runs again).
+3. final: the two best candidates measured again with full-length runs, back to back: the
+   winner against the runner-up. A lead beyond the noise of these runs decides. The short
+   screening runs only chose who reaches the final; when they ranked the two the other way, the
+   full-length runs are the better evidence (that is what they are for), so they decide.
+4. confirm: only when the final's lead is within the noise: both measured once more, each
+   pair of runs averaged, and a lead still within the noise is reported as a tie.
 Every measurement is kept with the reason it lost, for the table and the store.
 """
 
@@ -110,7 +111,7 @@ class SearchLog:
     verdicts: dict[str, str] = field(default_factory=dict)  # candidate key -> why it lost / "winner"
     no_feasible_reason: str | None = None
     budget_spent: bool = False
-    confirm_skipped: bool = False  # the final repeated the earlier order with a clear lead
+    confirm_skipped: bool = False  # the final's lead was beyond the noise: no confirm runs needed
 
     @property
     def measured_seconds(self) -> float:
@@ -247,13 +248,9 @@ class Search:
     def _noise(self, a: Measurement, b: Measurement) -> float:
         return max(self.noise_floor, 2 * max(a.cv, b.cv))
 
-    def _settled(self, earlier: list[Measurement], winner: Measurement, runner_up: Measurement) -> bool:
-        """The finals rank winner over runner-up beyond the noise, and so did their earlier runs."""
-        before = {m.candidate.key: m for m in earlier}
-        first, second = before.get(winner.candidate.key), before.get(runner_up.candidate.key)
-        if first is None or second is None:
-            return False
-        return all(self._lead(a, b) >= self._noise(a, b) for a, b in ((winner, runner_up), (first, second)))
+    def _settled(self, winner: Measurement, runner_up: Measurement) -> bool:
+        """The full-length runs put the winner ahead beyond their noise."""
+        return self._lead(winner, runner_up) >= self._noise(winner, runner_up)
 
     # -- the whole search -------------------------------------------------------------------
     def run(self) -> SearchLog:
@@ -291,7 +288,7 @@ class Search:
             return self.log
         winner, runner_up, tie = finals[0], (finals[1] if len(finals) > 1 else None), False
         if runner_up is not None:
-            if self._settled(finalists, winner, runner_up):
+            if self._settled(winner, runner_up):
                 self.log.confirm_skipped = True
             else:
                 winner, runner_up, tie = self.confirm(winner, runner_up)
