@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 
 from accelab.measure import hardware
 from accelab.measure.environment import environment, fingerprint
-from accelab.measure.hardware import HardwareLimits, capabilities, hardware_limits
+from accelab.measure.capabilities import capabilities
+from accelab.measure.hardware import HardwareLimits, hardware_limits
 
 ENV_KEYS = {
     "hostname", "cpu_model", "physical_cores", "logical_cores", "available_cores", "cpu",

@@ -31,9 +31,7 @@ def plot_cdf(latencies_ms: dict[str, list[float]], path: Path, *, title: str) ->
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
         ax.legend()
-        ax.set_title(title)
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
+        _save(fig, ax, path, title)
     finally:
         plt.close(fig)
     return path
@@ -65,9 +63,13 @@ def plot_find_max(probes: list[dict[str, Any]], path: Path, *, title: str, best_
         lines = ax.get_legend_handles_labels()
         more = right.get_legend_handles_labels()
         ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8, loc="upper left")
-        ax.set_title(title)
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
+        _save(fig, ax, path, title)
     finally:
         plt.close(fig)
     return path
+
+
+def _save(fig: Any, ax: Any, path: Path, title: str) -> None:
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

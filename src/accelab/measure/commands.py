@@ -38,7 +38,8 @@ def build_report(*, measure: bool = True, refresh: bool = False) -> dict[str, An
     import torch
 
     from accelab.measure.environment import environment, fingerprint
-    from accelab.measure.hardware import capabilities, hardware_limits
+    from accelab.measure.capabilities import capabilities
+    from accelab.measure.hardware import hardware_limits
 
     env = environment()
     limits = []

@@ -14,6 +14,8 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import yaml
 
+from accelab.plan.backend_options import OPTION_KEYS, check_options
+
 Precision = Literal["fp32", "bf16-autocast", "fp16-autocast", "bf16-weights", "fp16-weights", "fp8"]
 CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
 CompileScope = Literal["model", "regional"]
@@ -61,8 +63,6 @@ class Plan:
         if self.max_memory is not None:
             parse_max_memory(self.max_memory)
         if self.backend_options:
-            from accelab.plan.backend_options import check_options
-
             check_options(self.backend, dict(self.backend_options))
         if self.placement in ("device-map", "cpu-offload", "disk-offload") and self.backend != "torch":
             raise ValueError(f"placement={self.placement!r} needs backend='torch' (got {self.backend!r})")
@@ -180,8 +180,6 @@ def _coerce(name: str, raw: str) -> Any:
 
 def apply_overrides(plan: Plan, assignments: list[str] | tuple[str, ...]) -> Plan:
     """Apply `--set field=value` assignments; the plan keeps its name with a `+` mark."""
-    from accelab.plan.backend_options import OPTION_KEYS
-
     changes: dict[str, Any] = {}
     options: dict[str, str] = {}  # backend options set by their own name: --set ort_fusion=on
     names = {f.name for f in fields(Plan)}

@@ -139,7 +139,7 @@ class Search:
     budget_s: float | None = None  # wall time for the whole search; then the best so far wins
     clock: Callable[[], float] = time.monotonic
     log: SearchLog = field(default_factory=SearchLog)
-    _contenders: list[Measurement] = field(default_factory=list)  # bigger batches that were faster within noise
+    _contenders: list[Measurement] = field(default_factory=list, init=False)  # bigger batches faster within noise
     _best_ok: dict[str, Measurement] = field(default_factory=dict)
     _start: float = 0.0
 
