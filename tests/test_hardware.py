@@ -97,6 +97,8 @@ def test_second_call_reads_the_cache(monkeypatch, tmp_path):
         return 0.5  # no work: this test is about the cache, not the numbers
 
     monkeypatch.setattr(hardware, "_best_seconds", fake_best_seconds)
+    assert hardware.cached_limits("cpu") is None  # nothing measured yet, and it does not measure
+    assert calls == []
     first = hardware_limits("cpu")
     measured_calls = len(calls)
     assert measured_calls >= 3  # fp32, bf16, bandwidth
@@ -104,7 +106,7 @@ def test_second_call_reads_the_cache(monkeypatch, tmp_path):
 
     second = hardware_limits("cpu")
     assert len(calls) == measured_calls  # not measured again
-    assert second == first
+    assert second == first == hardware.cached_limits("cpu")
 
     hardware_limits("cpu", refresh=True)
     assert len(calls) == 2 * measured_calls

@@ -175,17 +175,31 @@ def hardware_limits(device: str | torch.device = "cpu", refresh: bool = False) -
     dev = _resolve_device(device)
     threads = torch.get_num_threads()
     fp = fingerprint(environment())
-    key = f"{fp}|{dev}|threads={threads}"
-    cache = _read_cache()
-    if not refresh and key in cache:
-        try:
-            return HardwareLimits(**cache[key])
-        except TypeError:  # written by another accelab version: measure again
-            log.info("hardware cache entry %s is stale; measuring again", key)
+    if not refresh and (limits := cached_limits(dev, _fingerprint=fp)) is not None:
+        return limits
     limits = _measure(dev, threads, fp)
-    cache[key] = asdict(limits)
+    cache = _read_cache()
+    cache[_cache_key(fp, dev, threads)] = asdict(limits)
     _write_cache(cache)
     return limits
+
+
+def cached_limits(device: str | torch.device = "cpu", *, _fingerprint: str | None = None) -> HardwareLimits | None:
+    """The limits measured earlier for this machine, software and thread count, or None (never measures)."""
+    dev = _resolve_device(device)
+    key = _cache_key(_fingerprint or fingerprint(environment()), dev, torch.get_num_threads())
+    entry = _read_cache().get(key)
+    if entry is None:
+        return None
+    try:
+        return HardwareLimits(**entry)
+    except TypeError:  # written by another accelab version
+        log.info("hardware cache entry %s is stale", key)
+        return None
+
+
+def _cache_key(fp: str, dev: torch.device, threads: int) -> str:
+    return f"{fp}|{dev}|threads={threads}"
 
 
 def _measure(dev: torch.device, threads: int, fp: str) -> HardwareLimits:

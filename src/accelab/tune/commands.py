@@ -76,7 +76,9 @@ def tune_command(
         rules_for(spec.task, quality)
     split = lambda text: [p.strip() for p in text.split(",") if p.strip()] if text else None  # noqa: E731
     space = search_space(spec, chosen, device, max_batch=ladder_top if goal == "throughput" else screen,
-                         include=split(include), exclude=split(exclude))
+                         include=split(include), exclude=split(exclude),
+                         # a slow technique cannot win on speed, but may fit a memory limit where fp32 does not
+                         prune_slow=include is None and max_memory is None)
     if goal == "latency":
         space = type(space)(variants=space.variants, pruned=space.pruned, batch_sizes=[screen])
     setup = TuneSetup(

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from accelab.catalog.spec import ModelSpec
+from accelab.plan.plan import Plan
 from accelab.plan.presets import PRESETS
 
 # Candidate variants per scenario, each a preset. Batch size is searched separately.
@@ -38,6 +41,30 @@ def ladder(max_batch: int) -> list[int]:
     return [*sizes, max_batch]
 
 
+def techniques(plan: Plan) -> list[str]:
+    """The capability-report names of what `plan` changes from fp32 eager torch."""
+    used = [plan.precision] if plan.precision != "fp32" else []
+    used += ["compile"] if plan.compile != "off" else []
+    used += [plan.quantization] if plan.quantization != "none" else []
+    used += [plan.backend] if plan.backend != "torch" else []
+    used += ["channels_last"] if plan.memory_format == "channels_last" else []
+    return used
+
+
+def slow_here(device: torch.device) -> dict[str, str]:
+    """Techniques the capability report expects to run slower than fp32 eager on `device`
+    (judged by the measured matmul rates when `accelab env` has measured them), with why."""
+    from accelab.measure.capabilities import capabilities
+    from accelab.measure.environment import environment
+    from accelab.measure.hardware import cached_limits
+
+    env = environment()
+    if device.type == "cpu" and env.get("gpus"):
+        return {}  # the report judges this machine's GPUs, not its CPU
+    limits = cached_limits("cpu") if device.type == "cpu" else None
+    return {c.technique: c.reason for c in capabilities(env, limits) if c.status == "slow"}
+
+
 def search_space(
     spec: ModelSpec,
     scenario: str,
@@ -46,9 +73,11 @@ def search_space(
     max_batch: int,
     include: list[str] | None = None,
     exclude: list[str] | None = None,
+    prune_slow: bool = False,
 ) -> Space:
-    import torch
-
+    """The presets of `scenario` (or `include`) that can run here, and the batch ladder.
+    With `prune_slow`, presets that use a technique the capability report calls slow here are
+    left out too (they cannot win on speed)."""
     from accelab.plan.apply import check_supported, resolve_device
     from accelab.plan.runtime import Unsupported
 
@@ -59,15 +88,20 @@ def search_space(
     if "baseline" not in names:
         names.insert(0, "baseline")  # speed-ups are always against the fp32 eager baseline
     variants, pruned = [], {}
+    target = resolve_device(PRESETS["baseline"], device)
+    slow = slow_here(target) if prune_slow else {}
     for name in names:
         if name in (exclude or []):
             pruned[name] = "excluded with --exclude"
             continue
         plan = PRESETS[name]
         try:
-            check_supported(plan, spec, resolve_device(plan, device) if device else torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+            check_supported(plan, spec, resolve_device(plan, device) if device else target)
         except Unsupported as why:
             pruned[name] = str(why)
+            continue
+        if name != "baseline" and (why := next((slow[t] for t in techniques(plan) if t in slow), None)):
+            pruned[name] = f"expected slower than fp32 eager here: {why} (search it anyway with --include)"
             continue
         variants.append(name)
     return Space(variants=variants, pruned=pruned, batch_sizes=ladder(max_batch))
