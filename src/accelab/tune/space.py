@@ -101,7 +101,7 @@ def search_space(
             pruned[name] = str(why)
             continue
         if name != "baseline" and (why := next((slow[t] for t in techniques(plan) if t in slow), None)):
-            pruned[name] = f"expected slower than fp32 eager here: {why} (search it anyway with --include)"
+            pruned[name] = f"{why} (name it in --include to search it anyway)"
             continue
         variants.append(name)
     return Space(variants=variants, pruned=pruned, batch_sizes=ladder(max_batch))
