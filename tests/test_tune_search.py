@@ -147,25 +147,40 @@ def _scripted(values):
     return measure, calls
 
 
-def test_confirm_skipped_when_the_final_repeats_a_clear_lead():
+def test_a_lead_beyond_noise_in_the_final_decides():
     measure, calls = _scripted({("a", "screen"): 100.0, ("b", "screen"): 90.0,
                                 ("a", "final"): 104.0, ("b", "final"): 92.0})
     log = Search(variants=["a", "b"], batch_sizes=[1], measure=measure, constraints=Constraints(quality="off"),
                  screen_batch=1).run()
-    assert log.winner.candidate.variant == "a" and log.confirm_skipped and not log.tie
+    assert log.winner.candidate.variant == "a" and not log.tie
+    assert log.verdicts == {"a@1": "winner", "b@1": "runner-up"}
     assert [phase for _, phase in calls] == ["screen", "screen", "final", "final"]
 
 
-def test_confirm_runs_when_the_final_lead_is_within_noise():
+def test_a_final_within_noise_is_a_tie():
+    # 2% apart in the full-length runs: under the 3% noise floor
     measure, calls = _scripted({("a", "screen"): 100.0, ("b", "screen"): 90.0,
-                                ("a", "final"): 104.0, ("b", "final"): 102.0,
-                                ("a", "confirm"): 100.0, ("b", "confirm"): 99.0})
+                                ("a", "final"): 102.0, ("b", "final"): 104.0})
     log = Search(variants=["a", "b"], batch_sizes=[1], measure=measure, constraints=Constraints(quality="off"),
                  screen_batch=1).run()
-    assert not log.confirm_skipped
-    assert [phase for _, phase in calls][-2:] == ["confirm", "confirm"]
-    assert log.winner.candidate.variant == "a"  # merged: a (104+100)/2 = 102 > b (102+99)/2 = 100.5
-    assert log.tie  # 1.5% apart after four full-length runs: within the 3% noise floor
+    assert log.tie and log.winner.candidate.variant == "b"  # the faster of the two is written
+    assert log.verdicts["a@1"] == "tie with the winner (within noise)"
+    assert [phase for _, phase in calls] == ["screen", "screen", "final", "final"]  # no further runs
+
+
+def test_noisy_finals_widen_what_counts_as_a_tie():
+    # 5% apart, but each final's mean is uncertain by 4% (cv): within 2 x 4%, a tie
+    calls = []
+
+    def measure(c, phase):
+        calls.append((c.key, phase))
+        tp = {"a": 100.0, "b": 95.0}[c.variant] if phase == "final" else 50.0
+        return Measurement(candidate=c, phase=phase, status="ok", throughput=tp, p50_ms=10, p99_ms=12,
+                           memory_mb=500, cv=0.04 if phase == "final" else 0.005, seconds=1)
+
+    log = Search(variants=["a", "b"], batch_sizes=[1], measure=measure, constraints=Constraints(quality="off"),
+                 screen_batch=1).run()
+    assert log.winner.candidate.variant == "a" and log.tie
 
 
 def test_the_full_length_runs_overrule_the_screening_order():
@@ -175,7 +190,7 @@ def test_the_full_length_runs_overrule_the_screening_order():
     log = Search(variants=["a", "b"], batch_sizes=[1], measure=measure, constraints=Constraints(quality="off"),
                  screen_batch=1).run()
     assert log.winner.candidate.variant == "a" and log.runner_up.candidate.variant == "b"
-    assert log.confirm_skipped and not log.tie
+    assert not log.tie
     assert [phase for _, phase in calls] == ["screen", "screen", "final", "final"]
 
 
@@ -195,6 +210,6 @@ def test_a_bigger_batch_faster_within_noise_reaches_the_final():
     log = Search(variants=["b", "c"], batch_sizes=[8, 16, 32], measure=measure, constraints=Constraints(quality="off"),
                  screen_batch=8).run()
     assert [key for key, phase in calls if phase == "final"] == ["c@16", "c@8"]
-    assert not [key for key, phase in calls if phase == "confirm"] and log.confirm_skipped
+    assert not log.tie
     assert log.winner.candidate.key == "c@16" and log.runner_up.candidate.key == "c@8"
     assert log.verdicts["b@32"].startswith("slower")

@@ -104,7 +104,7 @@ def tune_command(
         json_out.write_text(json.dumps({
             "tune_id": group, "winner": log.winner and log.winner.candidate.key,
             "runner_up": log.runner_up and log.runner_up.candidate.key, "tie": log.tie,
-            "confirm_skipped": log.confirm_skipped, "measured_seconds": log.measured_seconds, "reused": measurer.reused,
+            "measured_seconds": log.measured_seconds, "reused": measurer.reused,
             "verdicts": log.verdicts, "pruned": space.pruned, "no_feasible_reason": log.no_feasible_reason,
             "run_ids": [r.run_id for r in measurer.results],
         }, indent=2))
@@ -124,8 +124,5 @@ def tune_command(
     write_plan(plan, out, header)
     tie = f" (a tie with {log.runner_up.candidate.key}: within noise)" if log.tie and log.runner_up else ""
     console.print(f"[bold green]best plan: {w.candidate.key}{tie}[/] -> {out}")
-    if log.confirm_skipped and log.runner_up:
-        console.print(f"[dim]no confirming runs: the full-length runs put {w.candidate.key} ahead of "
-                      f"{log.runner_up.candidate.key} by more than their noise[/]")
     if log.budget_spent:
         console.print("[yellow]the --budget ran out: this is the best plan measured so far[/]")

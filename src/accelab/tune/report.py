@@ -13,16 +13,13 @@ from accelab.tune.search import Measurement, SearchLog
 
 
 def best_by_candidate(log: SearchLog) -> dict[str, Measurement]:
-    """The latest (longest) measurement of each candidate: final/confirm override screening."""
-    rank = {"screen": 0, "grow": 0, "final": 1, "confirm": 2}
+    """The latest (longest) measurement of each candidate: a final overrides screening."""
+    rank = {"screen": 0, "grow": 0, "final": 1}
     chosen: dict[str, Measurement] = {}
     for m in log.measurements:
         key = m.candidate.key
         if key not in chosen or rank[m.phase] >= rank[chosen[key].phase]:
             chosen[key] = m
-    for merged in (log.winner, log.runner_up):  # confirmed figures: both runs averaged
-        if merged is not None:
-            chosen[merged.candidate.key] = merged
     return chosen
 
 

@@ -8,11 +8,12 @@ Phases, cheapest first:
    growth, the gap between the last good and the first bad batch is bisected. A bigger batch
    that was faster by less than `min_gain` stays a contender for the final.
 3. final: the two best candidates measured again with full-length runs, back to back: the
-   winner against the runner-up. A lead beyond the noise of these runs decides. The short
-   screening runs only chose who reaches the final; when they ranked the two the other way, the
-   full-length runs are the better evidence (that is what they are for), so they decide.
-4. confirm: only when the final's lead is within the noise: both measured once more, each
-   pair of runs averaged, and a lead still within the noise is reported as a tie.
+   winner against the runner-up. A lead beyond the noise of these runs (the runs' own spread,
+   at least `noise_floor`) decides; a smaller one is reported as a tie, and the faster of the
+   two is written. The short screening runs only chose who reaches the final; when they
+   ranked the two the other way, the full-length runs are the better evidence, so they decide.
+   (A second pair of full-length runs to split a tie cannot shrink the noise floor, so it
+   would rarely change the call, and it would cost the longest runs again.)
 Every measurement is kept with the reason it lost, for the table and the store.
 """
 
@@ -20,10 +21,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal
 
-Phase = Literal["screen", "grow", "final", "confirm"]
+Phase = Literal["screen", "grow", "final"]
 Goal = Literal["throughput", "latency-p50", "latency-p99"]
 QualityLevel = Literal["strict", "balanced", "loose", "off"]
 
@@ -107,11 +108,10 @@ class SearchLog:
     measurements: list[Measurement] = field(default_factory=list)
     winner: Measurement | None = None
     runner_up: Measurement | None = None
-    tie: bool = False
+    tie: bool = False  # the final's lead was within the noise
     verdicts: dict[str, str] = field(default_factory=dict)  # candidate key -> why it lost / "winner"
     no_feasible_reason: str | None = None
     budget_spent: bool = False
-    confirm_skipped: bool = False  # the final's lead was beyond the noise: no confirm runs needed
 
     @property
     def measured_seconds(self) -> float:
@@ -152,7 +152,7 @@ class Search:
         why = self.constraints.violation(m)
         if why is None:
             best = self._best_ok.get(candidate.key)
-            if phase in ("final", "confirm") or best is None:
+            if phase == "final" or best is None:
                 self._best_ok[candidate.key] = m
         else:
             self.log.verdicts[candidate.key] = why
@@ -231,26 +231,12 @@ class Search:
                 results.append(again)
         return sorted(results, key=lambda m: score(m, self.goal), reverse=True)
 
-    def confirm(self, winner: Measurement, runner_up: Measurement) -> tuple[Measurement, Measurement, bool]:
-        a = self._run(winner.candidate, "confirm")
-        b = self._run(runner_up.candidate, "confirm")
-        if not (self._ok(a) and self._ok(b)):
-            return winner, runner_up, False
-        a, b = _merge(winner, a, self.goal), _merge(runner_up, b, self.goal)
-        if score(b, self.goal) > score(a, self.goal):
-            a, b = b, a
-        return a, b, self._lead(a, b) < self._noise(a, b)
-
     def _lead(self, a: Measurement, b: Measurement) -> float:
         """How far a is ahead of b, relative (negative when behind)."""
         return (score(a, self.goal) - score(b, self.goal)) / max(abs(score(a, self.goal)), 1e-12)
 
     def _noise(self, a: Measurement, b: Measurement) -> float:
         return max(self.noise_floor, 2 * max(a.cv, b.cv))
-
-    def _settled(self, winner: Measurement, runner_up: Measurement) -> bool:
-        """The full-length runs put the winner ahead beyond their noise."""
-        return self._lead(winner, runner_up) >= self._noise(winner, runner_up)
 
     # -- the whole search -------------------------------------------------------------------
     def run(self) -> SearchLog:
@@ -286,12 +272,8 @@ class Search:
         if not finals:
             self.log.no_feasible_reason = self._nothing_met()
             return self.log
-        winner, runner_up, tie = finals[0], (finals[1] if len(finals) > 1 else None), False
-        if runner_up is not None:
-            if self._settled(winner, runner_up):
-                self.log.confirm_skipped = True
-            else:
-                winner, runner_up, tie = self.confirm(winner, runner_up)
+        winner, runner_up = finals[0], (finals[1] if len(finals) > 1 else None)
+        tie = runner_up is not None and self._lead(winner, runner_up) < self._noise(winner, runner_up)
         self.log.winner, self.log.runner_up, self.log.tie = winner, runner_up, tie
         self._explain_losers()
         return self.log
@@ -329,27 +311,6 @@ def _fmt(m: Measurement) -> str:
     if m.throughput is not None and m.p99_ms is not None:
         return f"{m.throughput:.4g}/s, p99 {m.p99_ms:.4g} ms"
     return m.status
-
-
-def _merge(first: Measurement, second: Measurement, goal: Goal) -> Measurement:
-    """Average two runs of the same candidate (throughput, latency); keep the worse memory."""
-    def avg(a: float | None, b: float | None) -> float | None:
-        return None if a is None or b is None else (a + b) / 2
-
-    return replace(
-        second,
-        throughput=avg(first.throughput, second.throughput),
-        p50_ms=avg(first.p50_ms, second.p50_ms),
-        p99_ms=max(first.p99_ms or 0, second.p99_ms or 0) or None,
-        memory_mb=max(first.memory_mb or 0, second.memory_mb or 0) or None,
-        cv=max(first.cv, second.cv, _spread(first, second, goal)),
-    )
-
-
-def _spread(a: Measurement, b: Measurement, goal: Goal) -> float:
-    sa, sb = score(a, goal), score(b, goal)
-    mean = (abs(sa) + abs(sb)) / 2
-    return abs(sa - sb) / mean / 2 if mean else 0.0
 
 
 def _distinct(ms: list[Measurement]) -> list[Measurement]:
