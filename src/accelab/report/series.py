@@ -15,6 +15,7 @@ from typing import Any
 
 from accelab.report import metrics as M
 from accelab.results.result import Result
+from accelab.tune.search import PHASE_RANK
 
 # -- plan labels --------------------------------------------------------------------------------
 
@@ -172,18 +173,15 @@ def pareto_front(costs: list[float], gains: list[float]) -> list[int]:
     return front
 
 
-TUNE_PHASE_RANK = {"screen": 0, "grow": 0, "final": 1, "confirm": 2}
-
-
 def latest_per_candidate(results: list[Result]) -> list[Result]:
     """A tuner measures a candidate briefly, then again for longer: keep its longest (latest) run.
     Results without `metrics.tune_candidate` are each their own candidate."""
     chosen: dict[str, Result] = {}
     for r in results:
         key = r.metrics.get("tune_candidate") or r.run_id
-        rank = (TUNE_PHASE_RANK.get(r.metrics.get("tune_phase", ""), 0), r.metrics.get("tune_seq", 0), r.created)
+        rank = (PHASE_RANK.get(r.metrics.get("tune_phase", ""), 0), r.metrics.get("tune_seq", 0), r.created)
         old = chosen.get(key)
-        if old is None or rank >= (TUNE_PHASE_RANK.get(old.metrics.get("tune_phase", ""), 0),
+        if old is None or rank >= (PHASE_RANK.get(old.metrics.get("tune_phase", ""), 0),
                                    old.metrics.get("tune_seq", 0), old.created):
             chosen[key] = r
     return list(chosen.values())

@@ -9,16 +9,15 @@ from rich.markup import escape
 from rich.table import Table
 
 from accelab.results.table import fmt, make_console
-from accelab.tune.search import Measurement, SearchLog
+from accelab.tune.search import PHASE_RANK, Measurement, SearchLog
 
 
 def best_by_candidate(log: SearchLog) -> dict[str, Measurement]:
     """The latest (longest) measurement of each candidate: a final overrides screening."""
-    rank = {"screen": 0, "grow": 0, "final": 1}
     chosen: dict[str, Measurement] = {}
     for m in log.measurements:
         key = m.candidate.key
-        if key not in chosen or rank[m.phase] >= rank[chosen[key].phase]:
+        if key not in chosen or PHASE_RANK[m.phase] >= PHASE_RANK[chosen[key].phase]:
             chosen[key] = m
     return chosen
 

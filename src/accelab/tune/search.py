@@ -25,6 +25,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Phase = Literal["screen", "grow", "final"]
+# Later phases measure longer: a candidate's figure is its latest-phase run. "confirm" is
+# a phase of stores written by earlier accelab versions (a second pair of final runs).
+PHASE_RANK: dict[str, int] = {"screen": 0, "grow": 0, "final": 1, "confirm": 2}
 Goal = Literal["throughput", "latency-p50", "latency-p99"]
 QualityLevel = Literal["strict", "balanced", "loose", "off"]
 
