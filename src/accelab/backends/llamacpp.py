@@ -106,6 +106,7 @@ def load(spec: ModelSpec, plan: Plan, device: torch.device) -> Runnable:
             "a batch decodes as parallel sequences of one llama.cpp context (one decode call per step)",
         ],
     )
+    runnable.step_engine = lambda **limits: LlamaStepEngine(engine, **limits)
     runnable.exit_stack.callback(engine.close)
     return runnable
 
@@ -247,16 +248,7 @@ class LlamaEngine:
 
     def decode(self, ctx: Any, entries: list[tuple[int, int, int, bool]]) -> None:
         """One llama_decode of (token, position, sequence, wants logits) entries (<= n_batch)."""
-        import llama_cpp
-
-        batch = self._batch
-        batch.n_tokens = len(entries)
-        for i, (token, pos, seq, logits) in enumerate(entries):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, pos, 1, logits
-            batch.seq_id[i][0] = seq
-        code = llama_cpp.llama_decode(ctx, batch)
-        if code != 0:
-            raise RuntimeError(f"llama_decode returned {code} for {len(entries)} tokens")
+        decode_entries(ctx, self._batch, entries)
 
     def logits(self, ctx: Any, index: int) -> np.ndarray:
         """The logits of the index-th output of the last decode: [n_vocab] (a view: copy to keep)."""
@@ -328,6 +320,107 @@ class LlamaEngine:
                 ctx = self.context(1, len(tokens))
                 logits[r, m] = torch.from_numpy(self.prefill(ctx, [tokens], all_logits=True)[0])
         return logits
+
+
+def decode_entries(ctx: Any, batch: Any, entries: list[tuple[int, int, int, bool]]) -> None:
+    """Fill a llama_batch with (token, position, sequence, wants logits) entries and decode it."""
+    import llama_cpp
+
+    batch.n_tokens = len(entries)
+    for i, (token, pos, seq, logits) in enumerate(entries):
+        batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, pos, 1, logits
+        batch.seq_id[i][0] = seq
+    code = llama_cpp.llama_decode(ctx, batch)
+    if code != 0:
+        raise RuntimeError(f"llama_decode returned {code} for {len(entries)} tokens"
+                           + (" (no free KV cells: raise --kv-cache-tokens)" if code == 1 else ""))
+
+
+class LlamaStepEngine:
+    """Continuous-batching steps on llama.cpp: every sequence lives in one context under its own
+    sequence id (a slot, reused as sequences finish), as llama.cpp's own server does; a step is
+    one llama_decode of every chunk's tokens, each tagged with its slot and position."""
+
+    name = "llama.cpp sequences of one context (one llama_decode per step)"
+
+    def __init__(self, engine: LlamaEngine, *, max_sequences: int, kv_tokens: int, max_step_tokens: int):
+        import llama_cpp
+
+        from accelab.serve.engines.sampling import Generators
+
+        self.engine = engine
+        model = engine.llm.model
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx, params.n_seq_max, params.kv_unified = kv_tokens, max_sequences, True
+        params.n_batch = params.n_ubatch = max_step_tokens
+        params.n_threads = params.n_threads_batch = engine.threads
+        params.no_perf = True
+        self._ctx = llama_cpp.llama_init_from_model(model, params)
+        if not self._ctx:
+            raise RuntimeError(f"llama.cpp could not create a context of {kv_tokens} positions for {max_sequences} "
+                               "sequences; lower --kv-cache-tokens")
+        self._memory = llama_cpp.llama_get_memory(self._ctx)
+        self._batch = llama_cpp.llama_batch_init(max_step_tokens, 0, 1)
+        self._max_step_tokens = max_step_tokens
+        self._slots: dict[int, int] = {}
+        self._free_slots = list(range(max_sequences - 1, -1, -1))
+        self._generators = Generators()
+        head_dim = llama_cpp.llama_model_n_embd(model) // llama_cpp.llama_model_n_head(model)
+        # f16 keys and values (llama.cpp's default cache type)
+        self.kv_bytes_per_token = (2 * llama_cpp.llama_model_n_layer(model) * llama_cpp.llama_model_n_head_kv(model)
+                                   * head_dim * 2)
+        log.info("llama.cpp continuous context: %d positions, %d sequences", llama_cpp.llama_n_ctx(self._ctx),
+                 max_sequences)
+
+    def step(self, inputs: list[Any]) -> list[int]:
+        import llama_cpp
+
+        from accelab.serve.engines.sampling import pick_tokens
+
+        entries = []
+        for item in inputs:
+            slot = self._slot(item.seq_id)
+            # a chunk may run twice (its step failed and is retried alone): drop what it wrote before
+            llama_cpp.llama_memory_seq_rm(self._memory, slot, item.start, -1)
+            last = len(item.tokens) - 1
+            entries.extend((tok, item.start + i, slot, item.sample and i == last) for i, tok in enumerate(item.tokens))
+        if len(entries) > self._max_step_tokens:
+            raise ValueError(f"a step of {len(entries)} tokens; this context takes {self._max_step_tokens}")
+        decode_entries(self._ctx, self._batch, entries)
+        rows = [i for i, entry in enumerate(entries) if entry[3]]
+        if not rows:
+            return []
+        logits = torch.from_numpy(np.stack([self.engine.logits(self._ctx, i) for i in rows]))  # [N, V], a copy
+        sampling = [item for item in inputs if item.sample]
+        return pick_tokens(logits, [i.params for i in sampling], [i.seq_id for i in sampling], self._generators)
+
+    def _slot(self, seq_id: int) -> int:
+        slot = self._slots.get(seq_id)
+        if slot is None:
+            if not self._free_slots:
+                raise RuntimeError("every llama.cpp sequence slot is taken; the scheduler ran more sequences than "
+                                   "the context was made for")
+            slot = self._slots[seq_id] = self._free_slots.pop()
+        return slot
+
+    def release(self, seq_id: int) -> None:
+        import llama_cpp
+
+        self._generators.release(seq_id)
+        slot = self._slots.pop(seq_id, None)
+        if slot is not None:
+            llama_cpp.llama_memory_seq_rm(self._memory, slot, -1, -1)
+            self._free_slots.append(slot)
+
+    def close(self) -> None:
+        import llama_cpp
+
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if self._ctx is not None:
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
 
 
 Picker = Callable[[np.ndarray, torch.Tensor], torch.Tensor]  # (logits [B, V], ids so far [B, S]) -> [B]

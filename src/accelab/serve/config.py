@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from accelab.serve.batcher import BatchPolicy
+from accelab.serve.scheduler import SchedulerConfig
+
+Scheduling = Literal["continuous", "static"]
+SCHEDULINGS: tuple[Scheduling, ...] = ("continuous", "static")
+KV_TOKENS_PER_SEQUENCE = 2048  # the default KV cache: this many tokens for each running sequence
+BLOCK_SIZE = 16  # tokens per KV-cache block
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -13,7 +20,7 @@ class ServeConfig:
     plan_name: str = "baseline"
     host: str = "127.0.0.1"
     port: int = 8000
-    max_batch_size: int = 32  # inputs per model call
+    max_batch_size: int = 32  # inputs per model call; with continuous batching, sequences decoding at once
     max_wait_ms: float = 5.0  # how long the first request of a batch waits for company
     max_queue: int = 256  # requests waiting; more get 429
     request_timeout_s: float = 60.0  # a request still queued after this gets 504
@@ -23,6 +30,11 @@ class ServeConfig:
     default_max_tokens: int = 256  # chat completions without max_tokens (capped by max_tokens)
     max_inputs: int = 256  # texts, prompts or images in one request (413 above)
     api_key: str | None = None  # when set, API routes need "Authorization: Bearer <key>"
+    # generation: "continuous" schedules every decoding step (requests join and leave the running
+    # batch); "static" runs one generate call per batch (vision-language models always do)
+    scheduler: Scheduling = "continuous"
+    max_step_tokens: int | None = None  # tokens per step (decodes + prefill chunks); None: max(256, 2 x batch)
+    kv_cache_tokens: int | None = None  # KV-cache capacity; None: 2048 per sequence, at least the model's context
 
     def __post_init__(self) -> None:
         positive = ("port", "max_batch_size", "max_queue", "max_body_bytes", "max_tokens", "default_max_tokens",
@@ -36,6 +48,20 @@ class ServeConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be 0 or more")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key is empty; give a key or leave it unset")
+        if self.scheduler not in SCHEDULINGS:
+            raise ValueError(f"scheduler={self.scheduler!r} is not one of {', '.join(SCHEDULINGS)}")
+        for name in ("max_step_tokens", "kv_cache_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name}={value} must be 1 or more")
+        self.scheduler_config(max_context=None)  # its own checks (e.g. step tokens > batch size), now
+
+    def scheduler_config(self, *, max_context: int | None) -> SchedulerConfig:
+        """The continuous scheduler's limits; `max_context` (the model's) sizes the default KV cache."""
+        step_tokens = self.max_step_tokens or max(256, 2 * self.max_batch_size)
+        kv_tokens = self.kv_cache_tokens or max(self.max_batch_size * KV_TOKENS_PER_SEQUENCE, max_context or 0)
+        return SchedulerConfig(max_running=self.max_batch_size, max_step_tokens=step_tokens,
+                               kv_blocks=-(-kv_tokens // BLOCK_SIZE), block_size=BLOCK_SIZE, max_queue=self.max_queue)
 
     @property
     def batch_policy(self) -> BatchPolicy:

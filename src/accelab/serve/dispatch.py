@@ -52,13 +52,16 @@ class Submission:
         job = Job(key=key, units=units, run=run, done=_threadsafe(loop, self.outcome),
                   started=_threadsafe(loop, self.started, None),
                   timeout_s=max(0.0, self.deadline - time.monotonic()))
+        self.executor = state.executor(key)
         try:
-            self.pending = state.worker.submit(job)
+            self.pending = self.executor.submit(job)
         except QueueFull:
-            retry = state.worker.retry_after_s()
-            raise ApiError(429, f"the server is at capacity: {state.worker.depth} requests are queued "
+            retry = self.executor.retry_after_s()
+            raise ApiError(429, f"the server is at capacity: {self.executor.depth} requests are queued "
                            f"(--max-queue {state.config.max_queue}); retry after {retry} s",
                            headers={"Retry-After": str(retry)}) from None
+        except PayloadTooLarge as err:
+            raise ApiError(413, str(err)) from None
         except ShuttingDown:
             raise ApiError(503, "the server is shutting down; send the request to another replica",
                            kind="shutting_down", headers={"Retry-After": "1"}) from None
@@ -88,14 +91,14 @@ class Submission:
     def abandon(self) -> None:
         """The client went away: drop the job if it is still queued."""
         if not self.outcome.done():
-            self.state.worker.cancel(self.pending)
+            self.executor.cancel(self.pending)
 
     async def _wait(self, futures: list[asyncio.Future], watcher: asyncio.Future | None = None) -> None:
         waiting = futures + ([watcher] if watcher is not None else [])
         remaining = self.deadline - time.monotonic()
         done, _ = await asyncio.wait(waiting, timeout=max(0.0, remaining), return_when=asyncio.FIRST_COMPLETED)
         if not done:
-            if self.state.worker.cancel(self.pending):  # still queued at its deadline: never run
+            if self.executor.cancel(self.pending):  # still queued at its deadline: never run
                 raise self._timeout_error()
             done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)  # running: answer coming
         if watcher is not None and watcher in done and not any(f.done() for f in futures):

@@ -2,12 +2,17 @@
 two servers in one process, as in tests, never collide).
 
 Latency is split the way it is spent: queue time (waiting for a batch), compute time (the
-batch running), end-to-end; generation adds time to first token and time per output token.
+batch running), end-to-end; generation adds time to first token, time per output token and
+the gap between two tokens of one sequence. Continuous batching adds the running and waiting
+sequences, the KV-cache blocks used and free, preemptions and the tokens/s of the last 10 s.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import time
+from collections import deque
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,  # noqa: F401  (re-exported for the /metrics route)
@@ -62,6 +67,20 @@ class ServeMetrics:
         self.ready = Gauge("accelab_ready", "1 once the model is loaded and warmed up.", registry=r)
         self.info = Gauge("accelab_model_info", "The model and plan served (value 1).", ["model", "plan", "device"],
                           registry=r)
+        self.running = Gauge("accelab_running_sequences", "Sequences in the running batch (continuous batching).",
+                             registry=r)
+        self.waiting = Gauge("accelab_waiting_sequences", "Sequences waiting to be admitted (continuous batching).",
+                             registry=r)
+        self.kv_blocks = Gauge("accelab_kv_cache_blocks", "KV-cache blocks by state (continuous batching).",
+                               ["state"], registry=r)
+        self.preemptions = Counter("accelab_preemptions", "Sequences preempted to free KV-cache blocks (recomputed "
+                                   "later).", registry=r)
+        self.itl = Histogram("accelab_inter_token_latency_seconds", "Time between two tokens of one sequence.",
+                             buckets=TOKEN_BUCKETS, registry=r)
+        self.token_rate = TokenRate()
+        self.tokens_per_second = Gauge("accelab_generation_tokens_per_second",
+                                       f"Tokens generated per second over the last {TokenRate.WINDOW_S:g} s.", registry=r)
+        self.tokens_per_second.set_function(self.token_rate.rate)
         self.rss = Gauge("accelab_process_resident_memory_bytes", "Resident memory of the server process.",
                          registry=r)
         self.rss.set_function(_rss_bytes)
@@ -73,6 +92,29 @@ class ServeMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class TokenRate:
+    """Tokens generated per second over a sliding window (read at scrape time)."""
+
+    WINDOW_S = 10.0
+
+    def __init__(self, clock=time.monotonic):
+        self._clock = clock
+        self._events: deque[tuple[float, int]] = deque()
+        self._lock = threading.Lock()
+
+    def add(self, tokens: int) -> None:
+        if tokens:
+            with self._lock:
+                self._events.append((self._clock(), tokens))
+
+    def rate(self) -> float:
+        now = self._clock()
+        with self._lock:
+            while self._events and self._events[0][0] < now - self.WINDOW_S:
+                self._events.popleft()
+            return sum(n for _, n in self._events) / self.WINDOW_S
 
 
 def _rss_bytes() -> float:

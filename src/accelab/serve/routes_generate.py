@@ -58,7 +58,7 @@ def _params(body: _Sampling, requested: int | None, state: ServerState) -> Sampl
                        f"ask for {limit} or fewer", param="max_tokens")
     default = min(state.config.default_max_tokens, limit)
     return SamplingParams(max_tokens=requested or default, temperature=body.temperature,
-                          top_p=body.top_p, stop=body.stop_list)
+                          top_p=body.top_p, stop=body.stop_list, seed=body.seed)
 
 
 def _budgeted(engine: Any, prompt: Prompt, params: SamplingParams) -> Prompt:

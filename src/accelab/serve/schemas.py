@@ -1,6 +1,8 @@
 """Request bodies of the OpenAI-compatible routes (pydantic). A body that does not fit gets
 422 with a message naming the field (see `errors.validation_message`). Fields OpenAI clients
-send that this server does not use (user, seed, logprobs=false, ...) are accepted and ignored."""
+send that this server does not use (user, logprobs=false, ...) are accepted and ignored. `seed`
+makes a sampled request repeatable under the continuous scheduler (the per-batch one samples
+all rows of a batch from one generator, so there it cannot)."""
 
 from __future__ import annotations
 
@@ -54,6 +56,7 @@ class _Sampling(_Body):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     n: int = 1
     stop: str | list[str] | None = None
+    seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from accelab.serve.config import ServeConfig
+from accelab.serve.continuous import ContinuousHooks, ContinuousWorker, StepReport
 from accelab.serve.engines.base import ROUTES_OF_TASK, Engine
 from accelab.serve.errors import ApiError
 from accelab.serve.metrics import ServeMetrics
@@ -33,6 +34,7 @@ class ServerState:
         self.load_error: str | None = None
         self.on_load_failure: Callable[[str], None] = lambda reason: None  # the runner stops the server
         self.worker = Worker(config.batch_policy, hooks=self._worker_hooks())
+        self.continuous: ContinuousWorker | None = None  # generation, once loaded, unless it falls back
         self._in_flight = 0
         self._idle: asyncio.Event | None = None
         self._loader: threading.Thread | None = None
@@ -53,6 +55,7 @@ class ServerState:
             engine = self._engine_factory()
             log.info("model %s loaded in %.1f s; warming up", self.config.model_name, time.perf_counter() - started)
             engine.warmup()
+            self.continuous = self._start_continuous(engine)
             self.engine = engine
             if self.status == "loading":
                 self.status = "ready"
@@ -68,15 +71,53 @@ class ServerState:
             log.error("loading %s failed:\n%s", self.config.model_name, traceback.format_exc())
             self.on_load_failure(self.load_error)
 
+    def _start_continuous(self, engine: Engine) -> ContinuousWorker | None:
+        """The continuous worker for a generation engine that can step sequences, else None
+        (the static worker runs its batches); the log says which and why."""
+        if engine.task not in ("text-generation", "image-text-to-text"):
+            return None
+        name = self.config.model_name
+        if self.config.scheduler == "static":
+            log.info("generation: per-batch scheduler (--scheduler static): one generate call per batch")
+            return None
+        from accelab.plan.runtime import Unsupported
+
+        limits = self.config.scheduler_config(max_context=getattr(engine, "max_context", None))
+        try:
+            stepper = engine.step_engine(limits)  # type: ignore[attr-defined]
+        except Unsupported as reason:
+            log.warning("continuous batching is off for %s: %s; it falls back to the per-batch scheduler", name,
+                        reason)
+            return None
+        worker = ContinuousWorker(stepper, limits, decode=engine.decode, eos_ids=engine.eos_ids,  # type: ignore
+                                  hooks=self._continuous_hooks())
+        worker.start()
+        self.metrics.kv_blocks.labels(state="free").set(limits.kv_blocks)
+        self.metrics.kv_blocks.labels(state="used").set(0)
+        log.info("continuous batching: %s; up to %d sequences, %d tokens per step, KV cache of %d tokens (%d blocks "
+                 "of %d, %.0f MB at most)", stepper.name, limits.max_running, limits.max_step_tokens, limits.kv_tokens,
+                 limits.kv_blocks, limits.block_size, limits.kv_tokens * stepper.kv_bytes_per_token / 1e6)
+        return worker
+
+    def executor(self, key: str) -> Worker | ContinuousWorker:
+        """Who runs a job of `key`: the continuous worker for text generation, when there is one."""
+        return self.continuous if self.continuous is not None and key == "generate" else self.worker
+
     def stop(self, timeout_s: float) -> None:
+        if self.continuous is not None:
+            if not self.continuous.stop(timeout_s=timeout_s):
+                log.warning("the continuous worker was still busy after %.1f s; leaving it", timeout_s)
+            else:
+                self.continuous.engine.close()  # before the model it runs on
         if not self.worker.stop(timeout_s=timeout_s):
             log.warning("the model worker was still busy after %.1f s; leaving it", timeout_s)
         if self.engine is not None:
             self.engine.close()
 
     def threads_alive(self) -> bool:
-        """The model loader or worker still runs (a call into torch that did not finish)."""
-        return bool(self._loader and self._loader.is_alive()) or self.worker.alive
+        """The model loader or a worker still runs (a call into torch that did not finish)."""
+        continuous = self.continuous is not None and self.continuous.alive
+        return bool(self._loader and self._loader.is_alive()) or self.worker.alive or continuous
 
     def begin_drain(self) -> None:
         self.status = "draining"
@@ -138,3 +179,19 @@ class ServerState:
             on_depth=m.queue_depth.set,
             on_limit=m.batch_limit.set,
         )
+
+    def _continuous_hooks(self) -> ContinuousHooks:
+        m = self.metrics
+
+        def on_step(report: StepReport) -> None:
+            m.running.set(report.running)
+            m.waiting.set(report.waiting)
+            m.queue_depth.set(report.waiting)
+            m.kv_blocks.labels(state="used").set(report.kv_used)
+            m.kv_blocks.labels(state="free").set(report.kv_free)
+            if report.preempted:
+                m.preemptions.inc(report.preempted)
+            m.token_rate.add(report.sampled)
+            m.batch_time.observe(report.seconds)
+
+        return ContinuousHooks(on_step=on_step, on_token_gap=m.itl.observe)

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["ErrorKind", "Job", "JobOutcome", "QueueFull", "Worker", "WorkerHooks", "is_out_of_memory"]
 
-ErrorKind = Literal["oom", "model_error", "timeout", "shutdown"]
+ErrorKind = Literal["oom", "model_error", "timeout", "shutdown", "cancelled"]
 
 
 @dataclass(kw_only=True, slots=True, eq=False)

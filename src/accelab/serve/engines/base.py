@@ -30,6 +30,7 @@ class SamplingParams:
     temperature: float = 1.0  # 0: greedy
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
+    seed: int | None = None  # a sampled request with a seed repeats itself (continuous scheduler)
 
     @property
     def greedy(self) -> bool:
@@ -84,6 +85,33 @@ class Completion:
     completion_tokens: int
     first_token_at: float | None
     finished_at: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepInput:
+    """Tokens `start ..` of sequence `seq_id`, fed to the model in one continuous-batching step.
+    With `sample`, the chunk ends at the sequence's last known token: the engine picks the next."""
+
+    seq_id: int
+    start: int
+    tokens: tuple[int, ...]
+    sample: bool
+    params: SamplingParams
+
+
+class StepEngine(Protocol):
+    """A model that decodes many sequences step by step, each with its own KV cache entries
+    (the continuous scheduler drives it; see `accelab.serve.continuous`). `step` must be
+    idempotent for a chunk: running the same chunk again overwrites its positions."""
+
+    name: str  # what it is, for the start-up log
+    kv_bytes_per_token: int  # KV cache bytes one token of one sequence holds
+
+    def step(self, inputs: list[StepInput]) -> list[int]: ...  # one token per input with `sample`, in order
+
+    def release(self, seq_id: int) -> None: ...  # the sequence ended: free its cache entries
+
+    def close(self) -> None: ...
 
 
 # -- embeddings and classification ----------------------------------------------------------

@@ -94,7 +94,7 @@ class HFGenerationEngine:
     # -- running (worker thread) ------------------------------------------------------------
     def generate(self, units: list[GenUnit]) -> list[Completion]:
         batch = self._collate(units)
-        streams = [TextStream(self._decode, max_tokens=u.params.max_tokens, stop=u.params.stop,
+        streams = [TextStream(self.decode, max_tokens=u.params.max_tokens, stop=u.params.stop,
                               eos_ids=self.eos_ids) for u in units]
         tracker = _RowTracker(units, streams)
         from transformers import StoppingCriteriaList
@@ -124,8 +124,29 @@ class HFGenerationEngine:
             mask[row, width - len(p.ids):] = 1
         return {"input_ids": ids, "attention_mask": mask}  # [B, S]
 
-    def _decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    # -- continuous batching --------------------------------------------------------------------
+    def step_engine(self, limits: Any) -> Any:
+        """The StepEngine that runs this model for the continuous scheduler (`limits`: its
+        SchedulerConfig); Unsupported, with the reason, where the model must run per batch."""
+        from accelab.plan.runtime import Unsupported
+
+        if self.processor is not None:
+            raise Unsupported("continuous batching does not take images yet: vision-language models run one "
+                              "generate call per batch")
+        if self.runnable.step_engine is not None:  # a backend with its own (llama.cpp)
+            return self.runnable.step_engine(max_sequences=limits.max_running, kv_tokens=limits.kv_tokens,
+                                             max_step_tokens=limits.max_step_tokens)
+        from accelab.serve.engines.ragged import RaggedTorchEngine
+
+        engine = RaggedTorchEngine(self.runnable)
+        problem = engine.self_check(list(self.prepare_chat([{"role": "user", "content": "Hello"}]).ids))
+        if problem is not None:
+            engine.close()
+            raise Unsupported(f"the packed continuous steps do not reproduce {self.name}: {problem}")
+        return engine
 
     def warmup(self) -> None:
         unit = GenUnit(prompt=self.prepare_chat([{"role": "user", "content": "Hello"}]),

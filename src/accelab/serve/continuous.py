@@ -1,0 +1,320 @@
+"""The continuous-batching worker: one thread owns the step engine and runs the scheduler's
+steps back to back while there is work, so requests join and leave the running batch at
+every decoding step and tokens stream as they are made (the static `Worker` runs one
+`generate` per batch instead).
+
+It takes the same `Job`s as the static worker, so the routes do not care which one runs
+them: a job's units (`GenUnit`, one per prompt) become sequences of the pure `Scheduler`.
+Every job gets exactly one `done` call, from this thread:
+- its completions, once all its sequences finished (end of sequence, stop string, max_tokens);
+- a timeout when it waited past its deadline without being admitted (never run);
+- a model error when the engine failed on one of its sequences: a failed step is retried
+  sequence by sequence, so only the sequences that fail alone fail, and only their jobs;
+- "cancelled" when its client went away (the route set `unit.cancelled`): its sequences
+  leave at the next step and their KV-cache entries are freed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence as Seq
+from dataclasses import dataclass, field
+from typing import Any
+
+from accelab.serve.engines.base import Completion, GenUnit, PayloadTooLarge, StepEngine, StepInput
+from accelab.serve.scheduler import Chunk, NeverFits, QueueFull, Scheduler, SchedulerConfig, Sequence, Step
+from accelab.serve.textstream import TextStream
+from accelab.serve.worker import DeadlineExceeded, Job, JobOutcome, ShuttingDown, is_out_of_memory
+
+log = logging.getLogger(__name__)
+
+
+class ClientGone(Exception):
+    pass
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepReport:
+    """What one step did, for the metrics."""
+
+    running: int
+    waiting: int
+    kv_used: int  # blocks
+    kv_free: int
+    tokens: int  # tokens fed to the model
+    sampled: int  # tokens generated
+    preempted: int
+    seconds: float
+
+
+@dataclass(kw_only=True, slots=True)
+class ContinuousHooks:
+    on_step: Callable[[StepReport], None] = lambda report: None
+    on_token_gap: Callable[[float], None] = lambda seconds: None  # inter-token latency of one sequence
+
+
+@dataclass(kw_only=True, slots=True, eq=False)
+class _Row:
+    unit: GenUnit
+    stream: TextStream
+    run: "_JobRun"
+    index: int
+    seq: Sequence["_Row"] | None = None
+    last_token_at: float | None = None
+
+
+@dataclass(kw_only=True, slots=True, eq=False)
+class _JobRun:
+    """A submitted job, as the event loop holds it (to cancel it)."""
+
+    job: Job
+    arrival: float
+    rows: list[_Row] = field(default_factory=list)
+    completions: dict[int, Completion] = field(default_factory=dict)
+    admitted_at: float | None = None
+    done: bool = False
+
+
+class ContinuousWorker:
+    def __init__(self, engine: StepEngine, config: SchedulerConfig, *, decode: Callable[[Seq[int]], str],
+                 eos_ids: Seq[int], clock: Callable[[], float] = time.monotonic,
+                 hooks: ContinuousHooks | None = None):
+        self.engine = engine
+        self.config = config
+        self._decode = decode
+        self._eos_ids = tuple(eos_ids)
+        self._clock = clock
+        self._scheduler: Scheduler[_Row] = Scheduler(config, clock)
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._busy = False
+        self._seconds_per_sequence = 0.0  # moving average, admission to finish, for Retry-After
+        self.hooks = hooks or ContinuousHooks()
+        self._thread = threading.Thread(target=self._loop, name="accelab-continuous-worker", daemon=True)
+
+    # -- called from the event loop -------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: Job) -> _JobRun:
+        """Queue a job's sequences; raises QueueFull (429), ShuttingDown (503) or
+        PayloadTooLarge (413: it could not fit the KV cache even alone)."""
+        run = _JobRun(job=job, arrival=self._clock())
+        run.rows = [_Row(unit=unit, stream=TextStream(self._decode, max_tokens=unit.params.max_tokens,
+                                                      stop=unit.params.stop, eos_ids=self._eos_ids),
+                         run=run, index=i) for i, unit in enumerate(job.units)]
+        with self._cond:
+            if self._stopping:
+                raise ShuttingDown("the server is shutting down")
+            if self._scheduler.waiting + len(run.rows) > self.config.max_queue:
+                raise QueueFull(f"{self._scheduler.waiting} sequences are waiting (max_queue={self.config.max_queue})")
+            try:
+                for row in run.rows:
+                    row.seq = self._scheduler.add(row, row.unit.prompt.ids, max_tokens=row.unit.params.max_tokens,
+                                                  timeout_s=job.timeout_s)
+            except NeverFits as err:
+                for row in run.rows:
+                    if row.seq is not None:
+                        self._scheduler.cancel(row.seq)
+                raise PayloadTooLarge(str(err)) from None
+            self._cond.notify()
+        return run
+
+    def cancel(self, run: _JobRun) -> bool:
+        """Take a job out of the queue (deadline passed, client gone) if none of its sequences
+        was admitted yet (True); False once it runs (then it is answered as usual)."""
+        with self._cond:
+            if run.done or run.admitted_at is not None:
+                return False
+            for row in run.rows:
+                if row.seq is not None:
+                    self._scheduler.cancel(row.seq)
+            run.done = True
+        return True
+
+    @property
+    def depth(self) -> int:
+        with self._cond:
+            return self._scheduler.waiting
+
+    @property
+    def batch_limit(self) -> int:
+        return self.config.max_running
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def idle(self) -> bool:
+        with self._cond:
+            return not self._busy and self._scheduler.idle
+
+    def retry_after_s(self) -> int:
+        """Seconds a client turned away should wait: the queue ahead of it, run max_running at a time."""
+        with self._cond:
+            rounds = self._scheduler.waiting / self.config.max_running + 1
+        return max(1, math.ceil(rounds * self._seconds_per_sequence))
+
+    def stop(self, *, timeout_s: float | None = None) -> bool:
+        """Finish what is queued and running, then end the thread; True when it ended in time."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    # -- the worker thread ----------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                step = self._next_step()
+                while step.empty:
+                    if self._stopping and self._scheduler.idle:
+                        return
+                    self._cond.wait(self._wait_s())
+                    step = self._next_step()
+                self._busy = True
+            try:
+                self._run(step)
+            except Exception:  # noqa: BLE001 - the worker thread must survive anything
+                log.exception("continuous worker step error")
+            finally:
+                with self._cond:
+                    self._busy = False
+
+    def _next_step(self) -> Step[_Row]:
+        """Under the lock: cancel what the routes gave up on, then schedule."""
+        for seq in self._scheduler.sequences():
+            if seq.payload.unit.cancelled and not seq.cancelled:
+                self._scheduler.cancel(seq)
+                if seq.state == "done":  # it was waiting: answer its job now
+                    self._fail(seq.payload.run, ClientGone("the client went away"), "cancelled")
+        return self._scheduler.schedule()
+
+    def _wait_s(self) -> float | None:
+        deadline = self._scheduler.next_deadline()
+        return None if deadline is None else max(0.0, deadline - self._clock())
+
+    def _run(self, step: Step[_Row]) -> None:
+        for seq in step.expired:
+            waited = self._clock() - seq.arrival
+            self._fail(seq.payload.run, DeadlineExceeded(
+                f"request waited {waited:.1f} s in the queue, past its deadline of {seq.payload.run.job.timeout_s:g} "
+                "s; raise --request-timeout or send fewer requests at once"), "timeout")
+        for seq in step.dropped + step.preempted:
+            self.engine.release(seq.id)
+        for seq in step.dropped:
+            self._fail(seq.payload.run, ClientGone("the client went away"), "cancelled")
+        for seq in step.admitted:
+            run = seq.payload.run
+            if run.admitted_at is None:
+                run.admitted_at = self._clock()
+                _call(run.job.started)
+        if not step.chunks:
+            return
+        started = self._clock()
+        results = self._compute(step.chunks)
+        now = self._clock()
+        sampled = 0
+        for chunk, result in zip(step.chunks, results):
+            row = chunk.seq.payload
+            if isinstance(result, BaseException):
+                with self._cond:
+                    self._scheduler.finish(chunk.seq)
+                self.engine.release(chunk.seq.id)
+                self._fail(row.run, result, "oom" if is_out_of_memory(result) else "model_error")
+                continue
+            with self._cond:
+                self._scheduler.advance(chunk, result)
+            if result is not None and chunk.seq.state == "running" and not chunk.seq.cancelled:
+                sampled += 1
+                self._take_token(row, result, now)
+        with self._cond:
+            report = StepReport(running=self._scheduler.running, waiting=self._scheduler.waiting,
+                                kv_used=self._scheduler.used_blocks, kv_free=self._scheduler.free_blocks,
+                                tokens=step.tokens, sampled=sampled, preempted=len(step.preempted),
+                                seconds=now - started)
+        _call(self.hooks.on_step, report)
+
+    def _compute(self, chunks: list[Chunk[_Row]]) -> list[int | None | BaseException]:
+        """The engine's step over `chunks`: a token (sampling chunks), None (the others) or the
+        error of a chunk that failed alone."""
+        inputs = [StepInput(seq_id=c.seq.id, start=c.start, tokens=c.tokens, sample=c.sample,
+                            params=c.seq.payload.unit.params) for c in chunks]
+        try:
+            return _spread(inputs, self.engine.step(inputs))
+        except Exception as err:  # noqa: BLE001 - answered per sequence below
+            if len(inputs) == 1:
+                log.warning("a sequence failed: %r", err)
+                return [err]
+            log.warning("a step of %d sequences failed (%r); running them one by one", len(inputs), err)
+        results: list[int | None | BaseException] = []
+        for item in inputs:
+            try:
+                results.extend(_spread([item], self.engine.step([item])))
+            except Exception as err:  # noqa: BLE001
+                log.warning("a sequence failed: %r", err)
+                results.append(err)
+        return results
+
+    def _take_token(self, row: _Row, token: int, now: float) -> None:
+        unit = row.unit
+        if row.last_token_at is not None:
+            _call(self.hooks.on_token_gap, now - row.last_token_at)
+        row.last_token_at = now
+        unit.note_token(now)
+        piece = row.stream.push(token)
+        unit.emit(piece.text)
+        if piece.finished is None:
+            return
+        assert row.seq is not None
+        with self._cond:
+            self._scheduler.finish(row.seq)
+        self.engine.release(row.seq.id)
+        run = row.run
+        run.completions[row.index] = Completion(
+            text=row.stream.output, finish_reason=piece.finished, prompt_tokens=unit.prompt.prompt_tokens,
+            completion_tokens=row.stream.tokens, first_token_at=unit.first_token_at, finished_at=now)
+        if len(run.completions) == len(run.rows) and not run.done:
+            run.done = True
+            admitted = run.admitted_at if run.admitted_at is not None else now
+            seconds = now - admitted
+            self._seconds_per_sequence = (seconds if not self._seconds_per_sequence
+                                          else 0.8 * self._seconds_per_sequence + 0.2 * seconds)
+            _call(run.job.done, JobOutcome(outputs=[run.completions[i] for i in range(len(run.rows))],
+                                           queue_s=admitted - run.arrival, compute_s=seconds,
+                                           batch_units=self._scheduler.running + 1))
+
+    def _fail(self, run: _JobRun, error: BaseException, kind: str) -> None:
+        """Answer a job with `error` once; its other sequences stop at the next step."""
+        if run.done:
+            return
+        run.done = True
+        for row in run.rows:
+            row.unit.cancelled = True
+            if row.seq is not None and row.seq.state != "done":
+                with self._cond:
+                    self._scheduler.cancel(row.seq)
+        queue_s = (run.admitted_at or self._clock()) - run.arrival
+        _call(run.job.done, JobOutcome(error=error, error_kind=kind, queue_s=queue_s))  # type: ignore[arg-type]
+
+
+def _spread(inputs: list[StepInput], tokens: list[int]) -> list[int | None]:
+    """The engine's tokens (one per sampling input) laid out one per input."""
+    wanted = sum(item.sample for item in inputs)
+    if len(tokens) != wanted:
+        raise RuntimeError(f"the engine returned {len(tokens)} tokens for {wanted} sampling sequences")
+    picked = iter(tokens)
+    return [next(picked) if item.sample else None for item in inputs]
+
+
+def _call(callback: Callable[..., Any], *args: Any) -> None:
+    try:
+        callback(*args)
+    except Exception:  # noqa: BLE001 - one broken callback must not stop the worker
+        log.exception("callback failed")

@@ -1,0 +1,319 @@
+"""The continuous-batching scheduler: which sequences run in the next decoding step, and
+with which tokens. Pure logic: no torch, no threads, no I/O; the clock is injected.
+
+Per step (`schedule`), in this order:
+1. cancelled sequences leave, and their KV blocks are freed; waiting sequences past their
+   deadline expire (the caller answers 504; they never ran);
+2. every running sequence that is decoding gets its one token, oldest admission first. One
+   that needs a new KV block when none is free preempts the youngest running sequence (maybe
+   itself): its blocks are freed and it goes back to the head of the queue, to be recomputed
+   (prompt and generated tokens) when it is admitted again;
+3. sequences still prefilling get the next chunk of their tokens from what is left of the
+   step's token budget, oldest first, so a long prompt never stalls the decodes for longer
+   than one chunk;
+4. waiting sequences are admitted in arrival order while a slot is free, the budget has room
+   and the KV cache can hold all their tokens. The head of the queue is never overtaken:
+   short prompts cannot starve a long one.
+
+After the engine ran the step, the caller reports each chunk with `advance` (and the token
+sampled at its end), and ends a sequence with `finish`. The KV capacity is counted in blocks
+of `block_size` tokens, allocated as tokens are computed, as in paged attention.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Generic, Literal, TypeVar
+
+from accelab.serve.batcher import QueueFull  # one "answer 429" for both schedulers
+
+T = TypeVar("T")
+
+SeqState = Literal["waiting", "running", "done"]
+
+__all__ = ["Chunk", "NeverFits", "QueueFull", "Scheduler", "SchedulerConfig", "Sequence", "Step"]
+
+
+class NeverFits(ValueError):
+    """A sequence that could not fit the KV cache even alone; the caller answers 413."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SchedulerConfig:
+    max_running: int = 8  # sequences in the running batch (decoding or prefilling)
+    max_step_tokens: int = 256  # tokens one step feeds the model: decodes + prefill chunks
+    kv_blocks: int = 1024  # KV-cache capacity, in blocks
+    block_size: int = 16  # tokens per block
+    max_queue: int = 256  # sequences waiting; more get QueueFull
+
+    def __post_init__(self) -> None:
+        for name in ("max_running", "max_step_tokens", "kv_blocks", "block_size", "max_queue"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be 1 or more")
+        if self.max_step_tokens <= self.max_running:
+            raise ValueError(
+                f"max_step_tokens={self.max_step_tokens} must be more than max_running={self.max_running}: every "
+                "running sequence decodes one token per step, and prefill needs room beside them"
+            )
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.kv_blocks * self.block_size
+
+
+@dataclass(kw_only=True, slots=True, eq=False)
+class Sequence(Generic[T]):
+    """One sequence to generate. `computed` tokens have their KV in the engine's cache; the
+    ones after it are fed in the next chunks."""
+
+    id: int
+    payload: T
+    prompt: tuple[int, ...]
+    max_tokens: int
+    arrival: float
+    deadline: float | None  # absolute, on the scheduler's clock; only while waiting
+    generated: list[int] = field(default_factory=list)
+    computed: int = 0
+    blocks: int = 0
+    state: SeqState = "waiting"
+    admitted_at: float | None = None  # the first admission
+    cancelled: bool = False
+    preemptions: int = 0
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt) + len(self.generated)
+
+    @property
+    def pending(self) -> int:
+        """Tokens known but not yet fed to the model."""
+        return self.length - self.computed
+
+    @property
+    def decoding(self) -> bool:
+        return self.state == "running" and self.pending == 1 and bool(self.generated)
+
+    def token_slice(self, start: int, stop: int) -> tuple[int, ...]:
+        n = len(self.prompt)
+        if stop <= n:
+            return self.prompt[start:stop]
+        return self.prompt[start:] + tuple(self.generated[max(0, start - n):stop - n])
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Chunk(Generic[T]):
+    """Tokens `start ..` of one sequence, fed to the model in this step. When the chunk ends at
+    the last known token (`sample`), the engine picks the sequence's next token."""
+
+    seq: Sequence[T]
+    start: int
+    tokens: tuple[int, ...]
+
+    @property
+    def sample(self) -> bool:
+        return self.start + len(self.tokens) == self.seq.length
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Step(Generic[T]):
+    chunks: list[Chunk[T]] = field(default_factory=list)
+    admitted: list[Sequence[T]] = field(default_factory=list)  # admitted for the first time
+    expired: list[Sequence[T]] = field(default_factory=list)  # deadline passed while waiting: 504
+    dropped: list[Sequence[T]] = field(default_factory=list)  # cancelled: their KV is gone
+    preempted: list[Sequence[T]] = field(default_factory=list)  # back to the queue: release their KV
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(c.tokens) for c in self.chunks)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.chunks or self.expired or self.dropped or self.preempted)
+
+
+class Scheduler(Generic[T]):
+    def __init__(self, config: SchedulerConfig, clock: Callable[[], float]):
+        self.config = config
+        self._clock = clock
+        self._waiting: deque[Sequence[T]] = deque()
+        self._running: list[Sequence[T]] = []  # in admission order
+        self._cancelled: list[Sequence[T]] = []  # running ones, dropped at the next step
+        self._free_blocks = config.kv_blocks
+        self._ids = itertools.count()
+        self.preemptions = 0
+
+    # -- state ----------------------------------------------------------------------------
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
+    def free_blocks(self) -> int:
+        return self._free_blocks
+
+    @property
+    def used_blocks(self) -> int:
+        return self.config.kv_blocks - self._free_blocks
+
+    @property
+    def idle(self) -> bool:
+        return not self._waiting and not self._running and not self._cancelled
+
+    def sequences(self) -> list[Sequence[T]]:
+        """Every sequence waiting or running."""
+        return [*self._waiting, *self._running]
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline of a waiting sequence (when `schedule` must run to expire it)."""
+        return min((s.deadline for s in self._waiting if s.deadline is not None), default=None)
+
+    def blocks_for(self, tokens: int) -> int:
+        return math.ceil(tokens / self.config.block_size)
+
+    # -- requests -------------------------------------------------------------------------
+    def add(self, payload: T, prompt: tuple[int, ...], *, max_tokens: int,
+            timeout_s: float | None = None) -> Sequence[T]:
+        if not prompt:
+            raise ValueError("a sequence needs at least one prompt token")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens={max_tokens} must be 1 or more")
+        need = len(prompt) + max_tokens - 1  # the last token is sampled, never fed back
+        if need > self.config.kv_tokens:
+            raise NeverFits(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) needs {need} tokens of KV cache; the "
+                f"whole cache holds {self.config.kv_tokens} (--kv-cache-tokens); lower max_tokens or shorten the prompt"
+            )
+        if len(self._waiting) >= self.config.max_queue:
+            raise QueueFull(f"{len(self._waiting)} sequences are waiting (max_queue={self.config.max_queue})")
+        now = self._clock()
+        seq = Sequence(id=next(self._ids), payload=payload, prompt=tuple(prompt), max_tokens=max_tokens,
+                       arrival=now, deadline=None if timeout_s is None else now + timeout_s)
+        self._waiting.append(seq)
+        return seq
+
+    def cancel(self, seq: Sequence[T]) -> bool:
+        """The client is gone. A waiting sequence leaves now (True); a running one leaves at the
+        next step, which frees its blocks (False: it had started)."""
+        if seq.state == "done" or seq.cancelled:
+            return False
+        seq.cancelled = True
+        if seq.state == "waiting":
+            self._waiting.remove(seq)
+            seq.state = "done"
+            return True
+        self._cancelled.append(seq)
+        return False
+
+    # -- the step -------------------------------------------------------------------------
+    def schedule(self) -> Step[T]:
+        dropped = self._drop_cancelled()
+        expired = self._expire()
+        budget = self.config.max_step_tokens
+        chunks: list[Chunk[T]] = []
+        preempted: list[Sequence[T]] = []
+
+        # 2. decodes: one token each, oldest first; growth may preempt the youngest
+        for seq in list(self._running):
+            if seq.state != "running" or not seq.decoding:
+                continue
+            while self.blocks_for(seq.computed + 1) > seq.blocks and seq.state == "running":
+                if self._free_blocks:
+                    self._take_blocks(seq, 1)
+                else:
+                    preempted.append(self._preempt_youngest())
+            if seq.state == "running":
+                chunks.append(Chunk(seq=seq, start=seq.computed, tokens=seq.token_slice(seq.computed, seq.length)))
+                budget -= 1
+
+        # 3. prefill chunks of running sequences (their blocks were reserved at admission)
+        for seq in self._running:
+            if budget <= 0:
+                break
+            if seq.state == "running" and not seq.decoding and seq.pending > 0:
+                chunks.append(self._chunk(seq, budget))
+                budget -= len(chunks[-1].tokens)
+
+        # 4. admission, in arrival order, never past the head
+        admitted: list[Sequence[T]] = []
+        while (budget > 0 and self._waiting and len(self._running) < self.config.max_running
+               and self.blocks_for(self._waiting[0].length) <= self._free_blocks):
+            seq = self._waiting.popleft()
+            self._take_blocks(seq, self.blocks_for(seq.length))
+            seq.state, seq.deadline = "running", None  # admitted: no queue deadline any more
+            if seq.admitted_at is None:
+                seq.admitted_at = self._clock()
+                admitted.append(seq)
+            self._running.append(seq)
+            chunks.append(self._chunk(seq, budget))
+            budget -= len(chunks[-1].tokens)
+        return Step(chunks=chunks, admitted=admitted, expired=expired, dropped=dropped, preempted=preempted)
+
+    def advance(self, chunk: Chunk[T], token: int | None) -> None:
+        """The engine computed `chunk` (and sampled `token` at its end when `chunk.sample`)."""
+        seq = chunk.seq
+        if seq.state != "running" or seq.computed != chunk.start:
+            return  # preempted or cancelled meanwhile: the chunk's work is void
+        if chunk.sample and token is None:
+            raise ValueError(f"chunk of sequence {seq.id} ends at its last token: it needs the sampled token")
+        seq.computed += len(chunk.tokens)
+        if chunk.sample:
+            seq.generated.append(token)
+
+    def finish(self, seq: Sequence[T]) -> None:
+        """The sequence is complete (or failed): it leaves and frees its blocks."""
+        if seq in self._running:
+            self._running.remove(seq)
+        elif seq in self._waiting:
+            self._waiting.remove(seq)
+        if seq in self._cancelled:
+            self._cancelled.remove(seq)
+        self._free(seq)
+        seq.state = "done"
+
+    # -- internals ------------------------------------------------------------------------
+    def _chunk(self, seq: Sequence[T], budget: int) -> Chunk[T]:
+        size = min(seq.pending, budget)
+        return Chunk(seq=seq, start=seq.computed, tokens=seq.token_slice(seq.computed, seq.computed + size))
+
+    def _drop_cancelled(self) -> list[Sequence[T]]:
+        dropped = [s for s in self._cancelled if s.state != "done"]
+        for seq in dropped:
+            self.finish(seq)
+        self._cancelled.clear()
+        return dropped
+
+    def _expire(self) -> list[Sequence[T]]:
+        now = self._clock()
+        expired = [s for s in self._waiting if s.deadline is not None and s.deadline <= now]
+        for seq in expired:
+            self._waiting.remove(seq)
+            seq.state = "done"
+        return expired
+
+    def _preempt_youngest(self) -> Sequence[T]:
+        victim = self._running.pop()
+        self._free(victim)
+        victim.state, victim.computed = "waiting", 0
+        victim.preemptions += 1
+        self.preemptions += 1
+        # ahead of every sequence that arrived after it: it keeps its place in line
+        index = next((i for i, s in enumerate(self._waiting) if s.arrival > victim.arrival), len(self._waiting))
+        self._waiting.insert(index, victim)
+        return victim
+
+    def _take_blocks(self, seq: Sequence[T], n: int) -> None:
+        assert n <= self._free_blocks, "allocation past the free blocks"
+        self._free_blocks -= n
+        seq.blocks += n
+
+    def _free(self, seq: Sequence[T]) -> None:
+        self._free_blocks += seq.blocks
+        seq.blocks = 0

@@ -1,0 +1,186 @@
+"""The continuous-batching scheduler alone: a fake clock, no engine, exact asserts."""
+
+from __future__ import annotations
+
+import pytest
+
+from accelab.serve.scheduler import NeverFits, QueueFull, Scheduler, SchedulerConfig
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(**config) -> tuple[Scheduler, Clock]:
+    clock = Clock()
+    return Scheduler(SchedulerConfig(**config), clock), clock
+
+
+def run_step(sched: Scheduler, token: int = 7):
+    """Schedule a step and report every chunk done, sampling `token` where one is due."""
+    step = sched.schedule()
+    for chunk in step.chunks:
+        sched.advance(chunk, token if chunk.sample else None)
+    return step
+
+
+def shape(step) -> list[tuple[str, int, int]]:
+    return [(c.seq.payload, c.start, len(c.tokens)) for c in step.chunks]
+
+
+def test_admission_in_arrival_order_up_to_max_running():
+    sched, _ = make(max_running=2, max_step_tokens=64)
+    for name in "abc":
+        sched.add(name, (1, 2, 3), max_tokens=4)
+    step = run_step(sched)
+    assert shape(step) == [("a", 0, 3), ("b", 0, 3)]
+    assert [s.payload for s in step.admitted] == ["a", "b"]
+    assert (sched.running, sched.waiting) == (2, 1)
+    step = run_step(sched)  # both decode; c waits for a slot
+    assert shape(step) == [("a", 3, 1), ("b", 3, 1)]
+    assert step.chunks[0].tokens == (7,)
+
+
+def test_a_finished_sequence_leaves_and_a_waiting_one_joins_at_the_next_step():
+    sched, _ = make(max_running=2, max_step_tokens=64)
+    a = sched.add("a", (1, 2), max_tokens=4)
+    sched.add("b", (1, 2), max_tokens=4)
+    sched.add("c", (5, 6, 7), max_tokens=4)
+    run_step(sched)
+    sched.finish(a)
+    step = run_step(sched)
+    assert shape(step) == [("b", 2, 1), ("c", 0, 3)]  # b keeps decoding while c prefills
+    assert [s.payload for s in step.admitted] == ["c"]
+
+
+def test_token_budget_chunks_a_long_prompt_and_decodes_go_first():
+    sched, _ = make(max_running=4, max_step_tokens=8)
+    short = sched.add("short", (1, 2), max_tokens=10)
+    run_step(sched)
+    long = sched.add("long", tuple(range(20)), max_tokens=4)
+    steps = [shape(run_step(sched)) for _ in range(3)]
+    # every step: the decode of `short` first, then 7 prompt tokens of `long`, chunk by chunk
+    assert steps[0] == [("short", 2, 1), ("long", 0, 7)]
+    assert steps[1] == [("short", 3, 1), ("long", 7, 7)]
+    assert steps[2] == [("short", 4, 1), ("long", 14, 6)]
+    assert long.generated == [7] and long.computed == 20  # sampled at the end of its last chunk
+    assert short.generated == [7, 7, 7, 7]
+
+
+def test_a_chunk_that_does_not_end_the_prompt_samples_nothing():
+    sched, _ = make(max_running=1, max_step_tokens=4)
+    seq = sched.add("a", (1, 2, 3, 4, 5, 6), max_tokens=2)
+    step = sched.schedule()
+    assert [c.sample for c in step.chunks] == [False]
+    sched.advance(step.chunks[0], None)
+    step = sched.schedule()
+    assert [c.sample for c in step.chunks] == [True]
+    with pytest.raises(ValueError, match="needs the sampled token"):
+        sched.advance(step.chunks[0], None)
+    assert seq.computed == 4
+
+
+def test_head_of_queue_is_never_overtaken_by_shorter_prompts():
+    # the cache holds 4 blocks of 4 tokens; `big` needs 3 blocks and waits for them; `small`
+    # (1 block) would fit, but does not jump the queue
+    sched, _ = make(max_running=4, max_step_tokens=64, kv_blocks=4, block_size=4)
+    first = sched.add("first", tuple(range(8)), max_tokens=4)  # 2 blocks
+    run_step(sched)
+    sched.add("big", tuple(range(12)), max_tokens=4)
+    sched.add("small", (1,), max_tokens=2)
+    step = run_step(sched)
+    assert shape(step) == [("first", 8, 1)]
+    assert sched.waiting == 2
+    sched.finish(first)
+    step = run_step(sched)
+    assert [s.payload for s in step.admitted] == ["big", "small"]
+
+
+def test_queue_is_bounded_and_a_sequence_that_can_never_fit_is_refused():
+    sched, _ = make(max_running=1, max_step_tokens=8, max_queue=2, kv_blocks=2, block_size=4)
+    sched.add("a", (1,), max_tokens=2)
+    sched.add("b", (1,), max_tokens=2)
+    with pytest.raises(QueueFull, match="max_queue=2"):
+        sched.add("c", (1,), max_tokens=2)
+    with pytest.raises(NeverFits, match="needs 9 tokens of KV cache; the whole cache holds 8"):
+        sched.add("d", (1, 2, 3, 4, 5), max_tokens=5)
+    sched.finish(sched.sequences()[0])  # room in the queue again
+    assert sched.add("e", (1, 2, 3, 4), max_tokens=5).max_tokens == 5  # 8 tokens: fits exactly
+
+
+def test_waiting_past_the_deadline_expires_and_never_runs():
+    sched, clock = make(max_running=1, max_step_tokens=8)
+    sched.add("running", (1, 2), max_tokens=8)
+    run_step(sched)
+    late = sched.add("late", (3, 4), max_tokens=2, timeout_s=5.0)
+    assert sched.next_deadline() == 105.0
+    clock.now += 4.9
+    assert run_step(sched).expired == []
+    clock.now += 0.2
+    step = run_step(sched)
+    assert step.expired == [late] and late.state == "done"
+    assert sched.waiting == 0 and all(c.seq is not late for c in step.chunks)
+
+
+def test_an_admitted_sequence_no_longer_has_a_deadline():
+    sched, clock = make(max_running=1, max_step_tokens=8)
+    seq = sched.add("a", (1, 2), max_tokens=8, timeout_s=1.0)
+    run_step(sched)
+    clock.now += 10
+    assert run_step(sched).expired == [] and seq.state == "running"
+
+
+def test_cancel_frees_the_slot_and_blocks_at_the_next_step():
+    sched, _ = make(max_running=1, max_step_tokens=8, kv_blocks=4, block_size=4)
+    a = sched.add("a", (1, 2, 3, 4, 5), max_tokens=4)
+    b = sched.add("b", (1, 2), max_tokens=4)
+    run_step(sched)
+    assert sched.used_blocks == 2
+    assert sched.cancel(a) is False  # it ran: it leaves at the next step
+    step = run_step(sched)
+    assert step.dropped == [a] and a.state == "done"
+    assert shape(step) == [("b", 0, 2)]  # its slot went to b in the same step
+    assert sched.used_blocks == 1
+    # a waiting sequence leaves at once
+    c = sched.add("c", (1,), max_tokens=2)
+    assert sched.cancel(c) is True and sched.waiting == 0
+    assert sched.cancel(c) is False  # twice is harmless
+
+
+def test_kv_growth_preempts_the_youngest_which_is_recomputed_later():
+    sched, _ = make(max_running=2, max_step_tokens=16, kv_blocks=2, block_size=2)
+    old = sched.add("old", (1, 2), max_tokens=3)  # 1 block
+    young = sched.add("young", (3, 4), max_tokens=3)  # 1 block: the cache is full
+    run_step(sched, token=9)  # both prefilled, each sampled a token: 3 tokens, 1 block each
+    step = run_step(sched, token=9)
+    # old decodes position 2 and needs a second block: the youngest is preempted for it
+    assert step.preempted == [young] and sched.preemptions == 1
+    assert young.state == "waiting" and young.computed == 0 and young.generated == [9]
+    assert shape(step) == [("old", 2, 1)]
+    sched.finish(old)
+    step = run_step(sched, token=5)
+    # young comes back: prompt and its generated token are recomputed in one chunk, then it samples
+    assert shape(step) == [("young", 0, 3)]
+    assert step.chunks[0].tokens == (3, 4, 9) and young.generated == [9, 5]
+    assert step.admitted == []  # admitted before: not counted as new
+
+
+def test_the_youngest_needing_a_block_preempts_itself_and_the_older_one_decodes_on():
+    sched, _ = make(max_running=2, max_step_tokens=8, kv_blocks=2, block_size=2)
+    old = sched.add("old", (1,), max_tokens=1)  # decodes position 1: still its first block
+    young = sched.add("young", (1, 2), max_tokens=3)  # decodes position 2: needs a second block
+    run_step(sched)
+    step = run_step(sched)
+    assert step.preempted == [young] and shape(step) == [("old", 1, 1)]
+    assert old.state == "running" and young.state == "waiting"
+
+
+def test_config_checks_name_the_field():
+    with pytest.raises(ValueError, match="max_running=0 must be 1 or more"):
+        SchedulerConfig(max_running=0)
+    with pytest.raises(ValueError, match="max_step_tokens=8 must be more than max_running=8"):
+        SchedulerConfig(max_running=8, max_step_tokens=8)
