@@ -109,17 +109,16 @@ class ContinuousWorker:
         with self._cond:
             if self._stopping:
                 raise ShuttingDown("the server is shutting down")
-            if self._scheduler.waiting + len(run.rows) > self.config.max_queue:
-                raise QueueFull(f"{self._scheduler.waiting} sequences are waiting (max_queue={self.config.max_queue})")
             try:
-                for row in run.rows:
-                    row.seq = self._scheduler.add(row, row.unit.prompt.ids, max_tokens=row.unit.params.max_tokens,
-                                                  timeout_s=job.timeout_s)
+                for unit in job.units:
+                    self._scheduler.check_fits(len(unit.prompt.ids), unit.params.max_tokens)
             except NeverFits as err:
-                for row in run.rows:
-                    if row.seq is not None:
-                        self._scheduler.cancel(row.seq)
                 raise PayloadTooLarge(str(err)) from None
+            if self._scheduler.waiting + len(run.rows) > self.config.max_queue:  # all of the job or none
+                raise QueueFull(f"{self._scheduler.waiting} sequences are waiting (max_queue={self.config.max_queue})")
+            for row in run.rows:
+                row.seq = self._scheduler.add(row, row.unit.prompt.ids, max_tokens=row.unit.params.max_tokens,
+                                              timeout_s=job.timeout_s)
             self._cond.notify()
         return run
 
@@ -215,10 +214,8 @@ class ContinuousWorker:
             if run.admitted_at is None:
                 run.admitted_at = self._clock()
                 _call(run.job.started)
-        if not step.chunks:
-            return
         started = self._clock()
-        results = self._compute(step.chunks)
+        results = self._compute(step.chunks) if step.chunks else []
         now = self._clock()
         sampled = 0
         for chunk, result in zip(step.chunks, results):

@@ -183,14 +183,7 @@ class Scheduler(Generic[T]):
             timeout_s: float | None = None) -> Sequence[T]:
         if not prompt:
             raise ValueError("a sequence needs at least one prompt token")
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens={max_tokens} must be 1 or more")
-        need = len(prompt) + max_tokens - 1  # the last token is sampled, never fed back
-        if need > self.config.kv_tokens:
-            raise NeverFits(
-                f"prompt ({len(prompt)} tokens) + max_tokens ({max_tokens}) needs {need} tokens of KV cache; the "
-                f"whole cache holds {self.config.kv_tokens} (--kv-cache-tokens); lower max_tokens or shorten the prompt"
-            )
+        self.check_fits(len(prompt), max_tokens)
         if len(self._waiting) >= self.config.max_queue:
             raise QueueFull(f"{len(self._waiting)} sequences are waiting (max_queue={self.config.max_queue})")
         now = self._clock()
@@ -198,6 +191,17 @@ class Scheduler(Generic[T]):
                        arrival=now, deadline=None if timeout_s is None else now + timeout_s)
         self._waiting.append(seq)
         return seq
+
+    def check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
+        """NeverFits unless a sequence of this size fits the KV cache when alone."""
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens={max_tokens} must be 1 or more")
+        need = prompt_tokens + max_tokens - 1  # the last token is sampled, never fed back
+        if need > self.config.kv_tokens:
+            raise NeverFits(
+                f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) needs {need} tokens of KV cache; the "
+                f"whole cache holds {self.config.kv_tokens} (--kv-cache-tokens); lower max_tokens or shorten the prompt"
+            )
 
     def cancel(self, seq: Sequence[T]) -> bool:
         """The client is gone. A waiting sequence leaves now (True); a running one leaves at the

@@ -2,8 +2,11 @@
 
 They have the methods of the real engines, sleep to look slow, record every batch they run,
 and misbehave on request:
-- an input containing "boom" makes the whole batch raise (a bad request);
+- an input containing "boom" makes the whole batch raise (a bad request); for generation,
+  after its first token (so the error comes after the stream started);
 - a batch of more than `oom_above` inputs raises torch.OutOfMemoryError (labelled FAKE).
+The fake generation engine runs under both schedulers: `generate` per batch, and a
+`FakeStepEngine` for continuous batching that makes the same tokens step by step.
 
 `python -m accelab.serve.testing --port 0 --delay 0.5` runs a fake server through the same
 runner as `accelab serve` (signals, grace period), for the SIGTERM test.
@@ -27,7 +30,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from accelab.serve.engines.base import Completion, GenUnit, Label, Prompt, TextInput
+from accelab.serve.engines.base import Completion, GenUnit, Label, Prompt, StepInput, TextInput
 from accelab.serve.textstream import TextStream
 
 POISON = "boom"
@@ -102,6 +105,15 @@ class FakeGenerationEngine(_FakeBase):
     tokens. Honours max_tokens and stop strings through the real TextStream."""
 
     task = "text-generation"
+    eos_ids: tuple[int, ...] = ()
+    max_context: int | None = None
+
+    def decode(self, ids: Any) -> str:
+        return _fake_decode(ids)
+
+    def step_engine(self, limits: Any) -> "FakeStepEngine":
+        self.stepper = FakeStepEngine(self)
+        return self.stepper
 
     def prepare_chat(self, messages: list[dict[str, Any]]) -> Prompt:
         text = " ".join(m["content"] if isinstance(m["content"], str) else
@@ -139,12 +151,47 @@ class FakeGenerationEngine(_FakeBase):
                 for i, (u, s) in enumerate(zip(units, streams))]
 
 
+class FakeStepEngine:
+    """The fake generation engine's continuous steps: a token after a prompt word is 0, after
+    token k it is k + 1 (so every sequence reads " w0 w1 w2 ..."). Sleeps `delay_s` per step,
+    records each step's inputs, and fails a poisoned sequence's second token."""
+
+    name = "FAKE step engine (a test fake)"
+    kv_bytes_per_token = 1000
+
+    def __init__(self, owner: FakeGenerationEngine):
+        self.owner = owner
+        self.steps: list[list[StepInput]] = []
+        self.released: list[int] = []
+        self.closed = False
+        self._poisoned: set[int] = set()
+
+    def step(self, inputs: list[StepInput]) -> list[int]:
+        self.steps.append(list(inputs))
+        time.sleep(self.owner.delay_s)
+        for item in inputs:
+            if _word_id(POISON) in item.tokens:
+                self._poisoned.add(item.seq_id)
+            if item.seq_id in self._poisoned and item.tokens[-1] == 0:
+                raise FakeModelError(f"FAKE model error: an input contains {POISON!r} (a test fake)")
+        return [0 if item.tokens[-1] >= WORD_IDS else item.tokens[-1] + 1 for item in inputs if item.sample]
+
+    def release(self, seq_id: int) -> None:
+        self.released.append(seq_id)
+
+    def close(self) -> None:
+        self.closed = True
+
+
 def _fake_decode(ids: Any) -> str:
     return "".join(f" w{i}" for i in ids)
 
 
+WORD_IDS = 1 << 30  # a prompt word's id is at least this; generated tokens are counts below it
+
+
 def _word_id(word: str) -> int:
-    return int.from_bytes(hashlib.blake2b(word.encode(), digest_size=4).digest(), "little")
+    return int.from_bytes(hashlib.blake2b(word.encode(), digest_size=4).digest(), "little") | WORD_IDS
 
 
 def _unit_vector(ids: tuple[int, ...]) -> list[float]:
