@@ -69,7 +69,35 @@ def test_summary_percentiles_throughput_and_goodput():
     assert s["ttft_ms"]["p50"] == pytest.approx(50)
     assert s["e2e_ms"]["max"] == pytest.approx(2500)
     assert s["tpot_ms"]["min"] == pytest.approx((200 - 50) / 10)  # (e2e - ttft) / (tokens - 1)
-    assert s["itl_ms"]["n"] == 20 and s["itl_ms"]["min"] == pytest.approx(20)
+    # 11 tokens in 3 chunks: the 10 after the first chunk spread over its 2 gaps (20 and 30 ms)
+    assert s["itl_ms"]["n"] == 100 and s["itl_ms"]["min"] == pytest.approx(4)
+    assert s["itl_ms"]["max"] == pytest.approx(6)
+
+
+def test_itl_is_per_token_from_the_usage_count_not_per_chunk():
+    one_per_chunk = rec(0, 1.0, ttft=0.1, tokens=4, chunks=[0.1, 0.2, 0.4, 0.5])
+    assert one_per_chunk.itls == pytest.approx([0.1, 0.2, 0.1])
+    # 7 tokens in 3 chunks (text held back, then sent together): 6 tokens over 2 gaps
+    held = rec(0, 1.0, ttft=0.1, tokens=7, chunks=[0.1, 0.4, 0.7])
+    assert held.itls == pytest.approx([0.1] * 6)
+    uneven = rec(0, 1.0, ttft=0.1, tokens=4, chunks=[0.1, 0.3, 0.4])  # 3 tokens over 2 gaps: 2 then 1
+    assert uneven.itls == pytest.approx([0.1, 0.1, 0.1]) and len(uneven.itls) == 3
+    no_usage = rec(0, 1.0, ttft=0.1, tokens=0, chunks=[0.1, 0.3])
+    assert no_usage.itls == pytest.approx([0.2])
+
+
+def test_mixed_max_tokens_cycle_through_the_requests():
+    from accelab.loadtest.client import LoadConfig, _Sender, parse_max_tokens
+
+    assert parse_max_tokens("32") == 32
+    assert parse_max_tokens("16, 128,32") == (16, 128, 32)
+    with pytest.raises(ValueError, match="comma-separated list"):
+        parse_max_tokens("16;128")
+    config = LoadConfig(url="127.0.0.1:1", inputs=("hi",), concurrency=1, max_tokens=(16, 128, 32))
+    sender = _Sender(config, session=None, model="m")
+    assert [sender.body(i)["max_tokens"] for i in range(5)] == [16, 128, 32, 16, 128]
+    with pytest.raises(ValueError, match="must be 1 or more"):
+        LoadConfig(url="127.0.0.1:1", inputs=("hi",), concurrency=1, max_tokens=(16, 0))
 
 
 def test_not_streamed_requests_use_e2e_for_ttft_in_the_slo():

@@ -44,7 +44,7 @@ class LoadConfig:
     duration_s: float = 30.0
     requests: int | None = None
     warmup: int = 2
-    max_tokens: int = 32
+    max_tokens: int | tuple[int, ...] = 32  # several: request i asks for max_tokens[i % n] (a mixed load)
     stream: bool = True
     timeout_s: float = 60.0
     api_key: str | None = None
@@ -66,6 +66,12 @@ class LoadConfig:
             raise ValueError("no inputs to send; check --prompts-file")
         if self.max_in_flight < 1:
             raise ValueError(f"max_in_flight={self.max_in_flight} must be 1 or more")
+        if not self.max_tokens_cycle or min(self.max_tokens_cycle) < 1:
+            raise ValueError(f"max_tokens={self.max_tokens} must be 1 or more (or a list of such)")
+
+    @property
+    def max_tokens_cycle(self) -> tuple[int, ...]:
+        return self.max_tokens if isinstance(self.max_tokens, tuple) else (self.max_tokens,)
 
     @property
     def base_url(self) -> str:
@@ -74,6 +80,17 @@ class LoadConfig:
     @property
     def streams(self) -> bool:
         return self.stream and self.endpoint != "embeddings"
+
+
+def parse_max_tokens(text: str) -> int | tuple[int, ...]:
+    """'32' -> 32; '16,128,32' -> (16, 128, 32)."""
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ValueError(f"--max-tokens {text!r}: give a number (32) or a comma-separated list (16,128,32)") from None
+    if not values:
+        raise ValueError("--max-tokens is empty; give a number (32) or a list (16,128,32)")
+    return values[0] if len(values) == 1 else values
 
 
 def normalise_url(url: str) -> str:
@@ -165,7 +182,8 @@ class _Sender:
         text = self.config.inputs[index % len(self.config.inputs)]
         if self.config.endpoint == "embeddings":
             return {"model": self.model, "input": text, "encoding_format": "base64"}
-        body: dict[str, Any] = {"model": self.model, "max_tokens": self.config.max_tokens, "temperature": 0,
+        cycle = self.config.max_tokens_cycle
+        body: dict[str, Any] = {"model": self.model, "max_tokens": cycle[index % len(cycle)], "temperature": 0,
                                 "stream": self.config.streams}
         if self.config.streams:
             body["stream_options"] = {"include_usage": True}

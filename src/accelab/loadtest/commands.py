@@ -26,7 +26,8 @@ def loadtest_command(
     duration: float = typer.Option(30.0, help="Seconds of sending per run (each find-max probe is one run)."),
     requests: Optional[int] = typer.Option(None, help="Most requests per run (with --duration, whichever first)."),
     warmup: int = typer.Option(2, help="Requests sent first and left out of the numbers."),
-    max_tokens: int = typer.Option(32, "--max-tokens", help="max_tokens of each generation request."),
+    max_tokens: str = typer.Option("32", "--max-tokens", help="max_tokens of each generation request; a list "
+                                   "(16,128,32,96) mixes short and long answers, request i asking for item i mod n."),
     stream: bool = typer.Option(True, "--stream/--no-stream", help="Stream generations (needed for TTFT/ITL)."),
     timeout: float = typer.Option(60.0, help="Seconds before one request counts as failed."),
     slo: Optional[str] = typer.Option(None, help="Per-request objectives, e.g. ttft=500ms,e2e=2s (keys: ttft, "
@@ -53,7 +54,7 @@ def loadtest_command(
     store: bool = typer.Option(True, "--store/--no-store", help="Append the run to the results store."),
 ) -> None:
     """Load-test a server: TTFT, TPOT, ITL and end-to-end percentiles, throughput, goodput."""
-    from accelab.loadtest.client import LoadConfig, discover_model, run_load
+    from accelab.loadtest.client import LoadConfig, discover_model, parse_max_tokens, run_load
     from accelab.loadtest.run import build_result, search_max_rate
     from accelab.loadtest.summary import parse_slo, summarize_run
     from accelab.results.table import make_console
@@ -69,7 +70,7 @@ def loadtest_command(
     config = LoadConfig(
         url=url, endpoint=endpoint, inputs=tuple(_inputs(endpoint, prompts_file)), model=model, rate=rate,
         concurrency=concurrency, burstiness=burstiness, duration_s=duration, requests=requests, warmup=warmup,
-        max_tokens=max_tokens, stream=stream, timeout_s=timeout, api_key=api_key, seed=seed,
+        max_tokens=parse_max_tokens(max_tokens), stream=stream, timeout_s=timeout, api_key=api_key, seed=seed,
         max_in_flight=max_in_flight,
     )
     served = discover_model(config)

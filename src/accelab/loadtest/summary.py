@@ -44,7 +44,21 @@ class RequestRecord:
 
     @property
     def itls(self) -> list[float]:
-        return [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])]
+        """Inter-token latency: one value per generated token after the first. A streamed chunk
+        can carry several tokens (a server holds text back while it could still be a stop
+        string or half a character, or sends several tokens at once), so each gap between two
+        chunks is spread over the tokens that arrived with it, as the usage count tells: the
+        tokens after the first chunk, split evenly over the gaps. Without a usage count, one
+        token per chunk."""
+        gaps = [b - a for a, b in zip(self.chunk_times, self.chunk_times[1:])]
+        per_gap = (self.output_tokens - 1) / len(gaps) if gaps else 0.0
+        if per_gap <= 1:
+            return gaps
+        spread = []
+        for i, gap in enumerate(gaps):
+            n = round((i + 1) * per_gap) - round(i * per_gap)  # sums to output_tokens - 1
+            spread.extend([gap / n] * n)
+        return spread
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

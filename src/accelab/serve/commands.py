@@ -1,5 +1,6 @@
 """`accelab serve MODEL`: an HTTP server for a model under a plan (OpenAI-compatible routes,
-dynamic batching, admission control, Prometheus metrics, graceful SIGTERM)."""
+continuous batching for generation, dynamic batching for encoders and classifiers, admission
+control, Prometheus metrics, graceful SIGTERM)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,18 @@ def serve_command(
     port: int = typer.Option(8000, help="Port to listen on (0: any free port, printed at start)."),
     served_name: Optional[str] = typer.Option(None, "--served-name", help="Model id in /v1/models and requests "
                                               "(default: MODEL)."),
-    max_batch_size: int = typer.Option(32, "--max-batch-size", help="Most inputs per model call."),
+    max_batch_size: int = typer.Option(32, "--max-batch-size", help="Most inputs per model call; for generation "
+                                       "with continuous batching, the most sequences decoding at once."),
+    scheduler: str = typer.Option("continuous", "--scheduler", help="Generation: continuous (requests join and "
+                                  "leave the running batch at every decoding step) or static (one generate call "
+                                  "per batch)."),
+    max_step_tokens: Optional[int] = typer.Option(None, "--max-step-tokens", help="Continuous batching: tokens "
+                                                  "per decoding step; long prompts are prefilled in chunks of what "
+                                                  "the running decodes leave (default: max(256, 2 x batch size))."),
+    kv_cache_tokens: Optional[int] = typer.Option(None, "--kv-cache-tokens", help="Continuous batching: KV-cache "
+                                                  "capacity in tokens, over all sequences; requests queue when it "
+                                                  "is full (default: 2048 per sequence, at least the model's "
+                                                  "context)."),
     max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", help="How long the first request of a batch waits "
                                       "for others (ms)."),
     max_queue: int = typer.Option(256, "--max-queue", help="Requests that may wait; more get 429 with Retry-After."),
@@ -61,7 +73,8 @@ def serve_command(
         model_name=name, plan_name=the_plan.name, host=host, port=port, max_batch_size=max_batch_size,
         max_wait_ms=max_wait_ms, max_queue=max_queue, request_timeout_s=request_timeout,
         grace_period_s=grace_period, max_body_bytes=max_body_bytes, max_tokens=max_tokens,
-        default_max_tokens=default_max_tokens, max_inputs=max_inputs, api_key=api_key,
+        default_max_tokens=default_max_tokens, max_inputs=max_inputs, api_key=api_key, scheduler=scheduler,
+        max_step_tokens=max_step_tokens, kv_cache_tokens=kv_cache_tokens,
     )
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         typer.secho(f"warning: listening on {host} without --api-key: anyone who reaches it can use it",
