@@ -184,3 +184,16 @@ def test_config_checks_name_the_field():
         SchedulerConfig(max_running=0)
     with pytest.raises(ValueError, match="max_step_tokens=8 must be more than max_running=8"):
         SchedulerConfig(max_running=8, max_step_tokens=8)
+
+
+def test_reused_prefix_is_not_prefilled_again_but_the_last_token_always_is():
+    held = {"a": 3, "b": 99}  # the engine holds a's first 3 tokens; claims more than b has
+    clock = Clock()
+    sched = Scheduler(SchedulerConfig(max_running=2, max_step_tokens=64), clock,
+                      reuse=lambda seq: held[seq.payload])
+    a = sched.add("a", (1, 2, 3, 4, 5), max_tokens=4)
+    b = sched.add("b", (1, 2), max_tokens=4)
+    step = run_step(sched)
+    assert shape(step) == [("a", 3, 2), ("b", 1, 1)]
+    assert a.generated == [7] and b.generated == [7]
+    assert sched.reused_tokens == 4 and sched.used_blocks == 2  # reused tokens still hold their blocks

@@ -336,12 +336,19 @@ def decode_entries(ctx: Any, batch: Any, entries: list[tuple[int, int, int, bool
                            + (" (no free KV cells: raise --kv-cache-tokens)" if code == 1 else ""))
 
 
+PREFIX_KEEP = 256  # tokens a finished sequence leaves in its slot, for the next one to reuse
+
+
 class LlamaStepEngine:
     """Continuous-batching steps on llama.cpp: every sequence lives in one context under its own
     sequence id (a slot, reused as sequences finish), as llama.cpp's own server does; a step is
-    one llama_decode of every chunk's tokens, each tagged with its slot and position."""
+    one llama_decode of every chunk's tokens, each tagged with its slot and position.
 
-    name = "llama.cpp sequences of one context (one llama_decode per step)"
+    A finished sequence leaves its first PREFIX_KEEP tokens in its slot; a new sequence takes
+    the free slot that shares the longest prefix with it (`reuse_prefix`) and is prefilled
+    from there. The context holds the scheduler's KV tokens plus those leftovers."""
+
+    name = "llama.cpp sequences of one context (one llama_decode per step, prefix reuse per slot)"
 
     def __init__(self, engine: LlamaEngine, *, max_sequences: int, kv_tokens: int, max_step_tokens: int):
         import llama_cpp
@@ -351,7 +358,7 @@ class LlamaStepEngine:
         self.engine = engine
         model = engine.llm.model
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx, params.n_seq_max, params.kv_unified = kv_tokens, max_sequences, True
+        params.n_ctx, params.n_seq_max, params.kv_unified = kv_tokens + max_sequences * PREFIX_KEEP, max_sequences, True
         params.n_batch = params.n_ubatch = max_step_tokens
         params.n_threads = params.n_threads_batch = engine.threads
         params.no_perf = True
@@ -362,8 +369,9 @@ class LlamaStepEngine:
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self._batch = llama_cpp.llama_batch_init(max_step_tokens, 0, 1)
         self._max_step_tokens = max_step_tokens
-        self._slots: dict[int, int] = {}
-        self._free_slots = list(range(max_sequences - 1, -1, -1))
+        self._slots: dict[int, int] = {}  # sequence -> slot (llama.cpp's seq_id)
+        self._free_slots = list(range(max_sequences))  # least recently used first
+        self._held: dict[int, list[int]] = {slot: [] for slot in range(max_sequences)}  # tokens in each slot
         self._generators = Generators()
         head_dim = llama_cpp.llama_model_n_embd(model) // llama_cpp.llama_model_n_head(model)
         # f16 keys and values (llama.cpp's default cache type)
@@ -380,8 +388,8 @@ class LlamaStepEngine:
         entries = []
         for item in inputs:
             slot = self._slot(item.seq_id)
-            # a chunk may run twice (its step failed and is retried alone): drop what it wrote before
-            llama_cpp.llama_memory_seq_rm(self._memory, slot, item.start, -1)
+            self._truncate(slot, item.start)  # a chunk run again (a failed step's retry) overwrites
+            self._held[slot].extend(item.tokens)
             last = len(item.tokens) - 1
             entries.extend((tok, item.start + i, slot, item.sample and i == last) for i, tok in enumerate(item.tokens))
         if len(entries) > self._max_step_tokens:
@@ -394,22 +402,43 @@ class LlamaStepEngine:
         sampling = [item for item in inputs if item.sample]
         return pick_tokens(logits, [i.params for i in sampling], [i.seq_id for i in sampling], self._generators)
 
+    def reuse_prefix(self, seq_id: int, tokens: Any) -> int:
+        """Give a new sequence the free slot holding the longest prefix of `tokens`; returns its length."""
+        if not self._free_slots:
+            raise RuntimeError("every llama.cpp sequence slot is taken; the scheduler ran more sequences than the "
+                               "context was made for")
+        from accelab.serve.engines.base import common_prefix
+
+        best = max(self._free_slots, key=lambda slot: common_prefix(self._held[slot], tokens))
+        n = common_prefix(self._held[best], tokens)
+        slot = best if n else self._free_slots[0]  # no match: the least recently used slot
+        self._free_slots.remove(slot)
+        self._slots[seq_id] = slot
+        self._truncate(slot, n)
+        return n
+
     def _slot(self, seq_id: int) -> int:
         slot = self._slots.get(seq_id)
-        if slot is None:
-            if not self._free_slots:
-                raise RuntimeError("every llama.cpp sequence slot is taken; the scheduler ran more sequences than "
-                                   "the context was made for")
-            slot = self._slots[seq_id] = self._free_slots.pop()
-        return slot
+        return slot if slot is not None else self._slots.setdefault(seq_id, self._claim_empty())
 
-    def release(self, seq_id: int) -> None:
+    def _claim_empty(self) -> int:
+        self.reuse_prefix(-1, ())
+        return self._slots.pop(-1)
+
+    def _truncate(self, slot: int, keep: int) -> None:
+        """Drop the slot's cells from position `keep` on."""
         import llama_cpp
 
+        held = self._held[slot]
+        if len(held) > keep:
+            llama_cpp.llama_memory_seq_rm(self._memory, slot, keep, -1)
+            del held[keep:]
+
+    def release(self, seq_id: int) -> None:
         self._generators.release(seq_id)
         slot = self._slots.pop(seq_id, None)
         if slot is not None:
-            llama_cpp.llama_memory_seq_rm(self._memory, slot, -1, -1)
+            self._truncate(slot, PREFIX_KEEP)
             self._free_slots.append(slot)
 
     def close(self) -> None:
@@ -421,6 +450,7 @@ class LlamaStepEngine:
         if self._ctx is not None:
             llama_cpp.llama_free(self._ctx)
             self._ctx = None
+
 
 
 Picker = Callable[[np.ndarray, torch.Tensor], torch.Tensor]  # (logits [B, V], ids so far [B, S]) -> [B]

@@ -48,6 +48,7 @@ class StepReport:
     sampled: int  # tokens generated
     preempted: int
     seconds: float
+    reused_tokens: int = 0  # prompt tokens this step's admissions took from the engine's prefix cache
 
 
 @dataclass(kw_only=True, slots=True)
@@ -87,11 +88,14 @@ class ContinuousWorker:
         self._decode = decode
         self._eos_ids = tuple(eos_ids)
         self._clock = clock
-        self._scheduler: Scheduler[_Row] = Scheduler(config, clock)
+        reuse = getattr(engine, "reuse_prefix", None)  # engines that keep finished sequences' prefixes
+        self._scheduler: Scheduler[_Row] = Scheduler(
+            config, clock, reuse=None if reuse is None else lambda seq: reuse(seq.id, seq.token_slice(0, seq.length)))
         self._cond = threading.Condition()
         self._stopping = False
         self._busy = False
         self._seconds_per_sequence = 0.0  # moving average, admission to finish, for Retry-After
+        self._reused_seen = 0
         self.hooks = hooks or ContinuousHooks()
         self._thread = threading.Thread(target=self._loop, name="accelab-continuous-worker", daemon=True)
 
@@ -232,10 +236,11 @@ class ContinuousWorker:
                 sampled += 1
                 self._take_token(row, result, now)
         with self._cond:
+            reused, self._reused_seen = self._scheduler.reused_tokens - self._reused_seen, self._scheduler.reused_tokens
             report = StepReport(running=self._scheduler.running, waiting=self._scheduler.waiting,
                                 kv_used=self._scheduler.used_blocks, kv_free=self._scheduler.free_blocks,
                                 tokens=step.tokens, sampled=sampled, preempted=len(step.preempted),
-                                seconds=now - started)
+                                seconds=now - started, reused_tokens=reused)
         _call(self.hooks.on_step, report)
 
     def _compute(self, chunks: list[Chunk[_Row]]) -> list[int | None | BaseException]:

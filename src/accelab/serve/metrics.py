@@ -75,6 +75,8 @@ class ServeMetrics:
                                ["state"], registry=r)
         self.preemptions = Counter("accelab_preemptions", "Sequences preempted to free KV-cache blocks (recomputed "
                                    "later).", registry=r)
+        self.prefix_tokens = Counter("accelab_prefix_cache_tokens", "Prompt tokens whose KV came from the prefix "
+                                     "cache instead of being computed again (continuous batching).", registry=r)
         self.itl = Histogram("accelab_inter_token_latency_seconds", "Time between two tokens of one sequence.",
                              buckets=TOKEN_BUCKETS, registry=r)
         self.token_rate = TokenRate()

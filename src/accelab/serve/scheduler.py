@@ -13,7 +13,9 @@ Per step (`schedule`), in this order:
    than one chunk;
 4. waiting sequences are admitted in arrival order while a slot is free, the budget has room
    and the KV cache can hold all their tokens. The head of the queue is never overtaken:
-   short prompts cannot starve a long one.
+   short prompts cannot starve a long one. An admitted sequence whose first tokens the engine
+   still holds from a finished one (`reuse`: a chat template and system prompt shared by every
+   request) starts its prefill after them.
 
 After the engine ran the step, the caller reports each chunk with `advance` (and the token
 sampled at its end), and ends a sequence with `finish`. The KV capacity is counted in blocks
@@ -136,15 +138,18 @@ class Step(Generic[T]):
 
 
 class Scheduler(Generic[T]):
-    def __init__(self, config: SchedulerConfig, clock: Callable[[], float]):
+    def __init__(self, config: SchedulerConfig, clock: Callable[[], float],
+                 reuse: Callable[[Sequence[T]], int] | None = None):
         self.config = config
         self._clock = clock
+        self._reuse = reuse  # admitted sequence -> leading tokens whose KV the engine holds already
         self._waiting: deque[Sequence[T]] = deque()
         self._running: list[Sequence[T]] = []  # in admission order
         self._cancelled: list[Sequence[T]] = []  # running ones, dropped at the next step
         self._free_blocks = config.kv_blocks
         self._ids = itertools.count()
         self.preemptions = 0
+        self.reused_tokens = 0  # prompt tokens not recomputed thanks to `reuse`
 
     # -- state ----------------------------------------------------------------------------
     @property
@@ -252,6 +257,9 @@ class Scheduler(Generic[T]):
             seq = self._waiting.popleft()
             self._take_blocks(seq, self.blocks_for(seq.length))
             seq.state, seq.deadline = "running", None  # admitted: no queue deadline any more
+            if self._reuse is not None:  # at least the last token is fed: its logits pick the next
+                seq.computed = max(0, min(self._reuse(seq), seq.length - 1))
+                self.reused_tokens += seq.computed
             if seq.admitted_at is None:
                 seq.admitted_at = self._clock()
                 admitted.append(seq)

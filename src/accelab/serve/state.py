@@ -192,6 +192,8 @@ class ServerState:
             if report.preempted:
                 m.preemptions.inc(report.preempted)
             m.token_rate.add(report.sampled)
+            if report.reused_tokens:
+                m.prefix_tokens.inc(report.reused_tokens)
             m.batch_time.observe(report.seconds)
 
         return ContinuousHooks(on_step=on_step, on_token_gap=m.itl.observe)

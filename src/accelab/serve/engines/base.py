@@ -5,7 +5,7 @@ decoding images) and runs a list of units as one batch (in the worker thread).""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -99,6 +99,15 @@ class StepInput:
     params: SamplingParams
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens two sequences share (prefix caches look for the longest)."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
 class StepEngine(Protocol):
     """A model that decodes many sequences step by step, each with its own KV cache entries
     (the continuous scheduler drives it; see `accelab.serve.continuous`). `step` must be
@@ -110,6 +119,9 @@ class StepEngine(Protocol):
     def step(self, inputs: list[StepInput]) -> list[int]: ...  # one token per input with `sample`, in order
 
     def release(self, seq_id: int) -> None: ...  # the sequence ended: free its cache entries
+
+    # optional: reuse_prefix(seq_id, tokens) -> n: a new sequence takes the KV of its first n
+    # tokens from a finished sequence that began the same way (a prefix cache)
 
     def close(self) -> None: ...
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,13 +36,15 @@ import torch
 import torch.nn.functional as F
 
 from accelab.plan.runtime import Unsupported, input_device
-from accelab.serve.engines.base import SamplingParams, StepInput
+from accelab.serve.engines.base import SamplingParams, StepInput, common_prefix
 from accelab.serve.engines.sampling import Generators, pick_tokens
 
 log = logging.getLogger(__name__)
 
 ATTENTION_NAME = "accelab_ragged"
 MIN_CAPACITY = 64  # positions a sequence's KV buffer starts with
+PREFIX_CACHE = 8  # finished sequences kept for their prefixes (the most recent ones)
+MIN_PREFIX = 4  # shorter common prefixes are computed again (not worth a copy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +117,17 @@ class _KVStore:
             values[:, :kept] = old[1]
         return keys, values
 
-    def release(self, seq_id: int) -> None:
-        self._kv.pop(seq_id, None)
+    def pop(self, seq_id: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]] | None:
+        return self._kv.pop(seq_id, None)
+
+    def adopt(self, seq_id: int, source: dict[int, tuple[torch.Tensor, torch.Tensor]], n: int) -> None:
+        """Start `seq_id` with a copy of the first n positions of `source` (another sequence's layers)."""
+        layers = self._kv[seq_id] = {}
+        for layer, (keys, values) in source.items():
+            fresh = self._grow(None, max(n, 1), keys)
+            fresh[0][:, :n] = keys[:, :n]
+            fresh[1][:, :n] = values[:, :n]
+            layers[layer] = fresh
 
     def __len__(self) -> int:
         return len(self._kv)
@@ -173,6 +185,8 @@ class RaggedTorchEngine:
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self.kv_bytes_per_token = _kv_bytes_per_token(text, _dtype_of(model))
         self._store = _KVStore()
+        self._tokens: dict[int, list[int]] = {}  # the tokens each sequence's KV holds
+        self._finished: list[tuple[list[int], dict]] = []  # (tokens, layers) of recent ones, oldest first
         self._generators = Generators()
         self._original_attention = config._attn_implementation
         _register()
@@ -190,6 +204,9 @@ class RaggedTorchEngine:
         positions: list[int] = []
         keep: list[int] = []
         for item in inputs:
+            held = self._tokens.setdefault(item.seq_id, [])
+            del held[item.start:]
+            held.extend(item.tokens)
             ids.extend(item.tokens)
             positions.extend(range(item.start, item.start + len(item.tokens)))
             if item.sample:
@@ -207,11 +224,31 @@ class RaggedTorchEngine:
         return logits[: len(keep)]
 
     def release(self, seq_id: int) -> None:
-        self._store.release(seq_id)
+        layers, tokens = self._store.pop(seq_id), self._tokens.pop(seq_id, None)
         self._generators.release(seq_id)
+        if layers and tokens:
+            self._finished.append((tokens, layers))
+            del self._finished[:-PREFIX_CACHE]
+
+    def reuse_prefix(self, seq_id: int, tokens: Sequence[int]) -> int:
+        """A new sequence starts with a copy of the longest prefix of `tokens` that a recent
+        finished sequence computed (a chat template and system prompt); returns its length."""
+        best, source = 0, None
+        for index, (held, layers) in enumerate(self._finished):
+            n = common_prefix(held, tokens)
+            if n > best:
+                best, source = n, index
+        if source is None or best < MIN_PREFIX:
+            return 0
+        held, layers = self._finished.pop(source)
+        self._finished.append((held, layers))  # most recently used last
+        self._store.adopt(seq_id, layers, best)
+        self._tokens[seq_id] = list(tokens[:best])
+        return best
 
     def close(self) -> None:
         self._store = _KVStore()
+        self._finished.clear()
         with contextlib.suppress(Exception):
             self.model.set_attn_implementation(self._original_attention)
 
@@ -252,6 +289,7 @@ class RaggedTorchEngine:
                 return self.model(input_ids=batch, use_cache=False).logits[0]
         finally:
             self.model.set_attn_implementation(attention)
+
 
 
 def _tolerance(dtype: torch.dtype) -> float:
