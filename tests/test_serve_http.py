@@ -261,3 +261,45 @@ def test_completions_with_list_of_prompts_and_stop(temperature):
         assert [c["text"] for c in r["choices"]] == [" w0 w1 w2"] * 2
         assert [c["finish_reason"] for c in r["choices"]] == ["stop", "stop"]
         assert r["usage"]["prompt_tokens"] == 3
+
+
+def test_generation_under_continuous_batching_queues_then_429s_and_504s():
+    # one sequence runs at a time (max_batch_size 1); two may wait; more get 429 with Retry-After
+    engine = FakeGenerationEngine(name="fake", delay_s=0.02)
+    with serve(engine, max_batch_size=1, max_queue=2, request_timeout_s=30, max_step_tokens=8) as url:
+        bodies = [{"messages": [{"role": "user", "content": f"hello {i}"}], "max_tokens": 10} for i in range(8)]
+        responses = asyncio.run(post_many(url, "/v1/chat/completions", bodies))
+        codes = sorted(r.status_code for r in responses)
+        assert set(codes) == {200, 429} and codes.count(200) >= 3
+        refused = [r for r in responses if r.status_code == 429]
+        assert all(int(r.headers["retry-after"]) >= 1 for r in refused)
+        assert all(r.json()["choices"][0]["message"]["content"] == "".join(f" w{i}" for i in range(10))
+                   for r in responses if r.status_code == 200)
+        assert metric(url, "accelab_errors_total", kind="queue_full") == len(refused)
+        assert metric(url, "accelab_running_sequences") == 0  # all answered, none left running
+    with serve(FakeGenerationEngine(name="fake", delay_s=0.05), max_batch_size=1, request_timeout_s=0.3,
+               max_step_tokens=8) as url:
+        bodies = [{"messages": [{"role": "user", "content": "a"}], "max_tokens": 20}] * 3
+        codes = sorted(r.status_code for r in asyncio.run(post_many(url, "/v1/chat/completions", bodies)))
+        assert codes == [200, 504, 504]  # the first runs 1 s; the others wait past 0.3 s and never run
+
+
+def test_a_request_that_could_never_fit_the_kv_cache_gets_413():
+    with serve(FakeGenerationEngine(name="fake"), kv_cache_tokens=64, max_tokens=512) as url:
+        r = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "a b"}],
+                                                           "max_tokens": 100})
+        assert r.status_code == 413
+        assert "needs 101 tokens of KV cache; the whole cache holds 64" in r.json()["error"]["message"]
+        ok = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "a b"}],
+                                                            "max_tokens": 8})
+        assert ok.status_code == 200 and metric(url, "accelab_kv_cache_blocks", state="free") == 4
+
+
+@pytest.mark.parametrize("scheduler", ["continuous", "static"])
+def test_both_schedulers_answer_the_same(scheduler):
+    with serve(FakeGenerationEngine(name="fake", delay_s=0.001), scheduler=scheduler) as url:
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": ["a", "b c"], "max_tokens": 4, "seed": 7}).json()
+        assert [c["text"] for c in r["choices"]] == [" w0 w1 w2 w3"] * 2
+        assert r["usage"]["completion_tokens"] == 8
+        steps = metric(url, "accelab_batch_seconds_count")
+        assert steps == (4 if scheduler == "continuous" else 1)  # one step per token, or one generate call
