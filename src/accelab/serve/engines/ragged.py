@@ -90,25 +90,20 @@ class _KVStore:
     def __init__(self) -> None:
         self._kv: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
 
-    def write(self, seq_id: int, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor,
-                                                                                                      torch.Tensor]:
-        """k, v: [KVH, n, D] for positions start .. start+n; returns the [1, KVH, start+n, D] views."""
+    def buffers(self, seq_id: int, layer: int, end: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sequence's [KVH, capacity, D] keys and values for `layer`, with room for `end` positions."""
         layers = self._kv.setdefault(seq_id, {})
-        end = start + k.shape[1]
         buffers = layers.get(layer)
         if buffers is None or buffers[0].shape[1] < end:
-            buffers = self._grow(buffers, end, k)
-            layers[layer] = buffers
-        keys, values = buffers
-        keys[:, start:end] = k
-        values[:, start:end] = v
-        return keys[None, :, :end], values[None, :, :end]
+            buffers = layers[layer] = self._grow(buffers, end, like)
+        return buffers
 
     @staticmethod
     def _grow(old: tuple[torch.Tensor, torch.Tensor] | None, need: int,
               like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # like: [..., KVH, n, D]
         capacity = max(need, MIN_CAPACITY, 2 * old[0].shape[1] if old is not None else 0)
-        shape = (like.shape[0], capacity, like.shape[2])
+        shape = (like.shape[-3], capacity, like.shape[-1])
         keys = torch.empty(shape, dtype=like.dtype, device=like.device)
         values = torch.empty(shape, dtype=like.dtype, device=like.device)
         if old is not None:
@@ -146,14 +141,17 @@ class _StepCache:
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
                *args: Any, **kwargs: Any) -> tuple[list[_Segment], None]:
         # key_states: [1, KVH, T, D], T = all chunks' tokens packed
-        segments = []
+        segments, targets, sources = [], [], []
         offset = 0
         for item in self.inputs:
             n = len(item.tokens)
-            keys, values = self.store.write(item.seq_id, layer_idx, item.start,
-                                            key_states[0, :, offset:offset + n], value_states[0, :, offset:offset + n])
-            segments.append(_Segment(keys=keys, values=values, start=item.start, n=n))
+            end = item.start + n
+            keys, values = self.store.buffers(item.seq_id, layer_idx, end, key_states)
+            targets += (keys[:, item.start:end], values[:, item.start:end])
+            sources += (key_states[0, :, offset:offset + n], value_states[0, :, offset:offset + n])
+            segments.append(_Segment(keys=keys[None, :, :end], values=values[None, :, :end], start=item.start, n=n))
             offset += n
+        torch._foreach_copy_(targets, sources)  # every chunk's new keys and values in one call
         return segments, None
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
