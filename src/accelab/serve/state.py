@@ -182,13 +182,14 @@ class ServerState:
 
     def _continuous_hooks(self) -> ContinuousHooks:
         m = self.metrics
+        kv_used, kv_free = m.kv_blocks.labels(state="used"), m.kv_blocks.labels(state="free")
 
-        def on_step(report: StepReport) -> None:
+        def on_step(report: StepReport) -> None:  # once per decoding step: keep it cheap
             m.running.set(report.running)
             m.waiting.set(report.waiting)
             m.queue_depth.set(report.waiting)
-            m.kv_blocks.labels(state="used").set(report.kv_used)
-            m.kv_blocks.labels(state="free").set(report.kv_free)
+            kv_used.set(report.kv_used)
+            kv_free.set(report.kv_free)
             if report.preempted:
                 m.preemptions.inc(report.preempted)
             m.token_rate.add(report.sampled)

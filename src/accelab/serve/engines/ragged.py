@@ -62,9 +62,8 @@ def _ragged_attention(module: Any, query: torch.Tensor, key: Any, value: Any, at
     """query: [1, H, T, D] for the packed step; `key` is the list of _Segment the cache gave."""
     segments: list[_Segment] = key
     outputs = []
-    offset = 0
-    for seg in segments:
-        q = query[:, :, offset:offset + seg.n]
+    queries = query.split([seg.n for seg in segments], dim=2) if len(segments) > 1 else (query,)
+    for seg, q in zip(segments, queries):
         if seg.n == 1 or seg.start == 0:  # one query sees everything; a fresh prompt is plain causal
             out = F.scaled_dot_product_attention(q, seg.keys, seg.values, is_causal=seg.n > 1, scale=scaling,
                                                  enable_gqa=True)
@@ -73,7 +72,6 @@ def _ragged_attention(module: Any, query: torch.Tensor, key: Any, value: Any, at
             out = F.scaled_dot_product_attention(q, seg.keys, seg.values, attn_mask=mask, scale=scaling,
                                                  enable_gqa=True)
         outputs.append(out)
-        offset += seg.n
     packed = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
     return packed.transpose(1, 2).contiguous(), None  # [1, T, H, D]
 
@@ -137,20 +135,20 @@ class _StepCache:
     def __init__(self, store: _KVStore, inputs: list[StepInput]):
         self.store = store
         self.inputs = inputs
+        self.lengths = [len(item.tokens) for item in inputs]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
                *args: Any, **kwargs: Any) -> tuple[list[_Segment], None]:
         # key_states: [1, KVH, T, D], T = all chunks' tokens packed
-        segments, targets, sources = [], [], []
-        offset = 0
-        for item in self.inputs:
-            n = len(item.tokens)
+        lengths = self.lengths
+        new_keys, new_values = key_states[0].split(lengths, dim=1), value_states[0].split(lengths, dim=1)
+        segments, targets = [], []
+        for item, n in zip(self.inputs, lengths):
             end = item.start + n
             keys, values = self.store.buffers(item.seq_id, layer_idx, end, key_states)
             targets += (keys[:, item.start:end], values[:, item.start:end])
-            sources += (key_states[0, :, offset:offset + n], value_states[0, :, offset:offset + n])
             segments.append(_Segment(keys=keys[None, :, :end], values=values[None, :, :end], start=item.start, n=n))
-            offset += n
+        sources = [t for pair in zip(new_keys, new_values) for t in pair]
         torch._foreach_copy_(targets, sources)  # every chunk's new keys and values in one call
         return segments, None
 
@@ -189,6 +187,7 @@ class RaggedTorchEngine:
         self._original_attention = config._attn_implementation
         _register()
         model.set_attn_implementation(ATTENTION_NAME)
+        self._head = _transposed_head(model)
 
     # -- the step -------------------------------------------------------------------------
     def step(self, inputs: list[StepInput]) -> list[int]:
@@ -247,6 +246,9 @@ class RaggedTorchEngine:
     def close(self) -> None:
         self._store = _KVStore()
         self._finished.clear()
+        if self._head is not None:
+            with contextlib.suppress(AttributeError):
+                del self._head.forward  # back to the class's forward
         with contextlib.suppress(Exception):
             self.model.set_attn_implementation(self._original_attention)
 
@@ -288,6 +290,24 @@ class RaggedTorchEngine:
         finally:
             self.model.set_attn_implementation(attention)
 
+
+
+def _transposed_head(model: Any) -> torch.nn.Linear | None:
+    """Compute the output layer as (W @ h^T)^T: the vocabulary-sized GEMM with a few rows of h
+    (one per sampled sequence) ran 2.4x faster that way than as F.linear on this project's CPUs
+    (MKL: 49152x576 fp32 weight, 8 rows: 5.6 ms against 13.3 ms; 1 row: the same). Only for a
+    plain Linear with a float weight and no bias; anything else keeps its own forward."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if type(head) is not torch.nn.Linear or head.bias is not None or type(head.weight) is not torch.nn.Parameter:
+        return None
+    weight = head.weight
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:  # hidden: [..., H] -> [..., V]
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        return torch.mm(weight, flat.t()).t().reshape(*hidden.shape[:-1], weight.shape[0])
+
+    head.forward = forward
+    return head
 
 
 def _tolerance(dtype: torch.dtype) -> float:
