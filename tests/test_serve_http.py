@@ -270,7 +270,7 @@ def test_generation_under_continuous_batching_queues_then_429s_and_504s():
         bodies = [{"messages": [{"role": "user", "content": f"hello {i}"}], "max_tokens": 10} for i in range(8)]
         responses = asyncio.run(post_many(url, "/v1/chat/completions", bodies))
         codes = sorted(r.status_code for r in responses)
-        assert set(codes) == {200, 429} and codes.count(200) >= 3
+        assert set(codes) == {200, 429} and codes.count(200) >= 2  # two waiting, maybe one running
         refused = [r for r in responses if r.status_code == 429]
         assert all(int(r.headers["retry-after"]) >= 1 for r in refused)
         assert all(r.json()["choices"][0]["message"]["content"] == "".join(f" w{i}" for i in range(10))
