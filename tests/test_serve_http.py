@@ -303,3 +303,25 @@ def test_both_schedulers_answer_the_same(scheduler):
         assert r["usage"]["completion_tokens"] == 8
         steps = metric(url, "accelab_batch_seconds_count")
         assert steps == (4 if scheduler == "continuous" else 1)  # one step per token, or one generate call
+
+
+def test_a_prompt_past_the_context_is_a_400_or_keeps_its_last_tokens_when_asked():
+    engine = FakeGenerationEngine(name="fake")
+    engine.max_context = 10
+    with serve(engine) as url:
+        body = {"prompt": "a b c d e f g h", "max_tokens": 4}
+        r = httpx.post(f"{url}/v1/completions", json=body)
+        assert r.status_code == 400
+        assert r.json()["error"]["message"].startswith(
+            "prompt (8 tokens) + max_tokens (4) is more than fake's context of 10 tokens; lower max_tokens to 2")
+        assert metric(url, "accelab_errors_total", kind="too_long") == 1
+        r = httpx.post(f"{url}/v1/completions", json={**body, "truncate": True}).json()
+        assert r["usage"] == {"prompt_tokens": 6, "completion_tokens": 4, "total_tokens": 10, "truncated_tokens": 2}
+        streamed = {"messages": [{"role": "user", "content": "a b c d e f g h"}], "max_tokens": 4, "truncate": True,
+                    "stream": True, "stream_options": {"include_usage": True}}
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=streamed) as response:
+            events = [json.loads(line[6:]) for line in response.iter_lines()
+                      if line.startswith("data: ") and line != "data: [DONE]"]
+        assert events[-1]["usage"]["truncated_tokens"] == 2
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": "a", "max_tokens": 10})
+        assert r.status_code == 400 and "leaves no room for a prompt" in r.json()["error"]["message"]

@@ -181,3 +181,35 @@ def test_batched_left_padded_generation_equals_one_by_one():
     mixed = engine.generate([unit(prompts[0], temperature=1.0), unit(prompts[1], max_tokens=3)])
     assert mixed[1].text == engine.generate([unit(prompts[1], max_tokens=3)])[0].text  # greedy beside sampled
     assert mixed[1].completion_tokens == 3 and mixed[1].finish_reason == "length"
+
+
+@needs("minilm-l6", "smollm2-135m")
+def test_token_ids_past_the_vocabulary_and_inputs_past_the_window_on_every_text_route():
+    """The model's edges: an id the embedding table does not have is a 422 naming it, an input
+    longer than the model takes is a 400 with both lengths, and "truncate": true embeds or
+    generates from what fits and says in usage how many tokens it left out."""
+    long_text = "the quick brown fox jumps over the lazy dog " * 4000  # ~36k tokens, 176 KB
+    with in_process_server("minilm-l6") as url:
+        r = httpx.post(f"{url}/v1/embeddings", json={"input": [[101, 1000000000, 102]]})
+        assert r.status_code == 422
+        assert "token id 1000000000" in r.json()["error"]["message"] and "0 to 30521" in r.json()["error"]["message"]
+        r = httpx.post(f"{url}/v1/embeddings", json={"input": [[101, -5]]})
+        assert r.status_code == 422 and "token id -5" in r.json()["error"]["message"]
+        r = httpx.post(f"{url}/v1/embeddings", json={"input": ["short", long_text]}, timeout=60)
+        assert r.status_code == 400, r.text
+        message = r.json()["error"]["message"]
+        assert "input[1] has 36002 tokens" in message and "at most 128" in message and '"truncate": true' in message
+        r = httpx.post(f"{url}/v1/embeddings", json={"input": long_text, "truncate": True}, timeout=60).json()
+        assert r["usage"]["prompt_tokens"] == 128 and r["usage"]["truncated_tokens"] == 36002 - 128
+        window = " ".join(long_text.split()[:200])
+        first = httpx.post(f"{url}/v1/embeddings", json={"input": window, "truncate": True}).json()
+        assert first["data"][0]["embedding"] == r["data"][0]["embedding"]  # the same first 128 tokens
+        ok = httpx.post(f"{url}/v1/embeddings", json={"input": "a short sentence"}).json()
+        assert "truncated_tokens" not in ok["usage"]
+    with in_process_server("smollm2-135m", max_tokens=64) as url:
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": [1, 2, 49152], "max_tokens": 2})
+        assert r.status_code == 422 and "token id 49152" in r.json()["error"]["message"]
+        chat = {"messages": [{"role": "user", "content": long_text[:40000]}], "max_tokens": 4, "temperature": 0}
+        r = httpx.post(f"{url}/v1/chat/completions", json=chat, timeout=60)
+        assert r.status_code == 400, r.text
+        assert "is more than smollm2-135m's context of 8192 tokens" in r.json()["error"]["message"]

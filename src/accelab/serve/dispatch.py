@@ -9,7 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from accelab.serve.engines.base import PayloadTooLarge
+from accelab.serve.engines.base import ContextTooLong, PayloadTooLarge
 from accelab.serve.errors import ApiError
 from accelab.serve.state import ServerState
 from accelab.serve.worker import Job, JobOutcome, QueueFull, ShuttingDown
@@ -17,19 +17,30 @@ from accelab.serve.worker import Job, JobOutcome, QueueFull, ShuttingDown
 R = TypeVar("R")
 
 
-async def prepare(fn: Callable[[], R], *, offload: bool) -> R:
-    """Run `fn` (tokenising, templating, decoding images); ValueError -> 422, too large -> 413.
+INLINE_CHARS = 20_000  # text up to this long is tokenised on the event loop; longer goes to a thread
 
-    `offload` runs it in a thread: for images (PIL decoding, image processors, milliseconds).
-    Text goes inline: a fast tokenizer takes microseconds, less than the hop to a thread and
-    back, which also has to win the GIL from the model worker (up to the 5 ms switch interval).
+
+async def prepare(fn: Callable[[], R], *, offload: bool) -> R:
+    """Run `fn` (tokenising, templating, decoding images); ValueError -> 422, longer than the
+    model takes -> 400, past a server limit -> 413.
+
+    `offload` runs it in a thread: for images (PIL decoding, image processors, milliseconds)
+    and long texts (a megabyte takes the tokenizer most of a second). Short text goes inline:
+    a fast tokenizer takes microseconds, less than the hop to a thread and back, which also
+    has to win the GIL from the model worker (up to the 5 ms switch interval).
     """
     try:
         return await asyncio.to_thread(fn) if offload else fn()
     except PayloadTooLarge as err:
         raise ApiError(413, str(err)) from None
+    except ContextTooLong as err:
+        raise ApiError(400, str(err), kind="too_long") from None
     except ValueError as err:
         raise ApiError(422, str(err)) from None
+
+
+def long_text(texts: list[Any]) -> bool:
+    return sum(len(t) for t in texts if isinstance(t, str)) > INLINE_CHARS
 
 
 def check_count(what: str, count: int, limit: int) -> None:

@@ -29,7 +29,7 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.
 TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256)
 
-ERROR_KINDS = ("queue_full", "timeout", "too_large", "invalid", "unauthorized", "shutting_down", "not_ready",
+ERROR_KINDS = ("queue_full", "timeout", "too_large", "too_long", "invalid", "unauthorized", "shutting_down", "not_ready",
                "oom", "model_error", "client_gone")
 
 

@@ -21,6 +21,7 @@ class Envelope:
 
     kind: str  # "chat" | "completions"
     model: str
+    truncated: int = 0  # prompt tokens dropped to fit the context (the request asked to truncate)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -29,20 +30,23 @@ class Envelope:
         return {"id": prefix + self.id, "object": obj, "created": self.created, "model": self.model}
 
 
-def usage(completions: Sequence[Completion]) -> dict[str, int]:
+def usage(completions: Sequence[Completion], truncated: int = 0) -> dict[str, int]:
     prompt = sum(c.prompt_tokens for c in completions)
     generated = sum(c.completion_tokens for c in completions)
-    return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
+    counts = {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
+    if truncated:
+        counts["truncated_tokens"] = truncated
+    return counts
 
 
 def full_response(env: Envelope, completions: Sequence[Completion]) -> dict[str, Any]:
     if env.kind == "chat":
         choices = [{"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": None,
                     "finish_reason": c.finish_reason} for i, c in enumerate(completions)]
-        return {**env.head("chat.completion"), "choices": choices, "usage": usage(completions)}
+        return {**env.head("chat.completion"), "choices": choices, "usage": usage(completions, env.truncated)}
     choices = [{"index": i, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
                for i, c in enumerate(completions)]
-    return {**env.head("text_completion"), "choices": choices, "usage": usage(completions)}
+    return {**env.head("text_completion"), "choices": choices, "usage": usage(completions, env.truncated)}
 
 
 def chunk(env: Envelope, index: int, text: str | None = None, *, role: bool = False,
@@ -64,7 +68,7 @@ def chunk(env: Envelope, index: int, text: str | None = None, *, role: bool = Fa
 def usage_chunk(env: Envelope, completions: Sequence[Completion]) -> dict[str, Any]:
     """The last chunk when stream_options.include_usage: no choices, the whole stream's usage."""
     obj = "chat.completion.chunk" if env.kind == "chat" else "text_completion"
-    return {**env.head(obj), "choices": [], "usage": usage(completions)}
+    return {**env.head(obj), "choices": [], "usage": usage(completions, env.truncated)}
 
 
 def sse(data: dict[str, Any] | str) -> str:

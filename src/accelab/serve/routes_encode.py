@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from accelab.serve import openai_format as fmt
-from accelab.serve.dispatch import Submission, check_count, prepare
+from accelab.serve.dispatch import Submission, check_count, long_text, prepare
 from accelab.serve.errors import ApiError
 from accelab.serve.schemas import ClassifyRequest, EmbeddingRequest
 from accelab.serve.state import ServerState
@@ -27,7 +27,9 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
     except ValueError as err:
         raise ApiError(422, str(err), param="input") from None
     check_count("inputs", len(inputs), state.config.max_inputs)
-    units = await prepare(lambda: [engine.prepare_text(text) for text in inputs], offload=False)
+    where = "input" if len(inputs) == 1 else "input[{}]"
+    units = await prepare(lambda: [engine.prepare_text(text, truncate=body.truncate, where=where.format(i))
+                                   for i, text in enumerate(inputs)], offload=long_text(inputs))
     submission = Submission(state, key="embed", units=units, run=engine.embed, arrival=arrival)
     outcome = await submission.result(request.receive)
     vectors: list[Any] = outcome.outputs
@@ -36,12 +38,16 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
                        f"{len(vectors[0])}-dimensional embeddings; leave dimensions out", param="dimensions")
     tokens = sum(unit.tokens for unit in units)
     state.metrics.prompt_tokens.inc(tokens)
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+    truncated = sum(unit.truncated for unit in units)
+    if truncated:  # tokens left out of the embeddings, because the request asked to truncate
+        usage["truncated_tokens"] = truncated
     # a Response skips FastAPI's jsonable_encoder, which walks every float (slow for 384 x N)
     return JSONResponse({
         "object": "list",
         "data": [fmt.embedding_item(i, v, body.encoding_format) for i, v in enumerate(vectors)],
         "model": state.config.model_name,
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        "usage": usage,
     })
 
 

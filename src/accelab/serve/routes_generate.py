@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from accelab.serve import openai_format as fmt
-from accelab.serve.dispatch import Submission, check_count, prepare
+from accelab.serve.dispatch import Submission, check_count, long_text, prepare
 from accelab.serve.engines.base import Completion, GenUnit, Prompt, SamplingParams
 from accelab.serve.errors import ApiError
 from accelab.serve.schemas import ChatRequest, CompletionRequest, _Sampling
@@ -32,8 +32,10 @@ async def chat_completions(body: ChatRequest, request: Request) -> Any:
     messages = [m.to_engine() for m in body.messages]
     has_images = any(isinstance(m["content"], list) and any(p["type"] == "image" for p in m["content"])
                      for m in messages)
-    prompt = await prepare(lambda: _budgeted(engine, engine.prepare_chat(messages), params), offload=has_images)
-    env = fmt.Envelope(kind="chat", model=state.config.model_name)
+    texts = [m["content"] if isinstance(m["content"], str) else "" for m in messages]
+    prompt = await prepare(lambda: _fit(engine, engine.prepare_chat(messages), params, body.truncate),
+                           offload=has_images or long_text(texts))
+    env = fmt.Envelope(kind="chat", model=state.config.model_name, truncated=prompt.truncated)
     return await _generate(state, engine, [prompt], params, body, env, arrival, request)
 
 
@@ -45,9 +47,9 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     params = _params(body, body.requested_tokens, state)
     texts = body.prompts
     check_count("prompts", len(texts), state.config.max_inputs)
-    prompts = await prepare(lambda: [_budgeted(engine, engine.prepare_text(t), params) for t in texts],
-                            offload=False)
-    env = fmt.Envelope(kind="completions", model=state.config.model_name)
+    prompts = await prepare(lambda: [_fit(engine, engine.prepare_text(t), params, body.truncate) for t in texts],
+                            offload=long_text(texts))
+    env = fmt.Envelope(kind="completions", model=state.config.model_name, truncated=sum(p.truncated for p in prompts))
     return await _generate(state, engine, prompts, params, body, env, arrival, request)
 
 
@@ -61,11 +63,9 @@ def _params(body: _Sampling, requested: int | None, state: ServerState) -> Sampl
                           top_p=body.top_p, stop=body.stop_list, seed=body.seed)
 
 
-def _budgeted(engine: Any, prompt: Prompt, params: SamplingParams) -> Prompt:
-    check = getattr(engine, "check_budget", None)
-    if check is not None:
-        check(prompt, params.max_tokens)
-    return prompt
+def _fit(engine: Any, prompt: Prompt, params: SamplingParams, truncate: bool) -> Prompt:
+    fit = getattr(engine, "fit", None)
+    return prompt if fit is None else fit(prompt, params.max_tokens, truncate=truncate)
 
 
 async def _generate(state: ServerState, engine: Any, prompts: list[Prompt], params: SamplingParams,

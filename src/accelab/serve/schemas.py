@@ -57,6 +57,7 @@ class _Sampling(_Body):
     n: int = 1
     stop: str | list[str] | None = None
     seed: int | None = None
+    truncate: bool = False  # a prompt too long for the context keeps its last tokens instead of a 400
     stream: bool = False
     stream_options: StreamOptions | None = None
 
@@ -123,6 +124,7 @@ class EmbeddingRequest(_Body):
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
+    truncate: bool = False  # an input longer than the model's window keeps its first tokens instead of a 400
 
     @property
     def inputs(self) -> list[str | list[int]]:

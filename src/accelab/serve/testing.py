@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from accelab.serve.engines.base import Completion, GenUnit, Label, Prompt, StepInput, TextInput
+from accelab.serve.engines.base import Completion, GenUnit, Label, Prompt, StepInput, TextInput, fit_prompt
 from accelab.serve.textstream import TextStream
 
 POISON = "boom"
@@ -72,11 +72,11 @@ class FakeEmbeddingEngine(_FakeBase):
 
     task = "feature-extraction"
 
-    def prepare_text(self, text: str | list[int]) -> TextInput:
+    def prepare_text(self, text: str | list[int], *, truncate: bool = False, where: str = "input") -> TextInput:
         if isinstance(text, list):
             return TextInput(ids=tuple(text))
         if not text:
-            raise ValueError("an input is empty; send at least one token of text")
+            raise ValueError(f"{where} is empty; send at least one token of text")
         return TextInput(ids=tuple(_word_id(w) for w in text.split()) or (0,))
 
     def embed(self, units: list[TextInput]) -> list[list[float]]:
@@ -110,6 +110,9 @@ class FakeGenerationEngine(_FakeBase):
 
     def decode(self, ids: Any) -> str:
         return _fake_decode(ids)
+
+    def fit(self, prompt: Prompt, max_tokens: int, *, truncate: bool = False) -> Prompt:
+        return fit_prompt(prompt, max_tokens, self.max_context, truncate=truncate, name=self.name)
 
     def step_engine(self, limits: Any) -> "FakeStepEngine":
         self.stepper = FakeStepEngine(self)

@@ -20,7 +20,22 @@ ROUTES_OF_TASK: dict[str, frozenset[Route]] = {
 
 
 class PayloadTooLarge(ValueError):
-    """An input past a size limit (tokens, pixels): the server answers 413."""
+    """An input past a limit of this server (the KV cache, --max-tokens): the server answers 413."""
+
+
+class ContextTooLong(ValueError):
+    """An input longer than the model takes: the server answers 400 with both lengths, unless
+    the request asked to truncate it."""
+
+
+def check_token_ids(ids: Sequence[int], vocab_size: int | None, *, name: str) -> None:
+    """ValueError (422) naming the first token id outside the model's vocabulary."""
+    if vocab_size is None:
+        return
+    bad = next((i for i in ids if not 0 <= i < vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"token id {bad} is outside the vocabulary of {name}: ids run from 0 to {vocab_size - 1}; "
+                         "send ids from this model's tokenizer, or send text")
 
 
 # -- generation ---------------------------------------------------------------------------
@@ -46,6 +61,7 @@ class Prompt:
     text: str | None = None
     images: tuple[Any, ...] = ()
     prompt_tokens: int
+    truncated: int = 0  # leading tokens dropped to fit the context (the request asked to truncate)
 
     @property
     def batch_key(self) -> str:
@@ -126,10 +142,30 @@ class StepEngine(Protocol):
     def close(self) -> None: ...
 
 
+def fit_prompt(prompt: Prompt, max_tokens: int, max_context: int | None, *, truncate: bool, name: str) -> Prompt:
+    """The prompt, if it and max_tokens fit the model's context; with `truncate`, its last
+    tokens that do; else ContextTooLong with both lengths."""
+    if not max_context or prompt.prompt_tokens + max_tokens <= max_context:
+        return prompt
+    room = max_context - max_tokens
+    if room < 1:
+        raise ContextTooLong(f"max_tokens ({max_tokens}) leaves no room for a prompt in {name}'s context of "
+                             f"{max_context} tokens; lower max_tokens")
+    if truncate and prompt.ids and not prompt.images:
+        dropped = prompt.prompt_tokens - room
+        return Prompt(ids=prompt.ids[dropped:], prompt_tokens=room, truncated=dropped)
+    advice = (f"lower max_tokens to {max_context - prompt.prompt_tokens}" if prompt.prompt_tokens < max_context
+              else "shorten the prompt")
+    raise ContextTooLong(
+        f"prompt ({prompt.prompt_tokens} tokens) + max_tokens ({max_tokens}) is more than {name}'s context of "
+        f"{max_context} tokens; {advice}, or send \"truncate\": true to keep the prompt's last {room} tokens")
+
+
 # -- embeddings and classification ----------------------------------------------------------
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TextInput:
     ids: tuple[int, ...]
+    truncated: int = 0  # trailing tokens dropped to fit the model's window (the request asked to truncate)
 
     @property
     def tokens(self) -> int:

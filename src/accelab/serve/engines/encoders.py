@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from accelab.plan.runtime import input_device, to_device
-from accelab.serve.engines.base import ImageInput, Label, PayloadTooLarge, TextInput
+from accelab.serve.engines.base import ContextTooLong, ImageInput, Label, TextInput, check_token_ids
 from accelab.serve.images import decode_image
 
 SUB_BATCH = 16
@@ -23,17 +23,31 @@ class HFEmbeddingEngine:
         self.task = runnable.task
         self.tokenizer = runnable.processor
         config = getattr(runnable.model, "config", None)
-        self.max_tokens = max_tokens or getattr(config, "max_position_embeddings", None) or 512
+        self.max_tokens = max_tokens or _window(self.tokenizer, config)
+        self.vocab_size = getattr(config, "vocab_size", None)
         self.pad_id = self.tokenizer.pad_token_id or 0
 
-    def prepare_text(self, text: str | list[int]) -> TextInput:
-        ids = list(text) if isinstance(text, list) else self.tokenizer(text)["input_ids"]
+    def prepare_text(self, text: str | list[int], *, truncate: bool = False, where: str = "input") -> TextInput:
+        """Token ids for one input. Longer than the model's window: ContextTooLong (400), or with
+        `truncate` its first window's worth of tokens (the tokenizer keeps the closing token)."""
+        if isinstance(text, list):
+            check_token_ids(text, self.vocab_size, name=self.name)
+            ids = list(text)
+        else:  # the tokenizer of a sentence-transformers model truncates silently unless told not to
+            ids = self.tokenizer(text, truncation=False)["input_ids"]
         if not ids:
-            raise ValueError("an input is empty; send at least one token of text")
-        if len(ids) > self.max_tokens:
-            raise PayloadTooLarge(f"an input has {len(ids)} tokens; {self.name} takes at most {self.max_tokens}; "
-                                  "split the text")
-        return TextInput(ids=tuple(ids))
+            raise ValueError(f"{where} is empty; send at least one token of text")
+        if len(ids) <= self.max_tokens:
+            return TextInput(ids=tuple(ids))
+        if not truncate:
+            raise ContextTooLong(f"{where} has {len(ids)} tokens; {self.name} takes at most {self.max_tokens}; "
+                                 "split the text, or send \"truncate\": true to embed its first "
+                                 f"{self.max_tokens} tokens")
+        if isinstance(text, list):
+            kept = ids[:self.max_tokens]
+        else:
+            kept = self.tokenizer(text, truncation=True, max_length=self.max_tokens)["input_ids"]
+        return TextInput(ids=tuple(kept), truncated=len(ids) - len(kept))
 
     def embed(self, units: list[TextInput]) -> list[Any]:
         """Inputs sorted by length run in sub-batches of at most SUB_BATCH, each padded to its
@@ -70,6 +84,18 @@ class HFEmbeddingEngine:
 
     def close(self) -> None:
         self.runnable.close()
+
+
+def _window(tokenizer: Any, config: Any) -> int:
+    """The longest input the model was trained on: the tokenizer's own truncation length (a
+    sentence-transformers model's max_seq_length), else its model_max_length, else the
+    position embeddings."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    truncation = getattr(backend, "truncation", None) or {}
+    candidates = [truncation.get("max_length"), getattr(tokenizer, "model_max_length", None),
+                  getattr(config, "max_position_embeddings", None)]
+    sane = [c for c in candidates if isinstance(c, int) and 0 < c < 1_000_000]  # transformers' "no limit" is 1e30
+    return min(sane) if sane else 512
 
 
 class HFClassificationEngine:

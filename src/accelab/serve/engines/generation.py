@@ -19,7 +19,14 @@ from typing import Any
 import torch
 
 from accelab.plan.runtime import input_device, to_device
-from accelab.serve.engines.base import Completion, GenUnit, PayloadTooLarge, Prompt, SamplingParams
+from accelab.serve.engines.base import (
+    Completion,
+    GenUnit,
+    Prompt,
+    SamplingParams,
+    check_token_ids,
+    fit_prompt,
+)
 from accelab.serve.images import decode_image
 from accelab.serve.textstream import TextStream
 
@@ -41,6 +48,7 @@ class HFGenerationEngine:
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
         self.max_context = max_context or _max_positions(runnable.model)
+        self.vocab_size = _vocab_size(runnable.model)
 
     # -- preparing (thread pool) ----------------------------------------------------------
     def prepare_chat(self, messages: list[dict[str, Any]]) -> Prompt:
@@ -63,7 +71,11 @@ class HFGenerationEngine:
         return self._checked(Prompt(ids=tuple(ids), prompt_tokens=len(ids)))
 
     def prepare_text(self, prompt: str | list[int]) -> Prompt:
-        ids = list(prompt) if isinstance(prompt, list) else self.tokenizer(prompt)["input_ids"]
+        if isinstance(prompt, list):
+            check_token_ids(prompt, self.vocab_size, name=self.name)
+            ids = list(prompt)
+        else:
+            ids = self.tokenizer(prompt, truncation=False)["input_ids"]
         if not ids:
             raise ValueError("prompt is empty; send at least one token of text")
         return self._checked(Prompt(ids=tuple(ids), prompt_tokens=len(ids)))
@@ -79,17 +91,10 @@ class HFGenerationEngine:
         return self._checked(Prompt(text=text, images=images, prompt_tokens=tokens))
 
     def _checked(self, prompt: Prompt) -> Prompt:
-        if self.max_context and prompt.prompt_tokens >= self.max_context:
-            raise PayloadTooLarge(f"the prompt has {prompt.prompt_tokens} tokens; {self.name} takes at most "
-                                  f"{self.max_context} (prompt and completion); shorten the prompt")
-        return prompt
+        return prompt  # lengths are checked with max_tokens, in `fit`
 
-    def check_budget(self, prompt: Prompt, max_tokens: int) -> None:
-        if self.max_context and prompt.prompt_tokens + max_tokens > self.max_context:
-            raise PayloadTooLarge(
-                f"prompt ({prompt.prompt_tokens} tokens) + max_tokens ({max_tokens}) is more than {self.name}'s "
-                f"context of {self.max_context} tokens; lower max_tokens to {self.max_context - prompt.prompt_tokens}"
-            )
+    def fit(self, prompt: Prompt, max_tokens: int, *, truncate: bool = False) -> Prompt:
+        return fit_prompt(prompt, max_tokens, self.max_context, truncate=truncate, name=self.name)
 
     # -- running (worker thread) ------------------------------------------------------------
     def generate(self, units: list[GenUnit]) -> list[Completion]:
@@ -254,6 +259,13 @@ def _eos_ids(gen_config: Any, tokenizer: Any) -> tuple[int, ...]:
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
         ids.append(tokenizer.eos_token_id)
     return tuple(ids)
+
+
+def _vocab_size(model: Any) -> int | None:
+    config = getattr(model, "config", None)
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    value = getattr(text_config, "vocab_size", None)
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def _max_positions(model: Any) -> int | None:
