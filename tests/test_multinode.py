@@ -89,18 +89,20 @@ def test_two_nodes_train_in_step_with_one_process_and_write_one_checkpoint(env, 
     one = accelab(*common, "--output-dir", str(single), "--json", str(tmp_path / "one.json"), env=env)
     out, _ = one.communicate(timeout=600)
     assert one.returncode == 0, out[-3000:]
-    dirs = [tmp_path / "node-a", tmp_path / "node-b"]
-    on_two_nodes(common, [["--output-dir", str(d), "--json", str(d) + ".json"] for d in dirs], env)
+    shared = tmp_path / "shared"  # one run directory on a disk both nodes see, as the README tells
+    outputs = on_two_nodes([*common, "--output-dir", str(shared), "--json", str(tmp_path / "two.json")], [[], []], env)
+    assert sum("the node that holds global rank 0 writes the run's result" in out for out in outputs) == 1
 
     baseline = json.loads((tmp_path / "one.json").read_text())["metrics"]
-    summaries = [Path(str(d) + ".json") for d in dirs if Path(str(d) + ".json").is_file()]
-    assert len(summaries) == 1  # written by the node that holds global rank 0
-    doc = json.loads(summaries[0].read_text())
-    assert doc["workload"]["nnodes"] == 2 and doc["workload"]["per_process_batch"] == 4  # 16 over 4 ranks
+    doc = json.loads((tmp_path / "two.json").read_text())  # written once, by the node of global rank 0
+    assert doc["status"] == "ok" and doc["workload"]["nnodes"] == 2
+    assert doc["workload"]["per_process_batch"] == 4  # 16 over 4 ranks
     assert len(doc["metrics"]["peak_rss_mb_per_rank"]) == 4
     assert doc["metrics"]["losses"] == pytest.approx(baseline["losses"], rel=DDP_LOSS_RTOL)
-    checkpoints = [c for d in dirs for c in (d.glob("**/checkpoints/step-*") if d.exists() else [])]
-    assert len(checkpoints) == 1 and (checkpoints[0] / "trainer_state.json").is_file(), checkpoints
+    checkpoints = list((shared / "checkpoints").iterdir())
+    assert [c.name for c in checkpoints] == ["step-0000004"]  # one checkpoint, with every rank's RNG state
+    assert sorted(p.name for p in checkpoints[0].glob("random_states_*")) == [f"random_states_{r}.pkl" for r in range(4)]
+    assert (checkpoints[0] / "trainer_state.json").is_file() and (shared / "model" / "model.safetensors").is_file()
 
 
 def test_two_nodes_predict_like_one_process_with_every_input_once(env, tmp_path):
@@ -118,3 +120,33 @@ def test_two_nodes_predict_like_one_process_with_every_input_once(env, tmp_path)
     single, double = read_output(one_out), read_output(shared)
     assert [r["id"] for r in double] == [f"s{i}" for i in range(301)]  # each input exactly once, in order
     assert np.abs(np.array([r["embedding"] for r in single]) - np.array([r["embedding"] for r in double])).max() < 1e-5
+
+
+def test_accelerate_launch_with_a_config_file_says_what_to_run_instead(env, tmp_path):
+    """What users already write: `accelerate launch --config_file cfg.yaml -m accelab train ...`.
+    accelab starts its own workers, so it stops at once and gives the command for the same layout."""
+    config = tmp_path / "accelerate.yaml"
+    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nnum_machines: 1\n"
+                      "num_processes: 2\nmachine_rank: 0\nmain_process_ip: 127.0.0.1\n"
+                      f"main_process_port: {free_port()}\nmixed_precision: 'no'\nuse_cpu: true\n")
+    accelerate = Path(sys.executable).with_name("accelerate")
+    done = subprocess.run([str(accelerate), "launch", "--config_file", str(config), "-m", "accelab", "train",
+                           "--model", "vit-tiny", "--dataset", "digits", "--max-steps", "1", "--no-progress"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert "accelab train was started by accelerate launch" in done.stderr, done.stderr[-2000:]
+    assert "accelab train ... --nproc N (your config's num_processes)" in done.stderr
+    assert not any((Path(env["ACCELAB_CACHE"]) / "runs").glob("*"))  # nothing was trained
+
+
+def test_the_command_for_a_two_node_launcher_names_the_rendezvous():
+    from accelab.launch import refuse_outer_launcher
+
+    environ = {"WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.1",
+               "MASTER_PORT": "29500"}
+    with pytest.raises(ValueError) as err:
+        refuse_outer_launcher("predict", environ)
+    assert "started by torchrun (WORLD_SIZE=8" in str(err.value)
+    assert ("accelab predict ... --nproc 4 --nnodes 2 --rdzv-backend c10d --rdzv-endpoint 10.0.0.1:29500"
+            in str(err.value))
+    refuse_outer_launcher("predict", {"WORLD_SIZE": "1"})  # a plain shell: fine

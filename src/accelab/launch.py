@@ -20,6 +20,8 @@ from typing import Any, NoReturn
 
 EXIT_USER_ERROR = 2
 EXIT_UNSUPPORTED = 3
+# what a node without global rank 0 says: its ranks finished, and the run's result is on another node
+ELSEWHERE = "this node's ranks finished; the node that holds global rank 0 writes the run's result"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -127,3 +129,43 @@ def exit_worker(code: int) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def outcome_elsewhere(outcome: Any) -> bool:
+    """True (and says so) when this node's ranks finished and the result is another node's to
+    write: a multi-node run writes one Result (--json, the store), on the node of global rank 0."""
+    if outcome is None or outcome.status != "ok" or outcome.summary is not None or outcome.reason != ELSEWHERE:
+        return False
+    print(f"accelab: {ELSEWHERE}", file=sys.stderr)
+    return True
+
+
+def refuse_outer_launcher(command: str, environ: dict[str, str] | None = None) -> None:
+    """ValueError when `accelab <command>` itself was started by `accelerate launch` or torchrun.
+    accelab starts its own workers: under torchrun every one of those processes would run the
+    whole job again, and `accelerate launch` with a CPU config starts just one process (without
+    a rank) whatever num_processes says. The message gives the accelab command line instead."""
+    env = os.environ if environ is None else environ
+    if "ACCELERATE_DYNAMO_BACKEND" in env:  # set by `accelerate launch` only, never by Accelerator()
+        where = f"{env.get('MASTER_ADDR', 'HOST')}:{env.get('MASTER_PORT', 'PORT')}"
+        raise ValueError(
+            f"accelab {command} was started by accelerate launch: accelab starts its own worker processes, and "
+            "accelerate launch with a CPU config starts one process here whatever num_processes says, so the run "
+            f"would not be the one your config file describes. Run it without the launcher: accelab {command} ... "
+            f"--nproc N (your config's num_processes); on several machines add --nnodes M --rdzv-backend c10d "
+            f"--rdzv-endpoint {where} --rdzv-id RUN_ID, the same on each"
+        )
+    if "LOCAL_RANK" not in env and int(env.get("WORLD_SIZE", "1")) <= 1:
+        return
+    world = int(env.get("WORLD_SIZE", "1"))
+    local = int(env.get("LOCAL_WORLD_SIZE", "1") or 1)
+    nodes = max(1, world // max(local, 1))
+    rendezvous = ""
+    if nodes > 1:
+        where = f"{env.get('MASTER_ADDR', 'HOST')}:{env.get('MASTER_PORT', 'PORT')}"
+        rendezvous = f" --nnodes {nodes} --rdzv-backend c10d --rdzv-endpoint {where} --rdzv-id RUN_ID"
+    raise ValueError(
+        f"accelab {command} was started by torchrun (WORLD_SIZE={world}, LOCAL_RANK={env.get('LOCAL_RANK', '?')}): "
+        f"it starts its own worker processes, so each of these {world} would run the whole job again. Run it once "
+        f"per machine instead, without the launcher: accelab {command} ... --nproc {local}{rendezvous}"
+    )

@@ -47,6 +47,11 @@ def predict_command(
     node_rank: Optional[int] = typer.Option(None, "--node-rank"),
     master_addr: Optional[str] = typer.Option(None, "--master-addr"),
     master_port: Optional[int] = typer.Option(None, "--master-port"),
+    rdzv_backend: Optional[str] = typer.Option(None, "--rdzv-backend", help="torchrun rendezvous (c10d: every node "
+                                               "runs the same command, no --node-rank needed)."),
+    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of the rendezvous."),
+    rdzv_id: Optional[str] = typer.Option(None, "--rdzv-id", help="The job's id, the same on every node."),
+    rdzv_conf: Optional[str] = typer.Option(None, "--rdzv-conf"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output, or discard an interrupted "
                                    "run's finished chunks instead of resuming."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
@@ -59,15 +64,21 @@ def predict_command(
     """Run a model over a whole dataset with a plan, in one process or many; resumable, ordered output."""
     import tempfile
 
+    from accelab.launch import refuse_outer_launcher
+
+    refuse_outer_launcher("predict")
+
     from accelab.plan.runtime import Unsupported
     from accelab.plan.techniques.system import available_cpus
     from accelab.predict import launch as launcher
     from accelab.predict.options import build_request
     from accelab.predict.report import print_run, result_of
+    from accelab.launch import outcome_elsewhere
     from accelab.results.store import keep
 
     launch = launcher.LaunchOptions(nproc=nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
-                                    master_port=master_port)
+                                    master_port=master_port, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
+                                    rdzv_id=rdzv_id, rdzv_conf=rdzv_conf)
     try:
         request = build_request(
             model=model, task=task, plan=plan, overrides=set_, inputs=inputs, out=str(out), launch=launch,
@@ -80,12 +91,15 @@ def predict_command(
         raise typer.Exit(3) from None
     if request.resuming:
         typer.secho(f"resuming: {request.resuming:,} of {request.config.source_items:,} items are done", err=True)
+    outcome = None
     try:
         with tempfile.TemporaryDirectory(prefix="accelab-predict-") as work_dir:
             outcome = launcher.run(request.config, launch, work_dir=Path(work_dir), threads=request.threads)
         result = result_of(request, outcome, tag=tag)
     except Unsupported as err:
         result = result_of(request, None, unsupported=str(err), tag=tag)
+    if outcome_elsewhere(outcome):
+        return
     print_run(result)
     keep(result, json_out=json_out, store=store, db=db)
     if not result.ok:

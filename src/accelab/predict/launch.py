@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from accelab.predict.config import PredictConfig
-from accelab.launch import LaunchOptions, torchrun_command, worker_env
+from accelab.launch import ELSEWHERE, LaunchOptions, torchrun_command, worker_env
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,8 @@ def _outcome(summary_path: Path, returncode: int, command: list[str], wall: floa
     status = (doc or {}).get("status")
     if returncode == 0 and status == "ok":
         return Outcome(status="ok", summary=doc, reason=None, wall_s=wall, command=command)
+    if returncode == 0 and doc is None:  # a node without global rank 0: the summary is written on that node
+        return Outcome(status="ok", summary=None, reason=ELSEWHERE, wall_s=wall, command=command)
     if status in ("error", "unsupported"):
         return Outcome(status=status, summary=None, reason=doc.get("reason"), wall_s=wall, command=command)
     why = f"torchrun exited with code {returncode}" if returncode >= 0 else f"torchrun killed by signal {-returncode}"

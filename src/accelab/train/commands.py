@@ -103,8 +103,11 @@ def train_command(
 ) -> None:
     """Train an image classifier or fine-tune a causal LM with accelerate (mixed precision, accumulation,
     data parallel); store the model where bench, verify and serve find it."""
+    from accelab.launch import refuse_outer_launcher
     from accelab.train.launch import LaunchOptions
     from accelab.train.options import build_request
+
+    refuse_outer_launcher("train")
 
     launch = LaunchOptions(nproc=nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
                            master_port=master_port, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
@@ -165,6 +168,7 @@ def _with_threads(request, idle: float | None):  # type: ignore[no-untyped-def]
 
 def _train(request, timeout: float, json_out: Optional[Path], db: Optional[Path], tag: Optional[str],  # type: ignore[no-untyped-def]
            store: bool) -> None:
+    from accelab.launch import outcome_elsewhere
     from accelab.results.store import keep
     from accelab.train.launch import run_workers
     from accelab.train.report import print_run, result_of
@@ -173,6 +177,8 @@ def _train(request, timeout: float, json_out: Optional[Path], db: Optional[Path]
     for note in request.notes:
         typer.secho(f"note: {note}", fg=typer.colors.YELLOW, err=True)
     outcome = run_workers(request.config, request.launch, timeout_s=timeout)
+    if outcome_elsewhere(outcome):
+        return
     result = result_of(name="train", spec=request.spec, config=request.config, launch=request.launch, outcome=outcome,
                        tag=tag, notes=request.notes)
     if outcome.summary and outcome.summary.get("saved_model"):

@@ -19,12 +19,13 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from accelab.launch import LaunchOptions, torchrun_command, worker_env
+from accelab.launch import ELSEWHERE, LaunchOptions, torchrun_command, worker_env
 from accelab.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -51,13 +52,30 @@ class WorkerOutcome:
 
 
 def run_workers(config: TrainConfig, launch: LaunchOptions, *, timeout_s: float) -> WorkerOutcome:
-    """Write the config, start the worker(s), wait; the outcome with rank 0's summary."""
+    """Write the config, start the worker(s), wait; the outcome with rank 0's summary.
+
+    The run directory keeps train_config.json (and rank 0 writes train_result.json beside it),
+    but what the workers read and report goes through this process's own temporary files: on a
+    disk shared by several nodes, each node's launcher then reads only its own ranks' report."""
     output = Path(config.output_dir)
     output.mkdir(parents=True, exist_ok=True)
-    result_path = Path(config.result_path or output / "train_result.json")
-    result_path.unlink(missing_ok=True)
-    config_path = output / "train_config.json"
-    config_path.write_text(json.dumps(config.with_changes(result_path=str(result_path)).to_dict(), indent=2) + "\n")
+    _write_atomically(output / "train_config.json", config.to_dict())
+    with tempfile.TemporaryDirectory(prefix="accelab-train-") as private:
+        result_path = Path(config.result_path or Path(private) / "train_result.json")
+        result_path.unlink(missing_ok=True)
+        config_path = Path(private) / "train_config.json"
+        config_path.write_text(json.dumps(config.with_changes(result_path=str(result_path)).to_dict(), indent=2))
+        return _launch(config, launch, config_path, result_path, timeout_s=timeout_s)
+
+
+def _write_atomically(path: Path, doc: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _launch(config: TrainConfig, launch: LaunchOptions, config_path: Path, result_path: Path, *,
+            timeout_s: float) -> WorkerOutcome:
     command = worker_command(config_path, launch)
     env = worker_env(config.threads)
     log.info("starting %s", " ".join(command))
@@ -95,8 +113,7 @@ def _outcome(result_path: Path, returncode: int, command: list[str], wall: float
     if returncode == 0 and status == "ok":
         return WorkerOutcome(status="ok", summary=doc, reason=None, returncode=0, wall_s=wall, command=command)
     if returncode == 0 and doc is None:  # a node without global rank 0: the summary is written on node 0
-        return WorkerOutcome(status="ok", summary=None, reason="the run's summary is written by global rank 0 (node 0)",
-                             returncode=0, wall_s=wall, command=command)
+        return WorkerOutcome(status="ok", summary=None, reason=ELSEWHERE, returncode=0, wall_s=wall, command=command)
     if status in ("error", "unsupported"):
         return WorkerOutcome(status=status, summary=None, reason=doc.get("reason"), returncode=returncode,
                              wall_s=wall, command=command)

@@ -127,9 +127,13 @@ def _register(session: Any, summary: dict[str, Any], final_dir: Path) -> Path:
                                 extra_meta=extra)
 
 
-def _write(path: str | None, doc: dict[str, Any]) -> None:
-    if path:
-        Path(path).write_text(json.dumps(doc, indent=2, default=str) + "\n")
+def _write(config: TrainConfig, doc: dict[str, Any]) -> None:
+    """Rank 0's report: to the launcher's file, and a copy in the run directory for the record."""
+    text = json.dumps(doc, indent=2, default=str) + "\n"
+    if config.result_path:
+        Path(config.result_path).write_text(text)
+    if config.output_dir and Path(config.output_dir).is_dir():
+        (Path(config.output_dir) / "train_result.json").write_text(text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     if rank != 0:
         logging.getLogger("accelab").setLevel(logging.ERROR)  # one copy of each warning, from rank 0
     return run_worker(lambda: train(config), rank=rank, world_size=config.world_size,
-                      write=lambda doc: _write(config.result_path, doc), unsupported=Unsupported)
+                      write=lambda doc: _write(config, doc), unsupported=Unsupported)
 
 
 def _rank() -> int:
