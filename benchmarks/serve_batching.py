@@ -11,17 +11,28 @@ Then the ceiling: the server's own engine, without HTTP, timed on the same sente
 and at the largest batch. Batching cannot gain more than the model's cost per input falls
 between the two, so the printout says how much of that ceiling the server kept.
 
-    python benchmarks/serve_batching.py                   # 3-5 minutes on 2 CPU cores
+Then the peer: LitServe (`pip install accelab[peers]`; the benchmark installs it when missing) on
+the same model directory with the same thread count, batch size and batch timeout, and accelab's
+dynamic batching, each under the same closed-loop client (keep-alive, one request in flight per
+user) at 8 and 32 users: requests/s and p99 of both, side by side in one run.
+
+    python benchmarks/serve_batching.py                   # 6-8 minutes on 2 CPU cores
     python benchmarks/serve_batching.py --slo e2e=100ms --duration 4
+    python benchmarks/serve_batching.py --part litserve   # only the peer comparison
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import shlex
+import socket
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
@@ -138,6 +149,114 @@ def model_ceiling(opts: argparse.Namespace, max_batch: int, seconds: float = 3.0
         engine.close()
 
 
+PEER_SCRIPT = Path(__file__).parent / "peers" / "litserve_embeddings.py"
+
+
+def ensure_litserve() -> None:
+    if importlib.util.find_spec("litserve") is None:
+        print("installing the peer: pip install 'litserve>=0.2.19,<0.3' pyzmq (the accelab[peers] extra)", flush=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "litserve>=0.2.19,<0.3", "pyzmq>=26"],
+                       check=True)
+
+
+def start_litserve(opts: argparse.Namespace, threads: int) -> tuple[subprocess.Popen, str, list[str]]:
+    from accelab.catalog.store import model_dir
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    args = [sys.executable, str(PEER_SCRIPT), str(model_dir(opts.model)), "--port", str(port), "--threads",
+            str(threads), "--max-batch-size", str(opts.peer_batch), "--batch-timeout", str(opts.peer_wait_ms / 1000)]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    import httpx
+
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"LitServe exited with {proc.returncode}: python {shlex.join(args[1:])}")
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return proc, url, args
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("LitServe was not ready after 300 s")
+
+
+def closed_loop(url: str, users: int, opts: argparse.Namespace) -> dict[str, Any]:
+    from accelab.loadtest.client import run_load
+    from accelab.loadtest.summary import SLO, summarize_run
+
+    config = LoadConfig(url=url, endpoint="embeddings", inputs=tuple(sentences(224)), model=opts.model,
+                        concurrency=users, duration_s=opts.peer_duration, warmup=2 * users, timeout_s=30)
+    summary = summarize_run(run_load(config, opts.model), SLO())
+    return {"req_s": summary["request_throughput"], "p99_ms": (summary["e2e_ms"] or {}).get("p99"),
+            "p50_ms": (summary["e2e_ms"] or {}).get("p50"), "errors": summary["errors_by_status"]}
+
+
+def against_litserve(opts: argparse.Namespace) -> bool:
+    """accelab's dynamic batching and LitServe, same model, threads, batch size and wait, closed
+    loop; accelab twice: with the plain torch plan LitServe runs, and with a faster plan of its own."""
+    ensure_litserve()
+    threads = int(next((s.split("=", 1)[1] for s in opts.set if s.startswith("threads=")), "1"))
+    batching = ["--max-batch-size", str(opts.peer_batch), "--max-wait-ms", str(opts.peer_wait_ms)]
+    ours = {"accelab serve": server_args(opts, batching)}
+    if opts.tuned_plan:
+        ours[f"accelab serve --plan {opts.tuned_plan}"] = server_args(opts, [*batching, "--plan", opts.tuned_plan])
+    servers = {label: ServerProcess(*args, timeout_s=300) for label, args in ours.items()}
+    peer = None
+    rows: dict[str, dict[int, dict[str, Any]]] = {label: {} for label in [*ours, "LitServe"]}
+    try:
+        peer, peer_url, peer_args = start_litserve(opts, threads)
+        for server in servers.values():
+            server.wait_ready(timeout_s=300)
+        urls = {**{label: server.url for label, server in servers.items()}, "LitServe": peer_url}
+        for level, users in enumerate(opts.peer_users):
+            order = list(rows)[level % len(rows):] + list(rows)[:level % len(rows)]  # who goes first rotates
+            for label in order:
+                row = closed_loop(urls[label], users, opts)
+                rows[label][users] = row
+                print(f"  {label:<34} {users:>3} users: {row['req_s']:7.1f} req/s, p50 {row['p50_ms']:6.1f} ms, "
+                      f"p99 {row['p99_ms']:6.1f} ms, errors {row['errors'] or 0}", flush=True)
+    finally:
+        for server in servers.values():
+            server.stop()
+        if peer is not None:
+            peer.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                peer.wait(30)
+            if peer.poll() is None:
+                peer.kill()
+    ok = True
+    print(f"\n{opts.model} embeddings, one short sentence per request, {threads} thread(s) per server, batch "
+          f"{opts.peer_batch}, wait {opts.peer_wait_ms:g} ms, {opts.peer_duration:g} s per level (closed loop):")
+    print("| server | users | req/s | p50 ms | p99 ms | req/s vs LitServe | target (>= 1.1x at 8, 1.2x at 32, p99 no worse) |")
+    print("|---|---|---|---|---|---|---|")
+    for label in rows:
+        for users in opts.peer_users:
+            row, theirs = rows[label][users], rows["LitServe"][users]
+            ratio = row["req_s"] / theirs["req_s"]
+            verdict = ""
+            if label != "LitServe":
+                need = 1.2 if users >= 32 else 1.1
+                met = ratio >= need and row["p99_ms"] <= theirs["p99_ms"]
+                ok &= met or label != "accelab serve"  # the same-plan row is the target; the tuned one is shown
+                verdict = "OK" if met else "MISSED"
+            print(f"| {label} | {users} | {row['req_s']:.1f} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | "
+                  f"{ratio:.2f}x | {verdict} |")
+    if opts.tuned_plan:
+        print(f"(`--plan {opts.tuned_plan}` is the same model's weights under ONNX Runtime, {threads} thread(s): "
+              "accelab verify checks its outputs against fp32 eager)")
+    for label, args in ours.items():
+        serve = ["accelab", "serve", *args[1:]]
+        serve[serve.index("--port") + 1] = "8000"
+        print(f"reproduce {label}: {shlex.join(serve)} &")
+    print(f"reproduce LitServe: python {shlex.join(peer_args[1:])} &")
+    print(f"  then: accelab loadtest http://127.0.0.1:PORT --endpoint embeddings --concurrency 32 "
+          f"--duration {opts.peer_duration:g} --warmup 64")
+    return ok
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="minilm-l6")
@@ -155,7 +274,17 @@ def main() -> int:
     parser.add_argument("--set", action="append", default=["threads=1"],
                         help="plan override for both servers (default threads=1: the load tester needs a core)")
     parser.add_argument("--db", default=None, help="results store (default: the cache dir's)")
+    parser.add_argument("--part", choices=("all", "batching", "litserve"), default="all")
+    parser.add_argument("--peer-users", default="8,32", help="closed-loop levels of the LitServe comparison")
+    parser.add_argument("--peer-duration", type=float, default=30.0, help="seconds per level (after a warm-up)")
+    parser.add_argument("--peer-batch", type=int, default=16, help="max batch size of both servers")
+    parser.add_argument("--peer-wait-ms", type=float, default=10.0, help="batch timeout of both servers")
+    parser.add_argument("--tuned-plan", default="onnxruntime", help="accelab's own faster plan, shown beside the "
+                        "same-plan comparison ('' to leave it out)")
     opts = parser.parse_args()
+    opts.peer_users = [int(u) for u in opts.peer_users.split(",")]
+    if opts.part == "litserve":
+        return 0 if against_litserve(opts) else 1
 
     servers: dict[str, ServerProcess] = {}
     found: dict[str, FindMax] = {}
@@ -202,7 +331,11 @@ def main() -> int:
         serve[serve.index("--port") + 1] = "8000"
         print(f"  {shlex.join(serve)} &\n  {shlex.join(loadtest_cli(opts, 'http://127.0.0.1:8000'))}")
     print(f"reproduce all of it: python {shlex.join(sys.argv)}")
-    return 0 if base and batched else 1
+    peer_ok = True
+    if opts.part == "all":
+        print("\nagainst LitServe:")
+        peer_ok = against_litserve(opts)
+    return 0 if base and batched and peer_ok else 1
 
 
 if __name__ == "__main__":

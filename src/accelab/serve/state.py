@@ -4,6 +4,7 @@ of requests in flight. One per app (kept on `app.state.accelab`)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import threading
 import time
@@ -56,6 +57,7 @@ class ServerState:
             log.info("model %s loaded in %.1f s; warming up", self.config.model_name, time.perf_counter() - started)
             engine.warmup()
             self.continuous = self._start_continuous(engine)
+            _freeze_loaded_objects()
             self.engine = engine
             if self.status == "loading":
                 self.status = "ready"
@@ -198,3 +200,19 @@ class ServerState:
             m.batch_time.observe(report.seconds)
 
         return ContinuousHooks(on_step=on_step, on_token_gap=m.itl.observe)
+
+
+def _freeze_loaded_objects() -> None:
+    """Move everything alive after loading (the model, torch, transformers: ~450k objects for
+    MiniLM) out of the garbage collector's reach. Otherwise every full collection walks them
+    all, and the server stalls: under 32 closed-loop users a whole batch waited ~250 ms every
+    few seconds (MiniLM embeddings, 1 thread: p99 380 ms at p50 140 ms; frozen, with the
+    thresholds below: p99 165-180 ms, and ~5% more requests/s). Later objects are collected as
+    usual."""
+    gc.collect()
+    gc.freeze()
+    # and collect the young generations less often: a serving loop makes many short-lived
+    # objects, few cycles; a full collection then comes every ~5e8 allocations, not ~7e5
+    gc.set_threshold(100_000, 50, 100)
+    log.info("froze %d objects of the loaded model and libraries (no garbage-collector walks over them)",
+             gc.get_freeze_count())
