@@ -152,3 +152,12 @@ def test_policy_validation_names_the_field():
         BatchPolicy(max_batch_size=0)
     with pytest.raises(ValueError, match="max_wait_s=-1"):
         BatchPolicy(max_wait_s=-1)
+
+
+def test_when_nothing_else_is_on_its_way_a_batch_goes_at_once():
+    batcher, clock = make(max_batch_size=4, max_wait_s=0.010)
+    batcher.add("a")
+    batcher.add("b")
+    assert batcher.take() is None  # more may come: wait for company (up to max_wait)
+    assert payloads(batcher.take(quiet=True)) == ["a", "b"]  # every request received is queued
+    assert batcher.take(quiet=True) is None  # and quiet never makes a batch out of nothing

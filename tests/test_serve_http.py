@@ -325,3 +325,16 @@ def test_a_prompt_past_the_context_is_a_400_or_keeps_its_last_tokens_when_asked(
         assert events[-1]["usage"]["truncated_tokens"] == 2
         r = httpx.post(f"{url}/v1/completions", json={"prompt": "a", "max_tokens": 10})
         assert r.status_code == 400 and "leaves no room for a prompt" in r.json()["error"]["message"]
+
+
+def test_a_lone_request_does_not_wait_for_company_that_is_not_coming():
+    """max_wait is for requests on their way; one user alone gets no extra wait (a second of
+    max_wait would show in every latency)."""
+    engine = FakeEmbeddingEngine(name="fake")
+    with serve(engine, max_batch_size=8, max_wait_ms=1000) as url:
+        with httpx.Client(base_url=url) as client:
+            started = time.perf_counter()
+            for i in range(5):
+                assert client.post("/v1/embeddings", json={"input": f"hello {i}"}).status_code == 200
+            assert time.perf_counter() - started < 2.0  # not 5 x 1 s
+        assert engine.batches == [1] * 5

@@ -2,7 +2,9 @@
 
 Rules (each has a unit test with a fake clock):
 - a batch is ready when the head-of-line key has `limit` units waiting, or when the FIRST
-  item of the batch has waited `max_wait_s` (the wait is counted from that item's arrival);
+  item of the batch has waited `max_wait_s` (the wait is counted from that item's arrival),
+  or when no other request is on its way (`quiet`: every request the server has received is
+  queued or running), since waiting longer then only adds latency;
 - a batch holds items of one key only (generation and embedding never mix), in arrival order,
   and never more than `limit` units (an item's weight is its number of inputs); one item
   heavier than the limit travels alone and the worker runs it in chunks of the limit;
@@ -122,16 +124,16 @@ class Batcher(Generic[T]):
         return True
 
     # -- batches --------------------------------------------------------------------------
-    def take(self, *, flush: bool = False) -> Batch[T] | None:
-        """The next batch if one is ready (any batch at all when `flush`), with the items that
-        expired meanwhile; None when there is nothing to hand out."""
+    def take(self, *, flush: bool = False, quiet: bool = False) -> Batch[T] | None:
+        """The next batch if one is ready (any batch at all when `flush` or `quiet`), with the
+        items that expired meanwhile; None when there is nothing to hand out."""
         now = self._clock()
         expired = [p for p in self._pending if p.deadline is not None and p.deadline <= now]
         if expired:
             self._pending = [p for p in self._pending if p not in expired]
         chosen = self._head_batch()
         ready = bool(chosen) and (
-            flush or sum(p.weight for p in chosen) >= self.limit.value
+            flush or quiet or sum(p.weight for p in chosen) >= self.limit.value
             or now - chosen[0].arrival >= self.policy.max_wait_s
         )
         if not ready:

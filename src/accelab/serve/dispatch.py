@@ -53,7 +53,7 @@ class Submission:
     """One job in the worker, seen from the event loop. Created in a handler (needs its loop)."""
 
     def __init__(self, state: ServerState, *, key: str, units: list[Any], run: Callable[[list[Any]], list[Any]],
-                 arrival: float | None = None):
+                 arrival: float | None = None, scope: dict[str, Any] | None = None):
         self.state = state
         self.arrival = arrival if arrival is not None else time.monotonic()
         self.deadline = self.arrival + state.config.request_timeout_s
@@ -64,6 +64,8 @@ class Submission:
                   started=_threadsafe(loop, self.started, None),
                   timeout_s=max(0.0, self.deadline - time.monotonic()))
         self.executor = state.executor(key)
+        if scope is not None:  # before the worker wakes up: it may then start without waiting for company
+            state.submitted(scope)
         try:
             self.pending = self.executor.submit(job)
         except QueueFull:

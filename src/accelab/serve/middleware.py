@@ -47,6 +47,7 @@ class GuardMiddleware:
 
         started = time.perf_counter()
         self.state.enter()
+        self.state.arrive(scope)
         try:
             refusal = self._refusal(scope)
             if refusal is None:
@@ -59,6 +60,7 @@ class GuardMiddleware:
                 scope.setdefault("state", {})["error_kind"] = refusal.kind
                 await _send_error(refusal, send_recording)
         finally:
+            self.state.submitted(scope)  # if it never reached a queue
             self.state.leave()
             self._record(scope, route, status[0], time.perf_counter() - started)
 

@@ -30,7 +30,8 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
     where = "input" if len(inputs) == 1 else "input[{}]"
     units = await prepare(lambda: [engine.prepare_text(text, truncate=body.truncate, where=where.format(i))
                                    for i, text in enumerate(inputs)], offload=long_text(inputs))
-    submission = Submission(state, key="embed", units=units, run=engine.embed, arrival=arrival)
+    submission = Submission(state, key="embed", units=units, run=engine.embed, arrival=arrival,
+                            scope=request.scope)
     outcome = await submission.result(request.receive)
     vectors: list[Any] = outcome.outputs
     if body.dimensions is not None and body.dimensions != len(vectors[0]):
@@ -60,7 +61,8 @@ async def classify(body: ClassifyRequest, request: Request) -> dict[str, Any]:
     check_count("images", len(images), state.config.max_inputs)
     units = await prepare(lambda: [engine.prepare_image(data, top_k=body.top_k, where=f"images[{i}]")
                                    for i, data in enumerate(images)], offload=True)
-    submission = Submission(state, key="classify", units=units, run=engine.classify, arrival=arrival)
+    submission = Submission(state, key="classify", units=units, run=engine.classify, arrival=arrival,
+                            scope=request.scope)
     outcome = await submission.result(request.receive)
     data = [{"index": i, "labels": [{"label": lab.label, "score": lab.score} for lab in labels]}
             for i, labels in enumerate(outcome.outputs)]

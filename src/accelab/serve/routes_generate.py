@@ -75,7 +75,8 @@ async def _generate(state: ServerState, engine: Any, prompts: list[Prompt], para
     units = [GenUnit(prompt=p, params=params, on_text=_pusher(loop, events, i) if body.stream else _ignore)
              for i, p in enumerate(prompts)]
     # one request's prompts share a key: chat has one prompt, completions' prompts are text only
-    submission = Submission(state, key=prompts[0].batch_key, units=units, run=engine.generate, arrival=arrival)
+    submission = Submission(state, key=prompts[0].batch_key, units=units, run=engine.generate, arrival=arrival,
+                            scope=request.scope)
     if not body.stream:
         try:
             outcome = await submission.result(request.receive)

@@ -34,7 +34,8 @@ class ServerState:
         self.status: Status = "loading"
         self.load_error: str | None = None
         self.on_load_failure: Callable[[str], None] = lambda reason: None  # the runner stops the server
-        self.worker = Worker(config.batch_policy, hooks=self._worker_hooks())
+        self.arriving = 0  # requests received and not yet submitted (parsing, tokenising): event loop only
+        self.worker = Worker(config.batch_policy, hooks=self._worker_hooks(), quiet=lambda: self.arriving == 0)
         self.continuous: ContinuousWorker | None = None  # generation, once loaded, unless it falls back
         self._in_flight = 0
         self._idle: asyncio.Event | None = None
@@ -143,6 +144,17 @@ class ServerState:
         self.metrics.in_flight.set(self._in_flight)
         if self._idle is not None:
             self._idle.clear()
+
+    def arrive(self, scope: dict[str, Any]) -> None:
+        """An API request came in; it counts as on its way to a queue until `submitted`."""
+        self.arriving += 1
+        scope.setdefault("state", {})["arriving"] = True
+
+    def submitted(self, scope: dict[str, Any]) -> None:
+        """The request reached a queue (or failed before): it is no longer on its way."""
+        state = scope.get("state", {})
+        if state.pop("arriving", False):
+            self.arriving -= 1
 
     def leave(self) -> None:
         self._in_flight -= 1

@@ -90,8 +90,9 @@ class WorkerHooks:
 
 class Worker:
     def __init__(self, policy: BatchPolicy, *, clock: Callable[[], float] = time.monotonic,
-                 hooks: WorkerHooks | None = None):
+                 hooks: WorkerHooks | None = None, quiet: Callable[[], bool] = lambda: False):
         self._clock = clock
+        self._quiet = quiet  # no request is on its way to the queue: a batch need not wait for company
         self._batcher: Batcher[Job] = Batcher(policy, clock)
         self._cond = threading.Condition()
         self._stopping = False
@@ -159,12 +160,12 @@ class Worker:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                batch = self._batcher.take(flush=self._stopping)
+                batch = self._batcher.take(flush=self._stopping, quiet=self._quiet())
                 while batch is None:
                     if self._stopping and not len(self._batcher):
                         return
                     self._cond.wait(self._batcher.wait_s())
-                    batch = self._batcher.take(flush=self._stopping)
+                    batch = self._batcher.take(flush=self._stopping, quiet=self._quiet())
                 self._busy = bool(batch.items)
                 self.hooks.on_depth(len(self._batcher))
             try:
