@@ -16,7 +16,7 @@ $(BIN)/python:
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
 	# llama-cpp-python builds from source once (~7 min on 2 cores); pip's wheel cache reuses it
-	CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/pip install --quiet -e ".[test,llamacpp]"
+	CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/pip install --quiet -e ".[test,llamacpp,ray]"
 	touch $@
 
 install: $(VENV)/.installed

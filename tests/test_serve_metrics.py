@@ -35,3 +35,24 @@ def test_gpu_memory_gauges_when_a_gpu_exists(monkeypatch):
     assert 'accelab_gpu_memory_allocated_bytes{device="1"} 1001.0' in text
     assert 'accelab_gpu_memory_reserved_bytes{device="0"} 2000.0' in text
     assert 'accelab_gpu_memory_peak_bytes{device="0"} 3000.0' in text
+
+
+def test_replicas_metrics_merge_under_one_schema_labelled_by_replica():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from accelab.serve.metrics import ServeMetrics
+    from accelab.serve.replicas import merge_metrics
+
+    a, b = ServeMetrics(), ServeMetrics()
+    a.requests.labels(route="embeddings", status="200").inc(3)
+    b.requests.labels(route="embeddings", status="200").inc(5)
+    b.ready.set(1)
+    merged = merge_metrics({"r1": (a.render().decode(), 101), "r2": (b.render().decode(), 202)}).decode()
+    families = {f.name: f for f in text_string_to_metric_families(merged)}  # parses: one valid exposition
+    requests = {s.labels["replica"]: s.value for s in families["accelab_requests"].samples
+                if s.name == "accelab_requests_total" and s.labels.get("status") == "200"}
+    assert requests == {"r1": 3.0, "r2": 5.0}
+    assert {s.labels["replica"]: s.value for s in families["accelab_ready"].samples} == {"r1": 0.0, "r2": 1.0}
+    assert merged.count("# TYPE accelab_requests_total counter") == 1  # one schema, not one per replica
+    info = {s.labels["replica"]: s.labels["pid"] for s in families["accelab_replica_info"].samples}
+    assert info == {"r1": "101", "r2": "202"}

@@ -56,6 +56,10 @@ def serve_command(
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="ACCELAB_API_KEY", show_envvar=True,
                                           help="Require 'Authorization: Bearer KEY' on the API routes."),
     access_log: bool = typer.Option(False, "--access-log", help="Log every request."),
+    replicas: int = typer.Option(1, "--replicas", help="Serve N copies of the model on Ray Serve behind one address "
+                                 "(needs accelab[ray]); with --ray-address, across a Ray cluster's machines."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Join this Ray cluster (HOST:6379, or "
+                                              "'auto') instead of starting a local Ray instance."),
 ) -> None:
     """Serve a model: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/classify, /metrics."""
     from accelab.catalog.resolve import resolve
@@ -79,5 +83,12 @@ def serve_command(
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         typer.secho(f"warning: listening on {host} without --api-key: anyone who reaches it can use it",
                     fg=typer.colors.YELLOW, err=True)
-    code = run_server(config, engine_factory(spec, the_plan, the_device, name=name), access_log=access_log)
-    raise typer.Exit(code)
+    if replicas < 1:
+        raise ValueError(f"--replicas {replicas} must be 1 or more")
+    factory = engine_factory(spec, the_plan, the_device, name=name)
+    if replicas > 1 or ray_address:
+        from accelab.serve.replicas import require_ray, run_replicas
+
+        require_ray()
+        raise typer.Exit(run_replicas(config, factory, replicas=replicas, ray_address=ray_address))
+    raise typer.Exit(run_server(config, factory, access_log=access_log))
