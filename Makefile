@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: install models demo test clean
+.PHONY: install models browser demo test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,13 @@ demo: models
 	$(BIN)/accelab env
 	PATH=$(abspath $(BIN)):$$PATH bash examples/demo.sh
 
-test: models
+# the report's screenshot test renders pages in headless Chromium: Debian's package, when missing
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  (apt-get install -y -qq chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium)) || \
+	  echo "note: could not install chromium (apt-get install -y chromium, as root): the screenshot test will fail"
+
+test: models browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean:

@@ -40,12 +40,12 @@ def test_bench_minilm_forward(tmp_path):
     attention = 6 * 2 * (2 * 4 * 64 * 64 * 384)
     assert m["flops_per_call"] == 2 * linears * tokens + attention + 2 * 4 * 384 * 384
     assert m["achieved_flops"] == pytest.approx(m["flops_per_call"] / (m["latency_ms"]["p50"] / 1000))
-    assert m["mfu"] == pytest.approx(m["achieved_flops"] / m["hardware"]["peak_flops"]) and m["mfu"] > 0
-    # the peak is measured, so a busy moment can make it too low: then bench says so
-    assert ("mfu_warning" in m) == (m["mfu"] > 1.0)
+    assert m["mfu"] == pytest.approx(m["achieved_flops"] / m["hardware"]["peak_flops"])
+    # the peak is the best of the kernels models run, measured again if a run beats it: never above 100%
+    assert 0 < m["mfu"] <= 1.0 and m["hardware"]["compute_path"] == "fp32" and "mfu_unknown" not in m
     assert m["peak_memory_mb"] > 100
     assert result["fingerprint"] and result["environment"]["versions"]["torch"]
-    assert "accelab bench minilm-l6" in result["command"] or "bench minilm-l6" in result["command"]
+    assert result["command"].startswith("accelab bench minilm-l6 "), result["command"]
     stored = Store(db).get(result["run_id"])
     assert stored.metrics["throughput"] == m["throughput"]
     assert "latency" in proc.stdout and "MFU" in proc.stdout
@@ -61,7 +61,7 @@ def test_bench_smollm2_generate_real_text(tmp_path):
     assert m["itl_ms"]["n"] == 7 * m["iterations"]
     assert m["decode_tokens_per_s"] == pytest.approx(1000 / m["tpot_ms"]["mean"], rel=0.05)
     assert m["roofline"]["bytes_per_step"] == m["weight_bytes"] > 400e6  # 135M params in fp32
-    assert 0 < m["roofline"]["fraction"]
+    assert 0 < m["roofline"]["fraction"] <= 1.0 and "roofline_unknown" not in m
     assert "Paris" in m["sample_text"]  # the first prompt asks for the capital of France
 
 
@@ -91,7 +91,9 @@ def test_compare_tiny_model_rows_and_verdicts(tmp_path):
     assert rows["baseline"]["speedup"] == 1.0 and rows["baseline"]["quality"] == "pass"
     assert rows["fp16-autocast"]["status"] == "unsupported" and "no-op on CPU" in rows["fp16-autocast"]["notes"]
     assert rows["fp16-autocast"]["speedup"] is None  # never a "1.0x" for a technique that did nothing
-    assert rows["bf16-autocast"]["status"] == "ok" and rows["bf16-autocast"]["quality"] in ("pass", "warn", "fail")
+    bf16 = rows["bf16-autocast"]
+    assert bf16["status"] == "ok" and bf16["quality"] == "pass", bf16  # 8 images: bf16 keeps every top-1
+    assert bf16["quality_metrics"]["top1_agreement"] == 1.0
     assert rows["channels-last"]["status"] == "unsupported"  # a ViT has one convolution
     assert rows["baseline[threads=1]"]["status"] == "ok"
     assert "| baseline |" in md.read_text()

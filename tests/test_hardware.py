@@ -11,7 +11,7 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from accelab.measure import hardware
+from accelab.measure import hardware, kernels, probes
 from accelab.measure.environment import environment, fingerprint
 from accelab.measure.capabilities import capabilities
 from accelab.measure.hardware import HardwareLimits, hardware_limits
@@ -96,12 +96,12 @@ def test_second_call_reads_the_cache(monkeypatch, tmp_path):
         calls.append(repeats)
         return 0.5  # no work: this test is about the cache, not the numbers
 
-    monkeypatch.setattr(hardware, "_best_seconds", fake_best_seconds)
+    monkeypatch.setattr(kernels, "best_seconds", fake_best_seconds)
     assert hardware.cached_limits("cpu") is None  # nothing measured yet, and it does not measure
     assert calls == []
     first = hardware_limits("cpu")
     measured_calls = len(calls)
-    assert measured_calls >= 3  # fp32, bf16, bandwidth
+    assert measured_calls >= 3 * 7 + 3  # 3 paths x 7 kernels, 3 bandwidth kernels (and the probes)
     assert (tmp_path / "hardware.json").exists()
 
     second = hardware_limits("cpu")
@@ -114,7 +114,7 @@ def test_second_call_reads_the_cache(monkeypatch, tmp_path):
 
 def test_cache_is_keyed_by_thread_count(monkeypatch, tmp_path):
     monkeypatch.setenv("ACCELAB_CACHE", str(tmp_path))
-    monkeypatch.setattr(hardware, "_best_seconds", lambda fn, device, *, repeats, inner=1: 0.5)
+    monkeypatch.setattr(kernels, "best_seconds", lambda fn, device, *, repeats, inner=1: 0.5)
     threads = torch.get_num_threads()
     hardware_limits("cpu")
     try:
@@ -127,11 +127,59 @@ def test_cache_is_keyed_by_thread_count(monkeypatch, tmp_path):
 
 
 def test_fake_timing_gives_the_arithmetic(monkeypatch, tmp_path):
-    # 0.5 s per call: flops = 2 n^3 / 0.5 for the calibrated n; bandwidth = 256 MiB / 0.5 s.
-    monkeypatch.setattr(hardware, "_best_seconds", lambda fn, device, *, repeats, inner=1: 0.5)
-    assert hardware.memory_bandwidth("cpu", nbytes=2**20) == pytest.approx(2**20 / 0.5)
-    # every calibration call "takes" 0.5 s >= the target: n stays at 256
-    assert hardware.peak_matmul_flops("cpu") == pytest.approx(2 * 256**3 / 0.5)
+    # 0.5 s per call: each figure is the best kernel's work / 0.5 s
+    monkeypatch.setattr(kernels, "best_seconds", lambda fn, device, *, repeats, inner=1: 0.5)
+    band = kernels.bandwidth(torch.device("cpu"), nbytes=2**20)
+    assert band.value == pytest.approx(3 * 2**20 / 0.5) and band.kernel.startswith("triad")  # STREAM counts 3 arrays
+    peak = kernels.peak_flops("fp32", torch.device("cpu"))
+    # every call "takes" 0.5 s: the kernels shrink 8x, and the most work per call wins
+    assert peak.value == pytest.approx(2.0 * 64 * 3072 * 768 / 0.5) and peak.kernel == "linear 64x768->3072"
+
+
+def test_peaks_are_measured_on_the_kernels_models_run(measured):
+    """The fp32 peak is the best of Linear, conv and matmul: never below what a plain Linear
+    of a transformer's shape reaches on this machine (its MFU would pass 100%)."""
+    limits, _ = measured
+    assert {"fp32", "bf16", "bf16-autocast", "bandwidth"} <= limits.kernels.keys()
+    x, w = torch.randn(256, 768), torch.randn(3072, 768)
+    seconds = kernels.best_seconds(lambda: torch.nn.functional.linear(x, w), torch.device("cpu"), repeats=5)
+    assert 2 * 256 * 768 * 3072 / seconds < 1.25 * limits.fp32_flops  # a margin for a noisy machine
+    assert limits.peak_for("bf16-autocast") == ("bf16-autocast", limits.bf16_autocast_flops)
+    assert limits.peak_for("bf16-weights") == ("bf16", limits.bf16_flops)
+    assert limits.peak_for("fp32") == ("fp32", limits.fp32_flops)
+
+
+def test_bandwidth_agrees_with_an_independent_numpy_copy(measured):
+    """Stated band: numpy's copy (2 bytes moved per byte copied, over 512 MiB) lands within
+    0.5x-1.5x of the measured figure (the best of read, copy and triad)."""
+    import time
+
+    import numpy as np
+
+    limits, _ = measured
+    source = np.ones(2**27, dtype=np.float32)  # 512 MiB, past any cache here
+    target = np.empty_like(source)
+    best = min(_timed(lambda: np.copyto(target, source), time) for _ in range(5))
+    numpy_rate = 2 * source.nbytes / best
+    assert 0.5 * limits.bandwidth_bytes_per_s < numpy_rate < 1.5 * limits.bandwidth_bytes_per_s, (
+        numpy_rate / 1e9, limits.bandwidth_bytes_per_s / 1e9)
+
+
+def _timed(fn, time) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def test_probes_time_each_technique_against_fp32(measured, env):
+    limits, _ = measured
+    names = set(probes.techniques(torch.device("cpu")))
+    assert {"bf16-autocast", "bf16-weights"} <= names <= set(limits.probes) | {"fp16-weights"}
+    assert all(0.001 < factor < 100 for factor in limits.probes.values())
+    caps = _by_name(capabilities(env, limits))
+    factor = limits.probes["bf16-autocast"]
+    assert f"measured {factor:.2f}x fp32 eager" in caps["bf16-autocast"].reason
+    assert caps["bf16-autocast"].status == ("slow" if factor < probes.SLOW_BELOW else "ok")
 
 
 def test_cuda_on_a_cpu_machine_is_a_clear_error():
@@ -239,9 +287,9 @@ def test_env_command_writes_the_report(measured, tmp_path, monkeypatch):
     assert set(statuses.values()) <= {"ok", "slow", "unsupported"}
 
 
-def test_bench_flags_mfu_above_the_measured_peak(monkeypatch):
-    """An MFU over 100% means the cached peak was measured too low (a busy machine): bench
-    keeps the measured figure but warns and names the command that re-measures it."""
+def test_bench_never_prints_an_mfu_or_roofline_above_100_percent(monkeypatch):
+    """Above the measured peak, bench measures the limits again (refresh); a figure still above
+    100% is reported as unknown with the reason, never as an impossible number."""
     from types import SimpleNamespace
 
     from accelab.bench import engine
@@ -250,23 +298,38 @@ def test_bench_flags_mfu_above_the_measured_peak(monkeypatch):
     layer = torch.nn.Linear(256, 256, bias=False)
     x = torch.randn(8, 256)
     flops = 2 * 8 * 256 * 256
-    runnable = SimpleNamespace(plan=SimpleNamespace(precision="fp32", quantization="none"), weight_bytes=None,
+    runnable = SimpleNamespace(plan=SimpleNamespace(precision="fp32", quantization="none"), weight_bytes=1e9,
                                model=layer, forward=layer)
 
-    def figures(peak, runnable=runnable):
-        limits = hardware.HardwareLimits(
-            device="cpu", fp32_flops=peak, bf16_flops=None, tf32_flops=None, bandwidth_bytes_per_s=1e10,
-            threads=1, measured_at="now", fingerprint="fp",
-        )
-        monkeypatch.setattr(hardware, "hardware_limits", lambda *a, **k: limits)
-        metrics = {"latency_ms": {"p50": 1.0}}  # flops per ms -> flops * 1000 FLOP/s achieved
-        return engine._hardware_figures(runnable, x, Workload(), metrics, torch.device("cpu"))
+    def figures(peaks, runnable=runnable, metrics=None, bandwidths=(1e10,)):
+        calls = []
 
-    ok = figures(peak=flops * 1000 * 4)
-    assert ok["flops_per_call"] == flops and ok["mfu"] == pytest.approx(0.25) and "mfu_warning" not in ok
-    too_low = figures(peak=flops * 1000 / 2)
-    assert too_low["mfu"] == pytest.approx(2.0)
-    assert "200% of the measured peak" in too_low["mfu_warning"] and "accelab env --refresh" in too_low["mfu_warning"]
+        def limits(*args, refresh=False, **kwargs):
+            calls.append(refresh)
+            i = min(len(calls) - 1, len(peaks) - 1)
+            return hardware.HardwareLimits(
+                device="cpu", fp32_flops=peaks[i], bf16_flops=None, tf32_flops=None,
+                bandwidth_bytes_per_s=bandwidths[min(len(calls) - 1, len(bandwidths) - 1)], threads=1,
+                measured_at="now", fingerprint="fp", kernels={"fp32": "linear 512x768->3072", "bandwidth": "copy"})
+
+        monkeypatch.setattr(hardware, "hardware_limits", limits)
+        metrics = metrics or {"latency_ms": {"p50": 1.0}}  # flops per ms -> flops * 1000 FLOP/s achieved
+        return engine._hardware_figures(runnable, x, Workload(), metrics, torch.device("cpu")), calls
+
+    ok, calls = figures([flops * 1000 * 4])
+    assert ok["flops_per_call"] == flops and ok["mfu"] == pytest.approx(0.25) and calls == [False]
+    remeasured, calls = figures([flops * 1000 / 2, flops * 1000 * 2])  # a busy first measurement
+    assert remeasured["mfu"] == pytest.approx(0.5) and calls == [False, True]
+    unknown, calls = figures([flops * 1000 / 2])  # still above after measuring again
+    assert "mfu" not in unknown and calls == [False, True]
+    assert unknown["mfu_unknown"].startswith("MFU unknown: the forward ran at") and "linear 512x768" in unknown["mfu_unknown"]
     # torch's counter does not see int8 kernels: a quantised plan gets no MFU, not a tiny one
     quantised = SimpleNamespace(**{**vars(runnable), "plan": SimpleNamespace(precision="fp32", quantization="int8-dynamic")})
-    assert "mfu" not in figures(peak=flops * 1000, runnable=quantised)
+    assert "mfu" not in figures([flops * 1000], runnable=quantised)[0]
+    # decoding: 1 GB of weights per 50 ms step is 20 GB/s
+    decode = Workload(scenario="generate")
+    monkeypatch.setattr(hardware, "hardware_limits", lambda *a, **k: hardware.HardwareLimits(
+        device="cpu", fp32_flops=1e12, bf16_flops=None, tf32_flops=None, bandwidth_bytes_per_s=10e9, threads=1,
+        measured_at="now", fingerprint="fp", kernels={"bandwidth": "copy, 256 MiB arrays"}))
+    roof = engine._hardware_figures(runnable, x, decode, {"decode_step_s": 0.05}, torch.device("cpu"))
+    assert "roofline" not in roof and "20.0 GB/s of weights" in roof["roofline_unknown"]

@@ -1,6 +1,7 @@
 """The README's commands: set-up is `make demo` + `make test`, every accelab command it shows
 parses with today's options, and the quick ones run for real."""
 
+import json
 import os
 import re
 import shlex
@@ -73,4 +74,6 @@ def test_quick_readme_commands_run(tmp_path):
                               env={**os.environ, "COLUMNS": "200"})
         assert proc.returncode == 0, proc.stderr
     assert "minilm-l6" in proc.stdout and "smollm2-135m" in proc.stdout
-    assert '"capabilities"' in env_json.read_text() or "capabilit" in env_json.read_text()
+    report = json.loads(env_json.read_text())
+    statuses = {cap["technique"]: cap["status"] for cap in report["capabilities"]}
+    assert statuses["fp16-autocast"] == "unsupported" and set(statuses.values()) <= {"ok", "slow", "unsupported"}

@@ -1,6 +1,7 @@
 """What each acceleration technique can do on this machine: "ok", "slow" (it runs, but expect
-it slower than fp32 eager) or "unsupported", with the reason. Decided from the environment
-(and the measured limits when given), never from a recipe.
+it slower than fp32 eager) or "unsupported", with the reason. Decided from the environment and,
+when the measured limits are given, from what was measured: the peaks per compute path and the
+probes (each technique timed on a small transformer MLP against fp32), never from a recipe.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 from accelab.measure.hardware import HardwareLimits
+from accelab.measure.probes import SLOW_BELOW, describe
 
 Status = Literal["ok", "slow", "unsupported"]
 
@@ -75,8 +77,8 @@ def _bf16(m: _Machine) -> Check:
         if m.cc_at_least(8):
             return "ok", f"GPU compute capability {m.cc_text} has bf16 tensor cores"
         return "slow", f"GPU compute capability {m.cc_text} < 8.0 has no bf16 tensor cores"
-    if m.limits is not None and m.limits.device == "cpu":
-        bf16, fp32 = m.limits.bf16_flops / 1e9, m.limits.fp32_flops / 1e9
+    if m.limits is not None and m.limits.device == "cpu" and m.limits.bf16_flops:
+        bf16, fp32 = (m.limits.bf16_autocast_flops or m.limits.bf16_flops) / 1e9, m.limits.fp32_flops / 1e9
         if bf16 < 0.8 * fp32:
             return "slow", f"measured bf16 matmul {bf16:.1f} GFLOP/s vs fp32 {fp32:.1f}: expect it slower"
         return "ok", f"measured bf16 matmul {bf16:.1f} GFLOP/s vs fp32 {fp32:.1f}"
@@ -190,19 +192,34 @@ def _package(dist: str, name: str, pip: str, note: str = "") -> Callable[[_Machi
     return check
 
 
+def _probed(technique: str, fallback: Callable[[_Machine], Check]) -> Callable[[_Machine], Check]:
+    """The probe's measured factor when there is one (`accelab.measure.probes`), else `fallback`."""
+
+    def check(m: _Machine) -> Check:
+        status, reason = fallback(m)
+        factor = m.limits.probes.get(technique) if m.limits is not None else None
+        if status == "unsupported" or factor is None:
+            return status, reason
+        if factor < SLOW_BELOW:
+            return "slow", f"{describe(factor)}: expect it slower than fp32"
+        return "ok", describe(factor)
+
+    return check
+
+
 # Technique names follow Plan's fields (precision, quantization, backend, ...).
 CHECKS: dict[str, Callable[[_Machine], Check]] = {
-    "bf16-autocast": _bf16,
-    "bf16-weights": _bf16,
+    "bf16-autocast": _probed("bf16-autocast", _bf16),
+    "bf16-weights": _probed("bf16-weights", _bf16),
     "fp16-autocast": _fp16_autocast,
-    "fp16-weights": _fp16_weights,
+    "fp16-weights": _probed("fp16-weights", _fp16_weights),
     "fp8": _fp8,
     "tf32": _tf32,
     "compile": _compile,
     "sdpa": _sdpa,
     "flash_attention_2": _flash_attention,
-    "int8-weight": lambda m: _torchao(m, "int8 weight-only"),
-    "int8-dynamic": lambda m: _torchao(m, "int8 dynamic"),
+    "int8-weight": _probed("int8-weight", lambda m: _torchao(m, "int8 weight-only")),
+    "int8-dynamic": _probed("int8-dynamic", lambda m: _torchao(m, "int8 dynamic")),
     "int4-weight": _int4,
     "channels_last": _channels_last,
     "cudnn-benchmark": _cudnn_benchmark,

@@ -1,9 +1,13 @@
-"""This machine's physical limits, measured: peak matmul FLOP/s and memory read bandwidth, the
-two denominators of every roofline figure accelab reports. Cached in
+"""This machine's physical limits, measured: peak FLOP/s per compute path and memory bandwidth,
+the two denominators of every roofline figure accelab reports. Cached in
 `cache_dir()/hardware.json`, keyed by the environment fingerprint, the device and the thread
-count, because they take a second or two to measure and do not change between runs.
+count, because they take a few seconds to measure and do not change between runs; `accelab
+env` and bench read the same entry, so they print the same figures.
 
-What each technique can do here is `accelab.measure.capabilities`, which reads these limits.
+The kernels are the ones models run (`accelab.measure.kernels`): a peak is the best of Linear,
+conv and matmul for its path, bandwidth the best of read, copy and triad. What each technique
+can do here is `accelab.measure.capabilities`, which reads these limits and the probes
+(`accelab.measure.probes`) cached with them.
 """
 
 from __future__ import annotations
@@ -12,12 +16,11 @@ import json
 import logging
 import os
 import tempfile
-import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import torch
 
@@ -28,60 +31,40 @@ log = logging.getLogger(__name__)
 
 CACHE_FILE = "hardware.json"
 
-# A CPU matmul grows until one call takes this long (or reaches max size): big enough to reach
-# the kernel's steady rate, small enough that a CPU without native bf16 (400x slower on some
-# machines) stays under a second.
-CPU_CALL_TARGET_S = 0.025
-CPU_MAX_MATMUL = 2048
-CUDA_MATMUL = 8192
-CPU_READ_BYTES = 256 * 2**20  # larger than most L2s; some virtual CPUs report huge L3s
-CUDA_READ_BYTES = 2 * 2**30
-CUDA_INNER = 10  # calls between two CUDA events, to hide launch latency
+# the compute path a plan's precision runs its matmuls in
+PRECISION_PATHS = {"fp32": "fp32", "bf16-autocast": "bf16-autocast", "fp16-autocast": "fp16-autocast",
+                   "bf16-weights": "bf16", "fp16-weights": "fp16", "fp8": "bf16"}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HardwareLimits:
     """Measured limits of one device at one thread count.
 
-    fp32_flops on CUDA is strict IEEE fp32 (TF32 off); tf32_flops is None on CPU.
-    bandwidth_bytes_per_s is READ bandwidth (bytes read per second, see memory_bandwidth)."""
+    Each *_flops is the best FLOP/s of that compute path over the kernels models run (Linear,
+    conv, matmul): fp32 on CUDA is strict IEEE (TF32 off); tf32, fp16 and the fp16 paths exist
+    on CUDA only. bandwidth_bytes_per_s is the best of STREAM's read, copy and triad."""
 
     device: str
     fp32_flops: float
-    bf16_flops: float
+    bf16_flops: float | None
     tf32_flops: float | None
     bandwidth_bytes_per_s: float
     threads: int
     measured_at: str  # ISO 8601, UTC
     fingerprint: str
+    bf16_autocast_flops: float | None = None
+    fp16_flops: float | None = None
+    fp16_autocast_flops: float | None = None
+    kernels: dict[str, str] = field(default_factory=dict)  # figure -> the kernel that reached it
+    probes: dict[str, float] = field(default_factory=dict)  # technique -> speed against fp32 eager
 
-
-# --- timing ------------------------------------------------------------------------------
-
-
-def _best_seconds(fn: Callable[[], Any], device: torch.device, *, repeats: int, inner: int = 1) -> float:
-    """Best (minimum) seconds per call of fn over `repeats` timings of `inner` calls each,
-    after one untimed warm-up call. Min, not median: a limit is what the machine CAN do."""
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        if device.type == "cuda":
-            # Events record on the current device's stream: make it the measured device's.
-            with torch.cuda.device(device):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(inner):
-                    fn()
-                end.record()
-                end.synchronize()  # note: CPU-GPU sync point, once per timing
-            seconds = start.elapsed_time(end) / 1000
-        else:
-            t0 = time.perf_counter()
-            for _ in range(inner):
-                fn()
-            seconds = time.perf_counter() - t0
-        best = min(best, seconds / inner)
-    return best
+    def peak_for(self, precision: str) -> tuple[str, float | None]:
+        """(compute path, its peak FLOP/s) for a plan's precision; the peak is None where the
+        path was not measured on this device."""
+        path = PRECISION_PATHS.get(precision, "fp32")
+        value = {"fp32": self.fp32_flops, "bf16": self.bf16_flops, "bf16-autocast": self.bf16_autocast_flops,
+                 "fp16": self.fp16_flops, "fp16-autocast": self.fp16_autocast_flops}.get(path)
+        return path, value
 
 
 def _resolve_device(device: str | torch.device) -> torch.device:
@@ -96,7 +79,7 @@ def _resolve_device(device: str | torch.device) -> torch.device:
 
 
 @contextmanager
-def _cuda_tf32(enabled: bool) -> Iterator[None]:
+def cuda_tf32(enabled: bool) -> Iterator[None]:
     """TF32 for CUDA fp32 matmuls on or off inside the block; restores the exact previous value
     (restoring another value, e.g. "none", makes torch refuse later reads of `allow_tf32`)."""
     matmul = torch.backends.cuda.matmul
@@ -111,59 +94,6 @@ def _cuda_tf32(enabled: bool) -> Iterator[None]:
         yield
     finally:
         setattr(matmul, name, old)
-
-
-# --- micro-benchmarks --------------------------------------------------------------------
-
-
-def peak_matmul_flops(
-    device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, *, repeats: int = 5
-) -> float:
-    """FLOP/s of a square matmul (2*n^3 FLOPs), best of `repeats`.
-
-    CUDA: n=8192, timed with CUDA events over 10 calls. CPU: n doubles from 256 until one
-    call takes >= 25 ms or n reaches 2048, so slow dtypes (bf16 without native support) stay
-    fast to measure; at the current torch thread count. CUDA fp32 uses the current TF32
-    setting (see hardware_limits for explicit IEEE / TF32 figures)."""
-    dev = _resolve_device(device)
-    if dev.type == "cuda":
-        n, inner = CUDA_MATMUL, CUDA_INNER
-    else:
-        n, inner = _calibrate_cpu_size(dtype), 1
-    a = torch.randn(n, n, device=dev, dtype=torch.float32).to(dtype)
-    b = torch.randn(n, n, device=dev, dtype=torch.float32).to(dtype)
-    seconds = _best_seconds(lambda: torch.mm(a, b), dev, repeats=repeats, inner=inner)
-    flops = 2 * n**3 / seconds
-    log.info("matmul %s %s n=%d: %.1f GFLOP/s", dev, dtype, n, flops / 1e9)
-    return flops
-
-
-def _calibrate_cpu_size(dtype: torch.dtype) -> int:
-    n = 256
-    while n < CPU_MAX_MATMUL:
-        a = torch.randn(n, n).to(dtype)
-        if _best_seconds(lambda: torch.mm(a, a), torch.device("cpu"), repeats=1) >= CPU_CALL_TARGET_S:
-            break
-        n *= 2
-    return n
-
-
-def memory_bandwidth(device: str | torch.device = "cpu", *, nbytes: int | None = None, repeats: int = 10) -> float:
-    """READ bandwidth in bytes/s: `x.sum()` over an fp32 tensor of `nbytes` (256 MiB on CPU,
-    2 GiB on CUDA), counting only the nbytes read per call (the 4-byte result is ignored).
-
-    Read bandwidth is the roofline for decoding, which streams the weights once per token. A
-    copy would move 2*nbytes (read + write), and on CPU write-allocate adds a third pass that
-    no counter sees; the sum avoids that ambiguity."""
-    dev = _resolve_device(device)
-    nbytes = nbytes or (CUDA_READ_BYTES if dev.type == "cuda" else CPU_READ_BYTES)
-    # ones, not empty: untouched pages could all map the kernel's shared zero page.
-    x = torch.ones(nbytes // 4, device=dev, dtype=torch.float32)
-    inner = CUDA_INNER if dev.type == "cuda" else 1
-    seconds = _best_seconds(lambda: x.sum(), dev, repeats=repeats, inner=inner)
-    bandwidth = x.nbytes / seconds
-    log.info("read bandwidth %s (%d MiB): %.1f GB/s", dev, x.nbytes >> 20, bandwidth / 1e9)
-    return bandwidth
 
 
 # --- the cache ---------------------------------------------------------------------------
@@ -203,24 +133,27 @@ def _cache_key(fp: str, dev: torch.device, threads: int) -> str:
 
 
 def _measure(dev: torch.device, threads: int, fp: str) -> HardwareLimits:
+    from accelab.measure import kernels, probes
+
     log.info("measuring %s limits at %d threads (cached afterwards)", dev, threads)
-    tf32 = None
+    paths = kernels.PATHS_CUDA if dev.type == "cuda" else kernels.PATHS_CPU
+    peaks = {path: kernels.peak_flops(path, dev) for path in paths}
     if dev.type == "cuda":
-        with _cuda_tf32(False):
-            fp32 = peak_matmul_flops(dev, torch.float32)
-        with _cuda_tf32(True):
-            tf32 = peak_matmul_flops(dev, torch.float32)
-    else:
-        fp32 = peak_matmul_flops(dev, torch.float32)
+        with cuda_tf32(False):  # fp32 is strict IEEE; tf32 measured apart
+            peaks["fp32"] = kernels.peak_flops("fp32", dev)
+    band = kernels.bandwidth(dev)
+    figures = {"fp32": "fp32_flops", "bf16": "bf16_flops", "tf32": "tf32_flops", "fp16": "fp16_flops",
+               "bf16-autocast": "bf16_autocast_flops", "fp16-autocast": "fp16_autocast_flops"}
     return HardwareLimits(
         device=str(dev),
-        fp32_flops=fp32,
-        bf16_flops=peak_matmul_flops(dev, torch.bfloat16),
-        tf32_flops=tf32,
-        bandwidth_bytes_per_s=memory_bandwidth(dev),
+        **{figures[path]: rate.value or None for path, rate in peaks.items()},
+        **{name: None for path, name in figures.items() if path not in peaks},
+        bandwidth_bytes_per_s=band.value,
         threads=threads,
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         fingerprint=fp,
+        kernels={**{path: rate.kernel for path, rate in peaks.items()}, "bandwidth": band.kernel},
+        probes=probes.probe_all(dev),
     )
 
 

@@ -56,7 +56,9 @@ def rows(results: list[Result]) -> list[dict[str, Any]]:
             row["ttft_p50_ms"] = (m.get("ttft_ms") or {}).get("p50")
             row["tpot_p50_ms"] = (m.get("tpot_ms") or {}).get("p50")
             row["decode_tokens_per_s"] = m.get("decode_tokens_per_s")
-            row["roofline"] = (m.get("roofline") or {}).get("fraction")
+            row["roofline"] = "unknown" if m.get("roofline_unknown") else (m.get("roofline") or {}).get("fraction")
+        elif m.get("mfu_unknown"):
+            row["mfu"] = "unknown"
         elif m.get("mfu") is not None:
             row["mfu"] = m["mfu"]
         if r.quality:
@@ -65,7 +67,9 @@ def rows(results: list[Result]) -> list[dict[str, Any]]:
     return table
 
 
-def _pct(value: float | None) -> str:
+def _pct(value: float | str | None) -> str:
+    if isinstance(value, str):  # "unknown": the reason is in the row's notes
+        return value
     return "-" if value is None else f"{value * 100:.1f}%"
 
 

@@ -24,7 +24,9 @@ def now_iso() -> str:
 def command_line() -> str:
     """The command line that reproduces this run."""
     argv = list(sys.argv)
-    if argv and argv[0].endswith(("/accelab", "accelab")):
+    # `accelab ...`, `python -m accelab ...` (argv[0] is then .../accelab/__main__.py) and the
+    # `python -m accelab.serve`-style entries all reproduce as the `accelab` command
+    if argv and (argv[0].endswith(("/accelab", "accelab")) or argv[0].endswith("/accelab/__main__.py")):
         argv[0] = "accelab"
     return shlex.join(argv)
 

@@ -66,7 +66,9 @@ def bench_rows(result: Result) -> list[tuple[str, str]]:
             ("tokens/s (all)", fmt(m.get("throughput"))),
         ]
         roof = m.get("roofline") or {}
-        if roof:
+        if m.get("roofline_unknown"):
+            rows.append(("roofline", m["roofline_unknown"]))
+        elif roof:
             rows.append(
                 (
                     "roofline",
@@ -79,12 +81,15 @@ def bench_rows(result: Result) -> list[tuple[str, str]]:
             ("latency", _stat_line(m.get("latency_ms"))),
             ("throughput", f"{fmt(m.get('throughput'))} {m.get('throughput_unit', 'items/s')}"),
         ]
-        if m.get("mfu") is not None:
+        if m.get("mfu_unknown"):
+            rows.append(("MFU", m["mfu_unknown"]))
+        elif m.get("mfu") is not None:
+            hw = m.get("hardware", {})
             rows.append(
                 (
                     "MFU",
-                    f"{m['mfu'] * 100:.1f}% ({fmt(m.get('achieved_flops', 0) / 1e9)} GFLOP/s of "
-                    f"{fmt(m.get('hardware', {}).get('peak_flops', 0) / 1e9)} measured peak)",
+                    f"{m['mfu'] * 100:.1f}% ({fmt(m.get('achieved_flops', 0) / 1e9)} GFLOP/s of the "
+                    f"{fmt((hw.get('peak_flops') or 0) / 1e9)} GFLOP/s {hw.get('compute_path', 'fp32')} peak measured here)",
                 )
             )
     rows += [
