@@ -89,7 +89,11 @@ def compare_command(
     quality: bool = typer.Option(True, "--quality/--no-quality", help="Verify every row against the fp32 eager reference."),
     samples: int = typer.Option(8, help="Inputs compared by the quality guard."),
     tolerance: str = typer.Option("balanced", help="strict | balanced | loose, optionally with metric=value overrides."),
-    timeout: float = typer.Option(1800.0, help="Per-plan time limit in seconds."),
+    timeout: float = typer.Option(1800.0, help="Per-plan time limit in seconds (a plan past it is an error)."),
+    max_seconds_per_plan: Optional[float] = typer.Option(
+        None, "--max-seconds-per-plan", help="Stop a plan after this many seconds as too slow (its row says so). "
+        "Default: only plans using a technique `accelab env` measured slower than fp32 here, after 3x the first "
+        "plan's time (at least 60 s)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the rows and Results as JSON."),
     csv_out: Optional[Path] = typer.Option(None, "--csv"),
     markdown_out: Optional[Path] = typer.Option(None, "--markdown"),
@@ -102,6 +106,9 @@ def compare_command(
 
     from accelab.bench.compare import quality_config_for, run_compare
     from accelab.bench.options import build_request, resolve_plan
+    from accelab.measure.budget import PlanBudget
+    from accelab.measure.capabilities import slow_techniques
+    from accelab.plan.apply import resolve_device
     from accelab.quality.verdict import rules_for
     from accelab.results import compare_table
     from accelab.results.store import open_store
@@ -117,9 +124,11 @@ def compare_command(
     )
     rules_for(request.spec.task, tolerance)  # a bad --tolerance fails now, not after the runs
     qconfig = quality_config_for(request.workload, samples, batch_size) if quality else None
+    budget = PlanBudget(explicit_s=max_seconds_per_plan,
+                        slow=slow_techniques(resolve_device(plan_objs[0], device), measure=True))
     results = run_compare(
         request.spec, plan_objs, request.workload, device=device, quality=qconfig,
-        tolerance=tolerance, timeout_s=timeout, tag=tag,
+        tolerance=tolerance, timeout_s=timeout, tag=tag, budget=budget,
     )
     wl = request.workload
     shape = f"batch {wl.batch_size}" + (f", {wl.new_tokens} new tokens" if wl.scenario == "generate" else "")

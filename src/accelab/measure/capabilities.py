@@ -242,3 +242,29 @@ def capabilities(env: dict[str, Any], limits: HardwareLimits | None = None) -> l
         status, reason = check(machine)
         result.append(Capability(technique=name, status=status, reason=reason))
     return result
+
+
+def plan_techniques(plan: Any) -> list[str]:
+    """The capability-report names of what `plan` changes from fp32 eager torch."""
+    used = [plan.precision] if plan.precision != "fp32" else []
+    used += ["compile"] if plan.compile != "off" else []
+    used += [plan.quantization] if plan.quantization != "none" else []
+    used += [plan.backend] if plan.backend != "torch" else []
+    used += ["channels_last"] if plan.memory_format == "channels_last" else []
+    return used
+
+
+def slow_techniques(device: Any, *, measure: bool = False) -> dict[str, str]:
+    """Techniques the capability report expects slower than fp32 eager on `device`, with why:
+    from the probes and peaks of `accelab env` (measured now when `measure`, else only when
+    cached), or from instruction-set flags when nothing was measured."""
+    from accelab.measure.environment import environment
+    from accelab.measure.hardware import cached_limits, hardware_limits
+
+    env = environment()
+    if device.type == "cpu" and env.get("gpus"):
+        return {}  # the report judges this machine's GPUs, not its CPU
+    limits = None
+    if device.type == "cpu":
+        limits = hardware_limits("cpu") if measure else cached_limits("cpu")
+    return {c.technique: c.reason for c in capabilities(env, limits) if c.status == "slow"}

@@ -10,7 +10,8 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-ResultStatus = Literal["ok", "unsupported", "error", "oom", "timeout", "crashed"]
+# "stopped": ran past its time budget as too slow (an answer, like "unsupported", not a failure)
+ResultStatus = Literal["ok", "unsupported", "stopped", "error", "oom", "timeout", "crashed"]
 
 
 def new_run_id() -> str:

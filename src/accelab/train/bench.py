@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from accelab.measure.budget import PlanBudget
 from accelab.results.result import Result, new_run_id
 from accelab.train.accel import precision_problem
 from accelab.train.config import TrainConfig
@@ -46,6 +47,12 @@ def bench_rows(config: TrainConfig, *, cuda: bool, bf16_on_gpu: bool | None, gpu
     return rows
 
 
+def _techniques(row: BenchRow) -> list[str]:
+    """The capability-report names of what a row changes (mixed precision is autocast)."""
+    precision = row.changes.get("mixed_precision")
+    return [f"{precision}-autocast"] if precision in ("bf16", "fp16") else []
+
+
 def _split_problem(batch: int, nproc: int, accum: int) -> str | None:
     if batch % (nproc * accum):
         return f"global batch {batch} does not split into {nproc} process(es) x {accum} micro-steps"
@@ -57,15 +64,21 @@ def _slug(name: str) -> str:
 
 
 def run_bench(config: TrainConfig, spec: Any, rows: list[BenchRow], *, timeout_s: float, idle: float | None,
-              tag: str | None = None, on_row: Any = None) -> list[Result]:
+              tag: str | None = None, on_row: Any = None, budget: PlanBudget | None = None) -> list[Result]:
     """Run every supported row, one after another; a Result per row (shared group_id).
-    idle: CPUs idle at launch (CPU runs), measured once so every row shares one thread policy."""
+    idle: CPUs idle at launch (CPU runs), measured once so every row shares one thread policy.
+    A row past its `budget` (see accelab.measure.budget; the baseline row is the yardstick) is
+    stopped, and its Result says so."""
     from accelab.measure.environment import environment
 
     env = environment()
     group = new_run_id()
+    budget = budget or PlanBudget()
+    reference_s: float | None = None
     results = []
     for row in rows:
+        used = _techniques(row)
+        seconds = budget.seconds_for(used, reference_s)
         launch = LaunchOptions(nproc=row.nproc)
         row_config = config.with_changes(
             **row.changes, world_size=row.nproc, output_dir=str(Path(config.output_dir) / _slug(row.name)),
@@ -75,9 +88,13 @@ def run_bench(config: TrainConfig, spec: Any, rows: list[BenchRow], *, timeout_s
             row_config = row_config.with_changes(threads=threads_per_process(row.nproc, config.threads, idle))
         outcome = None
         if row.unsupported is None:
-            outcome = run_workers(row_config, launch, timeout_s=timeout_s)
+            outcome = run_workers(row_config, launch, timeout_s=min(timeout_s, seconds or timeout_s))
         result = result_of(name=row.name, spec=spec, config=row_config, launch=launch, outcome=outcome,
                            unsupported=row.unsupported, group_id=group, tag=tag, env=env)
+        if result.status == "timeout" and seconds and seconds < timeout_s:
+            result.status, result.reason = "stopped", budget.stopped_reason(seconds, used)
+        if reference_s is None and result.ok and outcome is not None:
+            reference_s = outcome.wall_s
         results.append(result)
         if on_row is not None:
             on_row(result)

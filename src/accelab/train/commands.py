@@ -93,6 +93,10 @@ def train_command(
     bench_nproc: Optional[int] = typer.Option(None, "--bench-nproc", help="Processes of the data-parallel bench row "
                                               "(default 2, or the GPU count)."),
     bench_accum: int = typer.Option(4, "--bench-accum", help="Micro-steps of the accumulation bench row."),
+    max_seconds_per_plan: Optional[float] = typer.Option(
+        None, "--max-seconds-per-plan", help="--bench: stop a row after this many seconds as too slow (its row says "
+        "so). Default: only rows using a technique `accelab env` measured slower than fp32 here, after 3x the "
+        "baseline row's time (at least 60 s)."),
     bench_warmup: Optional[int] = typer.Option(None, "--bench-warmup", help="Optimizer steps left out of samples/s. "
                                                "Default 2."),
     timeout: float = typer.Option(7200.0, help="Give up on a run (or bench row) after this many seconds."),
@@ -130,7 +134,7 @@ def train_command(
     request = build_request(model=model, task=task, dataset=dataset, explicit=explicit, plan=plan, launch=launch,
                             output_dir=output_dir, resume=resume, save_as=save_as, save=save and not bench)
     if bench:
-        _bench(request, bench_nproc, bench_accum, timeout, json_out, db, tag, store)
+        _bench(request, bench_nproc, bench_accum, timeout, json_out, db, tag, store, max_seconds_per_plan)
     else:
         _train(request, timeout, json_out, db, tag, store)
 
@@ -190,7 +194,7 @@ def _train(request, timeout: float, json_out: Optional[Path], db: Optional[Path]
 
 
 def _bench(request, bench_nproc: Optional[int], accum: int, timeout: float, json_out: Optional[Path],  # type: ignore[no-untyped-def]
-           db: Optional[Path], tag: Optional[str], store: bool) -> None:
+           db: Optional[Path], tag: Optional[str], store: bool, max_seconds_per_plan: Optional[float]) -> None:
     import json
 
     import torch
@@ -209,7 +213,13 @@ def _bench(request, bench_nproc: Optional[int], accum: int, timeout: float, json
     def say(result) -> None:  # type: ignore[no-untyped-def]
         typer.secho(f"bench row done: {result.plan['name']} ({result.status})", err=True)
 
-    results = run_bench(config, request.spec, rows, timeout_s=timeout, idle=_idle_cpus(config), tag=tag, on_row=say)
+    from accelab.measure.budget import PlanBudget
+    from accelab.measure.capabilities import slow_techniques
+
+    device = torch.device("cuda" if cuda else "cpu")
+    budget = PlanBudget(explicit_s=max_seconds_per_plan, slow=slow_techniques(device, measure=not cuda))
+    results = run_bench(config, request.spec, rows, timeout_s=timeout, idle=_idle_cpus(config), tag=tag, on_row=say,
+                        budget=budget)
     steps = f"{config.max_steps} steps" if config.max_steps else f"{config.epochs} epoch(s)"
     bench_table(results, title=f"accelab train --bench · {request.spec.name} · {config.dataset or 'held-out text'} · "
                                f"global batch {config.batch_size} · {steps}")

@@ -42,27 +42,17 @@ def ladder(max_batch: int) -> list[int]:
 
 
 def techniques(plan: Plan) -> list[str]:
-    """The capability-report names of what `plan` changes from fp32 eager torch."""
-    used = [plan.precision] if plan.precision != "fp32" else []
-    used += ["compile"] if plan.compile != "off" else []
-    used += [plan.quantization] if plan.quantization != "none" else []
-    used += [plan.backend] if plan.backend != "torch" else []
-    used += ["channels_last"] if plan.memory_format == "channels_last" else []
-    return used
+    from accelab.measure.capabilities import plan_techniques
+
+    return plan_techniques(plan)
 
 
 def slow_here(device: torch.device) -> dict[str, str]:
     """Techniques the capability report expects to run slower than fp32 eager on `device`
-    (judged by the measured matmul rates when `accelab env` has measured them), with why."""
-    from accelab.measure.capabilities import capabilities
-    from accelab.measure.environment import environment
-    from accelab.measure.hardware import cached_limits
+    (judged by the probes and peaks `accelab env` measured and cached), with why."""
+    from accelab.measure.capabilities import slow_techniques
 
-    env = environment()
-    if device.type == "cpu" and env.get("gpus"):
-        return {}  # the report judges this machine's GPUs, not its CPU
-    limits = cached_limits("cpu") if device.type == "cpu" else None
-    return {c.technique: c.reason for c in capabilities(env, limits) if c.status == "slow"}
+    return slow_techniques(device)
 
 
 def search_space(

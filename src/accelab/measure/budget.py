@@ -1,0 +1,42 @@
+"""How long one plan (a compare row, a train --bench row) may run before it is stopped as too
+slow: `--max-seconds-per-plan` when given; otherwise only plans the capability report expects
+slow here (a technique its probe measured slower than fp32) get a budget, 3x the reference
+plan's own time (at least a minute), so a 0.04x plan costs minutes of nobody's time. A stopped
+plan is an answer, not a failure: its row says "stopped: too slow" with the measured reason.
+Pure: the slow techniques come in from `capabilities.slow_techniques`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+FLOOR_S = 60.0
+REFERENCE_FACTOR = 3.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlanBudget:
+    explicit_s: float | None = None  # --max-seconds-per-plan
+    slow: dict[str, str] = field(default_factory=dict)  # technique -> why it is expected slow here
+    floor_s: float = FLOOR_S
+    factor: float = REFERENCE_FACTOR
+
+    def __post_init__(self) -> None:
+        if self.explicit_s is not None and self.explicit_s <= 0:
+            raise ValueError(f"--max-seconds-per-plan {self.explicit_s} must be more than 0 seconds")
+
+    def expected_slow(self, techniques: Iterable[str]) -> str | None:
+        """Why a plan using `techniques` is expected slow here, or None."""
+        return next((f"{t}: {self.slow[t]}" for t in techniques if t in self.slow), None)
+
+    def seconds_for(self, techniques: Iterable[str], reference_s: float | None) -> float | None:
+        """The budget of a plan, or None (no budget beyond the run's own --timeout)."""
+        if self.explicit_s is not None:
+            return self.explicit_s
+        if self.expected_slow(techniques) is not None and reference_s:
+            return max(self.floor_s, self.factor * reference_s)
+        return None
+
+    def stopped_reason(self, seconds: float, techniques: Iterable[str]) -> str:
+        why = self.expected_slow(techniques)
+        return f"stopped: too slow, over {seconds:.0f} s for this plan" + (f" (expected: {why})" if why else "")
