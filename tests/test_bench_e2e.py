@@ -119,15 +119,23 @@ def test_verify_a_convnet_against_its_reference(tmp_path):
     assert result["quality"]["metrics"]["top1_agreement"] == 1.0
 
 
+def fault_env(fault: str) -> dict[str, str]:
+    """Children that break every plan's weights on purpose (tests/faults/sitecustomize.py)."""
+    import os
+    from pathlib import Path
+
+    faults = str(Path(__file__).parent / "faults")
+    return {**os.environ, "ACCELAB_TEST_FAULT": fault,
+            "PYTHONPATH": os.pathsep.join(filter(None, [faults, os.environ.get("PYTHONPATH")]))}
+
+
 def test_verify_detects_a_corrupted_plan(tmp_path):
     good = tmp_path / "good.json"
     accelab("verify", "minilm-l6", "--plan", "baseline", "--samples", "16", "--json", str(good), "--no-store")
     quality = json.loads(good.read_text())["quality"]
     assert quality["verdict"] == "pass" and quality["metrics"]["cosine_min"] > 0.9999
-    import os
-
     bad = tmp_path / "bad.json"
-    env = {**os.environ, "ACCELAB_FAULT": "perturb-weights:0.5"}  # a deliberately broken plan
+    env = fault_env("perturb-weights:0.5")  # a deliberately broken plan (tests/faults)
     proc = accelab("verify", "minilm-l6", "--plan", "baseline", "--samples", "16", "--json", str(bad), "--no-store", env=env, check=False)
     assert proc.returncode == 1
     quality = json.loads(bad.read_text())["quality"]

@@ -112,33 +112,7 @@ def _load_and_apply(
     # 7. compile
     compile_.apply(runnable, plan)
     runnable.notes.extend(_notes(plan, runnable))
-    _inject_fault(runnable)
     return runnable
-
-
-FAULT_ENV = "ACCELAB_FAULT"
-
-
-def _inject_fault(runnable: Runnable) -> None:
-    """Testing hook for the quality guard: `ACCELAB_FAULT=perturb-weights:0.5` adds Gaussian
-    noise of that relative size to every floating-point weight, i.e. a deliberately broken plan.
-    Never set in normal use; the Result notes say when it was."""
-    import os
-
-    fault = os.environ.get(FAULT_ENV)
-    if not fault:
-        return
-    kind, _, size = fault.partition(":")
-    if kind != "perturb-weights":
-        raise ValueError(f"{FAULT_ENV}={fault!r}: the only fault is perturb-weights:<relative size>")
-    scale = float(size or 0.5)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for param in runnable.model.parameters():
-            if param.is_floating_point():
-                noise = torch.randn(param.shape, generator=generator).to(param.device, param.dtype)
-                param.add_(noise * param.float().std().nan_to_num(0).to(param.dtype) * scale)
-    runnable.notes.append(f"FAULT INJECTED for testing: {fault}")
 
 
 def _notes(plan: Plan, runnable: Runnable) -> list[str]:

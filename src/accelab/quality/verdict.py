@@ -12,10 +12,14 @@ balanced,cosine_min=0.995` tightens one rule. The thresholds:
 | embeddings       | cosine_min >=      | 0.999 / 0.995 | 0.99 / 0.95   | 0.95 / 0.90   |
 | generation       | perplexity_change <= | 0.005 / 0.02 | 0.03 / 0.10  | 0.10 / 0.25   |
 | generation       | prefix_agreement >=  | 0.90 / 0.70  | 0.50 / 0.25  | 0.25 / 0.10   |
+| generation       | token_agreement >=   | 0.95 / 0.80  | 0.60 / 0.35  | 0.35 / 0.15   |
 
-Why prefix agreement is loose for generation: greedy decoding amplifies any rounding change
+Why the agreements are loose for generation: greedy decoding amplifies any rounding change
 once two logits are close, and after the first divergence the texts differ completely while
-both stay fluent; perplexity on held-out text is the measure of the model getting worse.
+both stay fluent; perplexity on held-out text is the measure of the model getting worse. The
+two agreements catch what perplexity alone misses: a plan whose every prompt diverges at once
+(prefix), or whose tokens after a divergence no longer match at all (token agreement: the share
+of positions with the reference's token, at least the prefix share, so its bar is higher).
 """
 
 from __future__ import annotations
@@ -54,9 +58,12 @@ _EMBEDDINGS = {
     "loose": {"cosine_min": (">=", 0.95, 0.90)},
 }
 _GENERATION = {
-    "strict": {"perplexity_change": ("<=", 0.005, 0.02), "prefix_agreement": (">=", 0.90, 0.70)},
-    "balanced": {"perplexity_change": ("<=", 0.03, 0.10), "prefix_agreement": (">=", 0.50, 0.25)},
-    "loose": {"perplexity_change": ("<=", 0.10, 0.25), "prefix_agreement": (">=", 0.25, 0.10)},
+    "strict": {"perplexity_change": ("<=", 0.005, 0.02), "prefix_agreement": (">=", 0.90, 0.70),
+               "token_agreement": (">=", 0.95, 0.80)},
+    "balanced": {"perplexity_change": ("<=", 0.03, 0.10), "prefix_agreement": (">=", 0.50, 0.25),
+                 "token_agreement": (">=", 0.60, 0.35)},
+    "loose": {"perplexity_change": ("<=", 0.10, 0.25), "prefix_agreement": (">=", 0.25, 0.10),
+              "token_agreement": (">=", 0.35, 0.15)},
 }
 TOLERANCES: dict[str, dict[str, dict]] = {
     "image-classification": _CLASSIFICATION,

@@ -91,7 +91,6 @@ def reference_outputs(spec: ModelSpec, config: QualityConfig, *, device: str | N
             target="accelab.quality.verify:collect_in_child",
             payload=CollectJob(spec=spec, plan=reference_plan(spec), config=config, device=device),
             timeout_s=timeout_s,
-            env={"ACCELAB_FAULT": ""},  # the reference is never the thing under test
         )
     )
     output: CollectOutput = outcome.unwrap()
