@@ -31,7 +31,21 @@ COMMAND_MODULES = [
 
 
 @app.callback()
-def _root(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log each step.")) -> None:
+def _root(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log each step."),
+    offline: bool = typer.Option(False, "--offline", help="Never download: Hub models come from the local "
+                                 "Hugging Face cache only (the same as HF_HUB_OFFLINE=1)."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Let Hub models run the Python code "
+                                           "of their repository (read it first); off by default."),
+) -> None:
+    import os
+
+    # what the user asked for goes where every process of this run (the measuring children
+    # too) and huggingface_hub read it: the environment
+    if offline:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+    if trust_remote_code:
+        os.environ["ACCELAB_TRUST_REMOTE_CODE"] = "1"
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(name)s: %(message)s",

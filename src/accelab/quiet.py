@@ -10,10 +10,12 @@ _NOISY = ("torchao", "torch.utils._pytree", "transformers.modeling_utils", "acce
 
 
 def quiet_third_party() -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     for name in _NOISY:
         logging.getLogger(name).setLevel(logging.ERROR)
+    # huggingface_hub writes its warnings (a download that resumes) with its own stderr handler;
+    # passed on to the root logger too, each would print twice
+    logging.getLogger("huggingface_hub").propagate = False

@@ -50,6 +50,7 @@ def load(
         kwargs["attn_implementation"] = attn_implementation
     if spec.gguf_file:
         kwargs["gguf_file"] = spec.gguf_file
+    kwargs.update(_remote_code(spec))
 
     # Model
     model_class = getattr(transformers, _MODEL_CLASSES[spec.task])
@@ -65,16 +66,22 @@ def load_processor(spec: ModelSpec) -> Any:
     from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
 
     if spec.task == "image-classification":
-        return AutoImageProcessor.from_pretrained(spec.source, **_image_backend())
+        return AutoImageProcessor.from_pretrained(spec.source, **_image_backend(), **_remote_code(spec))
     if spec.task == "image-text-to-text":
-        return AutoProcessor.from_pretrained(spec.source, **_image_backend())
+        return AutoProcessor.from_pretrained(spec.source, **_image_backend(), **_remote_code(spec))
     gguf = {"gguf_file": spec.gguf_file} if spec.gguf_file else {}
-    tokenizer = AutoTokenizer.from_pretrained(spec.source, **gguf)
+    tokenizer = AutoTokenizer.from_pretrained(spec.source, **gguf, **_remote_code(spec))
     if tokenizer.pad_token is None:  # batching needs one; eos is the usual choice for causal LMs
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     if spec.task == "text-generation":
         tokenizer.padding_side = "left"  # generate() continues from the last position of each row
     return tokenizer
+
+
+def _remote_code(spec: ModelSpec) -> dict:
+    # only when the user allowed it (resolve checked the flag); absent otherwise, so transformers
+    # keeps refusing code from a repository on its own
+    return {"trust_remote_code": True} if spec.trust_remote_code else {}
 
 
 def _image_backend() -> dict:

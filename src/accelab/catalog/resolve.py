@@ -6,9 +6,9 @@ import difflib
 import json
 import logging
 import os
-import re
 from pathlib import Path
 
+from accelab.catalog import hub
 from accelab.catalog.entries import CATALOG
 from accelab.catalog.fetch import fetch as fetch_entry
 from accelab.catalog.fetch import is_fetched
@@ -18,16 +18,19 @@ from accelab.catalog.taskinfer import infer_task
 
 log = logging.getLogger(__name__)
 
-_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
-def resolve(model: str, task: str | None = None, *, fetch: bool = True) -> ModelSpec:
+def resolve(model: str, task: str | None = None, *, fetch: bool = True,
+            trust_remote_code: bool | None = None) -> ModelSpec:
     """A ModelSpec for `model`, tried in this order:
     1. a catalog name (fetched first when `fetch` and not yet in the cache);
     2. a user model stored in `models_dir()/<name>/` (see `store.register_local_model`);
     3. an existing local directory (with config.json) or `.gguf` file;
-    4. a Hub id, from the local Hugging Face cache only (this tool never downloads from the Hub).
-    `task` overrides the task found in the meta file or inferred from config.json.
+    4. a Hub id (`org/name`, or `org/name@revision` to pin one), downloaded into the Hugging Face
+       cache when it is not there yet (see `catalog.hub`; offline: the cache only).
+    `task` overrides the task found in the meta file or inferred from config.json. A model whose
+    config needs code from its repository loads only with `trust_remote_code` (default: the
+    `accelab --trust-remote-code` flag).
     """
     if task is not None and task not in TASKS:
         raise ValueError(f"task={task!r} is not one of {', '.join(TASKS)}")
@@ -40,8 +43,9 @@ def resolve(model: str, task: str | None = None, *, fetch: bool = True) -> Model
         return _from_path(model, path, task)
     if _looks_like_path(model):
         raise ValueError(f"path {path.absolute()} does not exist (from model argument {model!r})")
-    if _HUB_ID_RE.match(model):
-        return _from_hub_cache(model, task)
+    if (ref := hub.parse_ref(model)) is not None:
+        trust = hub.trust_remote_code_default() if trust_remote_code is None else trust_remote_code
+        return _from_hub(*ref, task, trust)
     raise _unknown_name_error(model)
 
 
@@ -91,33 +95,19 @@ def _task_of_dir(path: Path) -> str:
     return infer_task(json.loads(config.read_text()))
 
 
-def _from_hub_cache(hub_id: str, task: str | None) -> ModelSpec:
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
-    try:
-        snapshot = Path(snapshot_download(hub_id, local_files_only=True))
-    except (LocalEntryNotFoundError, FileNotFoundError, OSError) as err:
-        raise ValueError(
-            f"{hub_id!r} is not a local path, not a catalog or user model, and not in the local Hugging Face "
-            f"cache ({_hf_cache()}). accelab never downloads from the Hub (no network here). Either fetch a "
-            f"catalog model (`accelab models list`, `accelab models fetch NAME`), or on a machine with internet "
-            f"run `hf download {hub_id}` and copy the cache here, or pass a local model directory."
-        ) from err
-    log.info("resolved %s to the cached snapshot %s", hub_id, snapshot)
-    return ModelSpec(name=hub_id, task=task or _task_of_dir(snapshot), source=str(snapshot), hub_id=hub_id,
-                     origin=f"Hugging Face cache {snapshot}")
-
-
-def _hf_cache() -> str:
-    from huggingface_hub import constants
-
-    return constants.HF_HUB_CACHE
+def _from_hub(repo: str, revision: str | None, task: str | None, trust_remote_code: bool) -> ModelSpec:
+    snapshot = hub.snapshot(repo, revision)
+    name = f"{repo}@{revision}" if revision else repo
+    hub.check_remote_code(snapshot, name, trust_remote_code)
+    log.info("resolved %s to the snapshot %s", name, snapshot)
+    return ModelSpec(name=name, task=task or _task_of_dir(snapshot), source=str(snapshot), hub_id=repo,
+                     origin=f"Hugging Face Hub {name} ({snapshot.name})", trust_remote_code=trust_remote_code)
 
 
 def _looks_like_path(model: str) -> bool:
-    return (model.startswith((".", "~", os.sep)) or model.endswith(".gguf") or model.count("/") > 1
-            or os.sep != "/" and os.sep in model)
+    name = model.split("@", 1)[0]  # a Hub revision may hold slashes: org/name@refs/pr/3
+    return (model.startswith((".", "~", os.sep)) or model.endswith(".gguf") or name.count("/") > 1
+            or os.sep != "/" and os.sep in name)
 
 
 def _unknown_name_error(model: str) -> ValueError:
@@ -126,5 +116,5 @@ def _unknown_name_error(model: str) -> ValueError:
     hint = f" Closest: {', '.join(close)}." if close else ""
     return ValueError(
         f"unknown model {model!r}.{hint} The catalog has: {', '.join(CATALOG)} (`accelab models list`). "
-        "You can also pass a local directory, a .gguf file or a Hub id already in the local HF cache."
+        "You can also pass a local directory, a .gguf file or a Hub id (org/name, org/name@revision)."
     )

