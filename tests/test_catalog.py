@@ -98,11 +98,12 @@ def test_catalog_directory_and_gguf_path_resolve():
     assert (by_gguf.task, by_gguf.source, by_gguf.gguf_file) == ("text-generation", str(gguf.parent), gguf.name)
 
 
-def test_hub_id_resolves_from_local_hf_cache_only(tmp_path, monkeypatch):
+def test_hub_id_resolves_from_local_hf_cache_when_offline(tmp_path, monkeypatch):
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
-    with pytest.raises(ValueError, match="no network"):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError, match="acme/tiny-vit is not in the local Hugging Face cache"):
         resolve("acme/tiny-vit")
     repo = tmp_path / "models--acme--tiny-vit"
     snapshot = repo / "snapshots" / ("a" * 40)
