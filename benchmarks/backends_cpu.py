@@ -13,7 +13,8 @@ records how many CPUs other processes used during each measurement; rounds above
 `--max-foreign` are left out of the medians when a quieter round exists (the table says how
 many rounds it used). Then it checks the targets:
 best passing minilm plan >= 1.5x eager at batch 1 and >= 1.15x at batch 32; llama.cpp >= 4x eager
-tokens/s at batch 1.
+tokens/s at batch 1. And each fusion against the plan without it, round by round (FUSION_PAIRS):
+a fusion "beats" its unfused plan when it is faster in every round.
 
     python benchmarks/backends_cpu.py [--rounds 3] [--groups minilm-b1,minilm-b32,smollm2,vit-b1,vit-b8]
 """
@@ -47,8 +48,10 @@ def plan(name: str, backend: str = "torch", **options: str) -> Plan:
 BASELINE = plan("baseline")
 GRAPH_PLANS = [
     BASELINE,
-    plan("onnxruntime", "onnxruntime"),
-    plan("onnxruntime-fused", "onnxruntime", ort_fusion="on"),
+    plan("onnxruntime-unfused", "onnxruntime", ort_opt_level="1"),  # basic graph passes: no transformer fusions
+    plan("onnxruntime", "onnxruntime"),  # level 99: ORT's own C++ fusions (LayerNorm, Gelu, MatMul+scale)
+    plan("onnxruntime-fused", "onnxruntime", ort_fusion="on"),  # + ORT's Python transformer optimizer (Attention)
+    plan("ort-int8", "onnxruntime", ort_quant="int8-dynamic"),  # int8 without the transformer optimizer
     plan("ort-fused-int8", "onnxruntime", ort_fusion="on", ort_quant="int8-dynamic"),
     plan("ort-fused-int8-fullrange", "onnxruntime", ort_fusion="on", ort_quant="int8-dynamic", ort_reduce_range="off"),
     plan("ort-fused-int8-matmul", "onnxruntime", ort_fusion="on", ort_quant="int8-dynamic", ort_quant_ops="matmul",
@@ -74,8 +77,8 @@ class Group:
     unit: str = "items/s"
 
 
-def groups(min_seconds: float, threads: int | None = None) -> dict[str, Group]:
-    graph_plans = [p.with_changes(threads=threads) for p in GRAPH_PLANS]
+def groups(min_seconds: float, threads: int | None = None, only: set[str] | None = None) -> dict[str, Group]:
+    graph_plans = [p.with_changes(threads=threads) for p in GRAPH_PLANS if not only or p.name in only or p is BASELINE]
     llm_plans = [p.with_changes(threads=threads) for p in LLM_PLANS if threads is None or p.name != "llamacpp-1thread"]
     forward = dict(scenario="forward", seq_len=128, min_iters=5, min_seconds=min_seconds, warmup=2)
     return {
@@ -189,6 +192,34 @@ def run_group(title: str, group: Group, rounds: int, console: Console, *, max_fo
     return list(rows.values())
 
 
+# (fused plan, the same plan without that fusion)
+FUSION_PAIRS = [("onnxruntime", "onnxruntime-unfused"), ("onnxruntime-fused", "onnxruntime-unfused"),
+                ("onnxruntime-fused", "onnxruntime"), ("ort-fused-int8", "ort-int8")]
+
+
+def fusion_checks(title: str, rows: list[Row], console: Console, max_foreign: float = 0.3) -> list[dict]:
+    """Each fused plan against its unfused one, per round (the same round's two runs), over the
+    rounds in which neither run shared the machine (all rounds when none was quiet)."""
+    by_name = {r.name: r for r in rows}
+    out = []
+    for fused, plain in FUSION_PAIRS:
+        a, b = by_name.get(fused), by_name.get(plain)
+        if a is None or b is None or a.status != "ok" or b.status != "ok":
+            continue
+        pairs = list(zip(a.samples, b.samples))
+        quiet = [(x, y) for x, y in pairs if max(x.foreign, y.foreign) <= max_foreign]
+        used = quiet or pairs
+        ratios = sorted(x.rate / y.rate for x, y in used)
+        median = ratios[(len(ratios) - 1) // 2]
+        verdict = "beats it in every round" if ratios[0] > 1.0 else (
+            "slower in every round" if ratios[-1] < 1.0 else "within the rounds' noise")
+        rounds = f"{len(used)}/{len(pairs)} rounds{'' if quiet else ', none quiet'}"
+        console.print(f"{title}: {fused} / {plain} = {median:.2f}x ({rounds}: {ratios[0]:.2f}-{ratios[-1]:.2f}x): {verdict}")
+        out.append({"group": title, "fused": fused, "unfused": plain, "median": median, "ratios": ratios,
+                    "rounds_used": len(used), "rounds": len(pairs), "verdict": verdict})
+    return out
+
+
 def render(title: str, group: Group, rows: list[Row], max_foreign: float, console: Console) -> None:
     table = Table(title=f"{title}: {group.model} · {group.workload.scenario} · batch {group.workload.batch_size}")
     for column in ("plan", f"{group.unit}", "ratio vs eager", "range", "rounds used", "quality", "notes"):
@@ -234,16 +265,19 @@ def main() -> None:
                         help="Before each round, wait up to this long for other processes to go below "
                              "--max-foreign (default 0: do not wait).")
     parser.add_argument("--json", type=Path, help="Write every row and the target checks here.")
+    parser.add_argument("--plans", help="Only these plans of the graph groups (comma-separated; baseline always runs)")
     args = parser.parse_args()
     console = Console(width=170)
-    all_groups = groups(args.min_seconds, args.threads)
-    report: dict = {"groups": {}, "targets": [], "threads": args.threads}
+    only = {p.strip() for p in args.plans.split(",")} if args.plans else None
+    all_groups = groups(args.min_seconds, args.threads, only)
+    report: dict = {"groups": {}, "targets": [], "fusions": [], "threads": args.threads}
     for title in [g.strip() for g in args.groups.split(",") if g.strip()]:
         group = all_groups[title]
         rows = run_group(title, group, args.rounds, console, max_foreign=args.max_foreign, wait_s=args.wait_quiet)
         render(title, group, rows, args.max_foreign, console)
         report["groups"][title] = [asdict(r) | {"median": asdict(r.median(args.max_foreign) or Sample(
             ratio=None, rate=0, foreign=0, extra={}))} for r in rows]
+        report["fusions"] += fusion_checks(title, rows, console, args.max_foreign)
         target = check_target(title, group, rows, args.max_foreign, console)
         if target:
             report["targets"].append(target)

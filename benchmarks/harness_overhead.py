@@ -5,14 +5,19 @@ Both time MiniLM-L6 forward at batch 8, seq 128 on the same real inputs, alterna
 the ratio; the harness is transparent when the ratio is within 5% of 1.
 
     python benchmarks/harness_overhead.py [--rounds 3] [--model minilm-l6]
+
+The printout is also saved, as the other benchmarks' are, to benchmarks/results/harness_overhead.txt
+(and a JSON beside it; --out moves them).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -58,7 +63,13 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "harness_overhead.txt")
     args = parser.parse_args()
+    lines: list[str] = []
+
+    def say(line: str = "") -> None:
+        print(line, flush=True)
+        lines.append(line)
 
     from multiprocessing import get_context
 
@@ -69,13 +80,19 @@ def main() -> None:
         with ctx.Pool(1) as pool:
             plain.append(pool.apply(plain_loop, (args.model, args.batch_size, args.seq_len, args.iters, args.threads)))
         harness.append(accelab_bench(args.model, args.batch_size, args.seq_len, args.iters, args.threads))
-        print(f"round {r + 1}: plain p50 {plain[-1]:.2f} ms, accelab bench p50 {harness[-1]:.2f} ms", flush=True)
+        say(f"round {r + 1}: plain p50 {plain[-1]:.2f} ms, accelab bench p50 {harness[-1]:.2f} ms")
     ratio = statistics.median(harness) / statistics.median(plain)
-    print(f"\n{args.model} forward batch {args.batch_size} seq {args.seq_len}, {args.threads} threads")
-    print(f"plain loop p50 (median of rounds): {statistics.median(plain):.2f} ms")
-    print(f"accelab bench p50 (median of rounds): {statistics.median(harness):.2f} ms")
-    print(f"ratio accelab / plain: {ratio:.3f}  ({'within' if abs(ratio - 1) <= 0.05 else 'OUTSIDE'} 5%)")
-    print(f"reproduce: python {' '.join(sys.argv)}")
+    say()
+    say(f"{args.model} forward batch {args.batch_size} seq {args.seq_len}, {args.threads} threads")
+    say(f"plain loop p50 (median of rounds): {statistics.median(plain):.2f} ms")
+    say(f"accelab bench p50 (median of rounds): {statistics.median(harness):.2f} ms")
+    say(f"ratio accelab / plain: {ratio:.3f}  ({'within' if abs(ratio - 1) <= 0.05 else 'OUTSIDE'} 5%)")
+    say(f"reproduce: python {' '.join(sys.argv)}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("\n".join(lines) + "\n")
+    args.out.with_suffix(".json").write_text(json.dumps(
+        {"model": args.model, "batch_size": args.batch_size, "seq_len": args.seq_len, "threads": args.threads,
+         "plain_p50_ms": plain, "accelab_p50_ms": harness, "ratio": ratio}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,21 @@
 The recipe, one step each: export (cached), ORT's transformer optimizer (`ort_fusion=on`),
 dynamic int8 quantisation (`ort_quant=int8-dynamic`; after fusion, so the fused Attention
 becomes QAttention), then a session with the plan's threads and graph optimisation level.
+
+Three CPU choices decide whether a fusion pays (measured on MiniLM-L6, seq 128, 2 threads, ORT 1.32):
+- Denormals are flushed (`session.set_denormal_as_zero`). A padded batch (real sentences of ~16
+  tokens padded to 128) has masked softmax scores whose MLAS exp underflows to subnormal floats;
+  the probabilities x V products on them then take the slow microcode path. The masked Softmax
+  went from 1.0 to 7.5 ms per forward, and the fused Attention op (softmax and that product
+  inside) from 10.4 to 15-20 ms, more than the fusion saves: on real inputs the fused plan ran
+  slower than the unfused one. Flushing only changes values below 1.2e-38.
+- No SkipLayerNormalization on CPU: ORT's CPU kernel of it is a scalar loop per row, 2.4-3x
+  slower than the Add, Add and LayerNormalization it replaces (172 vs 72 us per [1,128,384],
+  5.3 vs 1.8 ms per [32,128,384], 2 threads), so neither the Python optimizer nor the session's
+  own SkipLayerNormFusion (which would redo it at level 2+ on the optimizer's graph) makes it.
+- No BiasGelu from the Python optimizer on CPU: int8 quantisation then folds the bias into the
+  DynamicQuantizeMatMul before the Gelu, and a bare Gelu takes half the time of BiasGelu (3.7 vs
+  7.3 ms per [32,128,1536]); at fp32 the session's own BiasGeluFusion still makes it (a wash there).
 """
 
 from __future__ import annotations
@@ -32,6 +47,8 @@ FUSION_MODEL_TYPES = {
 }
 _QUANT_OPS = {"all": None, "matmul": ["MatMul"], "attention": ["Attention"]}  # None: the quantizer's default set
 _OPT_LEVELS = {"0": "ORT_DISABLE_ALL", "1": "ORT_ENABLE_BASIC", "2": "ORT_ENABLE_EXTENDED", "99": "ORT_ENABLE_ALL"}
+# the session's own fusions left out on CPU, where their kernel is slower than the ops they replace
+CPU_DISABLED_OPTIMIZERS = ["SkipLayerNormFusion"]
 
 
 def load(spec: ModelSpec, plan: Plan, device: torch.device, threads: int) -> Runnable:
@@ -40,6 +57,8 @@ def load(spec: ModelSpec, plan: Plan, device: torch.device, threads: int) -> Run
     options = OrtOptions.parse(plan.option)
     provider = execution_provider(options, device, ort.get_available_providers())
     notes = [f"ONNX Runtime {ort.__version__} on {provider}, {threads} intra-op threads, opt level {options.opt_level}"]
+    if provider == "CPUExecutionProvider":
+        notes.append("denormals flushed to zero; no SkipLayerNormalization (its CPU kernel is slower than Add+LayerNorm)")
 
     # 1. the exported graph (cached)
     graph = onnx_graph(spec)
@@ -90,20 +109,26 @@ def fuse(graph: Graph, *, use_gpu: bool) -> tuple[Graph, str]:
 
     def build(src: Path, dst: Path) -> None:
         import onnx
+        from onnxruntime.transformers.fusion_options import FusionOptions
         from onnxruntime.transformers.optimizer import optimize_model
 
         model = onnx.load(str(src))
         rewritten = scale_as_division(model)
         log.info("attention scale Mul -> Div in %d places (the form ORT's no-mask attention fusion matches)", rewritten)
+        fusions = FusionOptions(model_type)
+        if not use_gpu:  # slower on CPU than what they replace: the module's docstring
+            fusions.enable_skip_layer_norm = fusions.enable_bias_skip_layer_norm = False
+            fusions.enable_bias_gelu = False
         # opt_level=0: the Python fusions only; the session applies ORT's own graph passes after
         optimized = optimize_model(model, model_type=model_type, num_heads=graph.num_heads,
-                                   hidden_size=graph.hidden_size, opt_level=0, use_gpu=use_gpu)
+                                   hidden_size=graph.hidden_size, opt_level=0, use_gpu=use_gpu,
+                                   optimization_options=fusions)
         stats = {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
         optimized.save_model_to_file(str(dst))
         (dst.parent / "fusions.json").write_text(json.dumps(stats))
 
     key = {"onnxruntime": onnxruntime.__version__, "model_type": model_type, "use_gpu": use_gpu, "scale_as_div": 1,
-           "heads": graph.num_heads, "hidden": graph.hidden_size}
+           "cpu": "no SkipLayerNorm, no BiasGelu", "heads": graph.num_heads, "hidden": graph.hidden_size}
     fused = derived_graph(graph, "ort-fused", key, build)
     stats = json.loads((fused.directory / "fusions.json").read_text())
     if not stats.get("Attention") and not stats.get("MultiHeadAttention"):
@@ -184,4 +209,8 @@ def make_session(graph: Graph, options: OrtOptions, provider: str, threads: int)
     so.inter_op_num_threads = 1  # one graph at a time: parallelism is inside the ops
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.log_severity_level = 3  # errors only: ORT warns about every unused initializer otherwise
-    return ort.InferenceSession(str(graph.path), sess_options=so, providers=[provider])
+    disabled = None
+    if provider == "CPUExecutionProvider":  # why: the module's docstring
+        so.add_session_config_entry("session.set_denormal_as_zero", "1")
+        disabled = CPU_DISABLED_OPTIMIZERS
+    return ort.InferenceSession(str(graph.path), sess_options=so, providers=[provider], disabled_optimizers=disabled)
