@@ -41,6 +41,19 @@ async def post_many(url: str, path: str, bodies: list[dict], **kw) -> list[httpx
         return await asyncio.gather(*(client.post(path, json=b, **kw) for b in bodies))
 
 
+async def post_many_queued(url: str, path: str, bodies: list[dict]) -> list[httpx.Response]:
+    """`bodies` all queued together: a first request occupies the model (the engine's delay)
+    while they arrive, so they make one batch however the connections interleave. Without it a
+    server that starts a lone request at once (nothing else on its way yet) may run the first
+    body alone."""
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        blocker = asyncio.create_task(client.post(path, json={"input": "occupies the model"}))
+        await asyncio.sleep(0.15)
+        responses = await post_many(url, path, bodies)
+        assert (await blocker).status_code == 200
+        return responses
+
+
 def test_flood_past_the_queue_gets_429_and_every_accepted_request_one_answer():
     engine = FakeEmbeddingEngine(name="fake", delay_s=0.3)
     with serve(engine, max_queue=4, max_batch_size=2, max_wait_ms=1) as url:
@@ -100,24 +113,24 @@ def test_a_client_that_hangs_up_is_dropped_from_the_queue():
 
 
 def test_oom_with_a_fake_model_splits_and_retries_over_http():
-    engine = FakeEmbeddingEngine(name="fake", oom_above=2)  # raises torch.OutOfMemoryError, labelled FAKE
+    engine = FakeEmbeddingEngine(name="fake", oom_above=2, delay_s=0.3)  # raises torch.OutOfMemoryError, labelled FAKE
     with serve(engine, max_batch_size=8, max_wait_ms=300) as url:
-        responses = asyncio.run(post_many(url, "/v1/embeddings", [{"input": f"text {i}"} for i in range(8)]))
+        responses = asyncio.run(post_many_queued(url, "/v1/embeddings", [{"input": f"text {i}"} for i in range(8)]))
         assert [r.status_code for r in responses] == [200] * 8
-        assert engine.batches[0] > 2 and max(engine.batches[1:]) <= 4
+        assert engine.batches[:2] == [1, 8] and max(engine.batches[2:]) <= 4
         assert metric(url, "accelab_batch_retries_total", reason="oom") >= 1
         assert metric(url, "accelab_batch_size_limit") <= 2
 
 
 def test_one_bad_request_in_a_batch_fails_alone():
-    engine = FakeEmbeddingEngine(name="fake")
+    engine = FakeEmbeddingEngine(name="fake", delay_s=0.3)
     with serve(engine, max_batch_size=8, max_wait_ms=300) as url:
         bodies = [{"input": "fine"}, {"input": "this one goes boom"}, {"input": "also fine"}, {"input": "ok"}]
-        responses = asyncio.run(post_many(url, "/v1/embeddings", bodies))
+        responses = asyncio.run(post_many_queued(url, "/v1/embeddings", bodies))
         codes = [r.status_code for r in responses]
         assert codes == [200, 500, 200, 200]
         assert "FAKE model error" in responses[1].json()["error"]["message"]
-        assert engine.batches[0] == 4 and engine.batches[1:] == [1, 1, 1, 1]
+        assert engine.batches == [1, 4, 1, 1, 1, 1]  # the blocker, the batch, then its inputs one by one
         assert metric(url, "accelab_batch_retries_total", reason="batch_error") == 1
         assert metric(url, "accelab_errors_total", kind="model_error") == 1
 
