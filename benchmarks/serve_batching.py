@@ -42,7 +42,9 @@ from accelab.loadtest.findmax import FindMax, find_max, goodput_at_least
 from accelab.loadtest.run import build_result, measure_once
 from accelab.loadtest.summary import parse_slo
 from accelab.results.store import open_store
-from accelab.serve.testing import ServerProcess
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' server harness, one copy
+from serving import ServerProcess  # noqa: E402
 
 SERVERS = {  # label -> batching options; everything else is the same
     "one request per call": ["--max-batch-size", "1", "--max-wait-ms", "0"],
@@ -203,7 +205,7 @@ def against_litserve(opts: argparse.Namespace) -> bool:
     ours = {"accelab serve": server_args(opts, batching)}
     if opts.tuned_plan:
         ours[f"accelab serve --plan {opts.tuned_plan}"] = server_args(opts, [*batching, "--plan", opts.tuned_plan])
-    servers = {label: ServerProcess(*args, timeout_s=300) for label, args in ours.items()}
+    servers = {label: ServerProcess("-m", *args, timeout_s=300) for label, args in ours.items()}
     peer = None
     rows: dict[str, dict[int, dict[str, Any]]] = {label: {} for label in [*ours, "LitServe"]}
     try:
@@ -292,7 +294,7 @@ def main() -> int:
         for label, batching in SERVERS.items():
             args = server_args(opts, batching)
             print(f"starting {label}: python -m {shlex.join(args)}", flush=True)
-            servers[label] = ServerProcess(*args, timeout_s=300)
+            servers[label] = ServerProcess("-m", *args, timeout_s=300)
         for server in servers.values():
             server.wait_ready(timeout_s=300)
         print(f"\nfind-max, SLO {opts.slo} for >= {opts.goodput_target:.0%} of requests, probes alternate:")

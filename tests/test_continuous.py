@@ -12,8 +12,8 @@ from accelab.serve.batcher import QueueFull
 from accelab.serve.continuous import ContinuousWorker
 from accelab.serve.engines.base import GenUnit, PayloadTooLarge, Prompt, SamplingParams
 from accelab.serve.scheduler import SchedulerConfig
-from accelab.serve.testing import POISON, FakeGenerationEngine, _word_id
 from accelab.serve.worker import Job, JobOutcome
+from fakes_serve import POISON, FakeGenerationEngine, word_id
 
 
 class Answers:
@@ -26,7 +26,7 @@ class Answers:
 
     def job(self, name: str, *words: str, max_tokens: int = 4, timeout_s: float | None = None,
             pieces: list[str] | None = None) -> Job:
-        ids = tuple(_word_id(w) for w in words or ("hello",))
+        ids = tuple(word_id(w) for w in words or ("hello",))
         unit = GenUnit(prompt=Prompt(ids=ids, prompt_tokens=len(ids)),
                        params=SamplingParams(max_tokens=max_tokens, temperature=0),
                        on_text=pieces.append if pieces is not None else (lambda text: None))

@@ -16,7 +16,8 @@ from accelab.loadtest.summary import parse_slo, summarize_run
 from accelab.results.store import open_store
 from accelab.serve.app import create_app
 from accelab.serve.config import ServeConfig
-from accelab.serve.testing import FakeEmbeddingEngine, FakeGenerationEngine, running_server
+from fakes_serve import FakeEmbeddingEngine, FakeGenerationEngine
+from serving import running_server
 
 
 def serve(engine, **config):

@@ -40,7 +40,7 @@ def in_process_server(model: str, plan: str = "baseline", **config):
     from accelab.serve.app import create_app
     from accelab.serve.config import ServeConfig
     from accelab.serve.server import engine_factory
-    from accelab.serve.testing import running_server
+    from serving import running_server
 
     factory = engine_factory(resolve(model, fetch=False), load_plan(plan), torch.device("cpu"), name=model)
     return running_server(create_app(ServeConfig(model_name=model, **config), factory), ready_timeout_s=300)

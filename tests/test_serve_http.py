@@ -17,7 +17,8 @@ import uvicorn
 
 from accelab.serve.app import create_app
 from accelab.serve.config import ServeConfig
-from accelab.serve.testing import FakeEmbeddingEngine, FakeGenerationEngine, running_server
+from fakes_serve import FakeEmbeddingEngine, FakeGenerationEngine
+from serving import running_server
 
 
 def serve(engine, **config):

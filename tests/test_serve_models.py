@@ -29,7 +29,7 @@ def in_process_server(model: str, **config):
     from accelab.serve.app import create_app
     from accelab.serve.config import ServeConfig
     from accelab.serve.server import engine_factory
-    from accelab.serve.testing import running_server
+    from serving import running_server
 
     factory = engine_factory(resolve(model, fetch=False), load_plan("baseline"), torch.device("cpu"), name=model)
     return running_server(create_app(ServeConfig(model_name=model, **config), factory))
@@ -37,9 +37,9 @@ def in_process_server(model: str, **config):
 
 @needs("smollm2-135m")
 def test_openai_client_chat_with_smollm2_streaming_and_not():
-    from accelab.serve.testing import ServerProcess
+    from serving import ServerProcess
 
-    server = ServerProcess("accelab.serve", "smollm2-135m", "--port", "0", "--max-tokens", "64", timeout_s=120)
+    server = ServerProcess("-m", "accelab.serve", "smollm2-135m", "--port", "0", "--max-tokens", "64", timeout_s=120)
     try:
         server.wait_ready(timeout_s=180)
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)

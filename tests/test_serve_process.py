@@ -11,12 +11,15 @@ import sys
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
-from accelab.serve.testing import ServerProcess
+from serving import ServerProcess
+
+FAKE_SERVER = str(Path(__file__).with_name("fake_server.py"))  # run by path, as a script
 
 
 def chat(url: str, content: str, max_tokens: int, results: list, stream: bool = False) -> None:
@@ -36,7 +39,7 @@ def chat(url: str, content: str, max_tokens: int, results: list, stream: bool = 
 
 
 def test_sigterm_under_load_finishes_in_flight_requests_and_exits_cleanly():
-    server = ServerProcess("accelab.serve.testing", "--kind", "generate", "--delay", "0.1", "--port", "0",
+    server = ServerProcess(FAKE_SERVER, "--kind", "generate", "--delay", "0.1", "--port", "0",
                            "--max-batch-size", "4", "--grace-period", "10", "--load-delay", "0.5")
     try:
         statuses = server.wait_ready()
@@ -72,7 +75,7 @@ def test_sigterm_under_load_finishes_in_flight_requests_and_exits_cleanly():
 
 
 def test_grace_period_bounds_the_exit():
-    server = ServerProcess("accelab.serve.testing", "--kind", "generate", "--delay", "0.1", "--port", "0",
+    server = ServerProcess(FAKE_SERVER, "--kind", "generate", "--delay", "0.1", "--port", "0",
                            "--grace-period", "2")
     try:
         server.wait_ready()

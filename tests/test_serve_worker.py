@@ -9,8 +9,8 @@ import time
 import pytest
 
 from accelab.serve.batcher import BatchPolicy
-from accelab.serve.testing import FakeEmbeddingEngine, FakeModelError
 from accelab.serve.worker import Job, JobOutcome, Worker, WorkerHooks
+from fakes_serve import FakeEmbeddingEngine, FakeModelError
 
 
 class Collector:

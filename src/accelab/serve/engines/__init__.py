@@ -1,5 +1,5 @@
 """Engines: what the server runs. `build_engine` picks one by task over a Runnable;
-tests inject fakes with the same methods (see `accelab.serve.testing`)."""
+tests inject fakes with the same methods (see tests/fakes_serve.py)."""
 
 from __future__ import annotations
 

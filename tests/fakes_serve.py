@@ -1,4 +1,4 @@
-"""FAKE engines for tests and demos: no model, no torch calls except a faked out-of-memory.
+"""FAKE engines for tests: no model, no torch calls except a faked out-of-memory.
 
 They have the methods of the real engines, sleep to look slow, record every batch they run,
 and misbehave on request:
@@ -8,26 +8,16 @@ and misbehave on request:
 The fake generation engine runs under both schedulers: `generate` per batch, and a
 `FakeStepEngine` for continuous batching that makes the same tokens step by step.
 
-`python -m accelab.serve.testing --port 0 --delay 0.5` runs a fake server through the same
-runner as `accelab serve` (signals, grace period), for the SIGTERM test.
+`tests/fake_server.py` serves them through the same runner as `accelab serve`; `tests/serving.py`
+runs servers for tests.
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import hashlib
 import math
-import os
-import queue
-import re
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from accelab.serve.engines.base import Completion, GenUnit, Label, Prompt, StepInput, TextInput, fit_prompt
@@ -77,10 +67,10 @@ class FakeEmbeddingEngine(_FakeBase):
             return TextInput(ids=tuple(text))
         if not text:
             raise ValueError(f"{where} is empty; send at least one token of text")
-        return TextInput(ids=tuple(_word_id(w) for w in text.split()) or (0,))
+        return TextInput(ids=tuple(word_id(w) for w in text.split()) or (0,))
 
     def embed(self, units: list[TextInput]) -> list[list[float]]:
-        self._enter_batch(len(units), any(_word_id(POISON) in u.ids for u in units))
+        self._enter_batch(len(units), any(word_id(POISON) in u.ids for u in units))
         return [_unit_vector(u.ids) for u in units]
 
 
@@ -124,13 +114,13 @@ class FakeGenerationEngine(_FakeBase):
         return self.prepare_text(text)
 
     def prepare_text(self, prompt: str | list[int]) -> Prompt:
-        ids = tuple(prompt) if isinstance(prompt, list) else tuple(_word_id(w) for w in prompt.split())
+        ids = tuple(prompt) if isinstance(prompt, list) else tuple(word_id(w) for w in prompt.split())
         if not ids:
             raise ValueError("prompt is empty; send at least one token of text")
         return Prompt(ids=ids, prompt_tokens=len(ids))
 
     def generate(self, units: list[GenUnit]) -> list[Completion]:
-        poisoned = any(_word_id(POISON) in u.prompt.ids for u in units)
+        poisoned = any(word_id(POISON) in u.prompt.ids for u in units)
         self._enter_batch(len(units), False)
         streams = [TextStream(_fake_decode, max_tokens=u.params.max_tokens, stop=u.params.stop) for u in units]
         finished_at = [0.0] * len(units)
@@ -173,7 +163,7 @@ class FakeStepEngine:
         self.steps.append(list(inputs))
         time.sleep(self.owner.delay_s)
         for item in inputs:
-            if _word_id(POISON) in item.tokens:
+            if word_id(POISON) in item.tokens:
                 self._poisoned.add(item.seq_id)
             if item.seq_id in self._poisoned and item.tokens[-1] == 0:
                 raise FakeModelError(f"FAKE model error: an input contains {POISON!r} (a test fake)")
@@ -193,7 +183,7 @@ def _fake_decode(ids: Any) -> str:
 WORD_IDS = 1 << 30  # a prompt word's id is at least this; generated tokens are counts below it
 
 
-def _word_id(word: str) -> int:
+def word_id(word: str) -> int:
     return int.from_bytes(hashlib.blake2b(word.encode(), digest_size=4).digest(), "little") | WORD_IDS
 
 
@@ -204,129 +194,4 @@ def _unit_vector(ids: tuple[int, ...]) -> list[float]:
     return [x / norm for x in raw]
 
 
-@contextlib.contextmanager
-def running_server(app: Any, *, host: str = "127.0.0.1", ready_timeout_s: float = 60.0) -> Iterator[str]:
-    """Serve `app` with uvicorn in a background thread on a free port; yields its base URL once
-    /readyz answers 200, and always stops the server (and the app's worker) on exit."""
-    import httpx
-    import uvicorn
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind((host, 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
-                                           timeout_graceful_shutdown=1))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="test-server", daemon=True)
-    thread.start()
-    url = f"http://{host}:{port}"
-    try:
-        deadline = time.monotonic() + ready_timeout_s
-        while True:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or not thread.is_alive():
-                raise RuntimeError(f"test server at {url} not ready after {ready_timeout_s} s")
-            time.sleep(0.02)
-        yield url
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
-
-
-class ServerProcess:
-    """`python -m <module> ... --port 0` as a child process; reads its URL from the 'listening
-    on' line. Always `stop()` it (or use it as a context manager): SIGTERM, then kill."""
-
-    def __init__(self, *args: str, timeout_s: float = 60.0, env: dict[str, str] | None = None):
-        self.proc = subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.log: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                line = self.lines.get(timeout=0.1)
-            except queue.Empty:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError("server did not start:\n" + "".join(self.log)) from None
-                continue
-            match = re.search(r"listening on (http://[\d.]+:\d+)", line)
-            if match:
-                self.url = match.group(1)
-                return
-
-    def _read(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.log.append(line)
-            self.lines.put(line)
-
-    def wait_ready(self, timeout_s: float = 120.0) -> list[int]:
-        """Poll /readyz until 200; returns the statuses seen (503 while loading)."""
-        import httpx
-
-        statuses: list[int] = []
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            try:
-                statuses.append(httpx.get(f"{self.url}/readyz", timeout=5).status_code)
-            except httpx.TransportError:
-                statuses.append(0)
-            if statuses[-1] == 200:
-                return statuses
-            time.sleep(0.05)
-        raise RuntimeError("server not ready:\n" + "".join(self.log))
-
-    def stop(self, timeout_s: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        return self.proc.returncode
-
-    def __enter__(self) -> "ServerProcess":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
 FAKES = {"embed": FakeEmbeddingEngine, "generate": FakeGenerationEngine, "classify": FakeClassificationEngine}
-
-
-def main(argv: list[str] | None = None) -> int:
-    from accelab.serve.config import ServeConfig
-    from accelab.serve.server import run_server
-
-    parser = argparse.ArgumentParser(description="A FAKE accelab server (for tests): no model, slow on purpose.")
-    parser.add_argument("--kind", choices=sorted(FAKES), default="embed")
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--delay", type=float, default=0.2, help="seconds per batch (per token for generate)")
-    parser.add_argument("--max-batch-size", type=int, default=4)
-    parser.add_argument("--max-queue", type=int, default=64)
-    parser.add_argument("--grace-period", type=float, default=10.0)
-    parser.add_argument("--load-delay", type=float, default=0.0, help="seconds the fake model takes to load")
-    args = parser.parse_args(argv)
-    config = ServeConfig(model_name=f"fake-{args.kind}", plan_name="fake", port=args.port,
-                         max_batch_size=args.max_batch_size, max_queue=args.max_queue,
-                         grace_period_s=args.grace_period)
-
-    def factory() -> Any:
-        time.sleep(args.load_delay)
-        return FAKES[args.kind](name=config.model_name, delay_s=args.delay)
-
-    return run_server(config, factory)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
