@@ -5,17 +5,7 @@ from __future__ import annotations
 import pytest
 
 from accelab.serve.batcher import Batcher, BatchLimit, BatchPolicy, QueueFull
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+from fake_clock import FakeClock
 
 
 def make(max_batch_size: int = 4, max_wait_s: float = 0.010, max_queue: int = 100) -> tuple[Batcher, FakeClock]:

@@ -5,18 +5,11 @@ from __future__ import annotations
 import pytest
 
 from accelab.serve.scheduler import NeverFits, QueueFull, Scheduler, SchedulerConfig
+from fake_clock import FakeClock
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def make(**config) -> tuple[Scheduler, Clock]:
-    clock = Clock()
+def make(**config) -> tuple[Scheduler, FakeClock]:
+    clock = FakeClock()
     return Scheduler(SchedulerConfig(**config), clock), clock
 
 
@@ -118,9 +111,9 @@ def test_waiting_past_the_deadline_expires_and_never_runs():
     run_step(sched)
     late = sched.add("late", (3, 4), max_tokens=2, timeout_s=5.0)
     assert sched.next_deadline() == 105.0
-    clock.now += 4.9
+    clock.advance(4.9)
     assert run_step(sched).expired == []
-    clock.now += 0.2
+    clock.advance(0.2)
     step = run_step(sched)
     assert step.expired == [late] and late.state == "done"
     assert sched.waiting == 0 and all(c.seq is not late for c in step.chunks)
@@ -130,7 +123,7 @@ def test_an_admitted_sequence_no_longer_has_a_deadline():
     sched, clock = make(max_running=1, max_step_tokens=8)
     seq = sched.add("a", (1, 2), max_tokens=8, timeout_s=1.0)
     run_step(sched)
-    clock.now += 10
+    clock.advance(10)
     assert run_step(sched).expired == [] and seq.state == "running"
 
 
@@ -186,9 +179,8 @@ def test_config_checks_name_the_field():
         SchedulerConfig(max_running=8, max_step_tokens=8)
 
 
-def test_reused_prefix_is_not_prefilled_again_but_the_last_token_always_is():
+def test_reused_prefix_is_not_prefilled_again_but_the_last_token_always_is(clock):
     held = {"a": 3, "b": 99}  # the engine holds a's first 3 tokens; claims more than b has
-    clock = Clock()
     sched = Scheduler(SchedulerConfig(max_running=2, max_step_tokens=64), clock,
                       reuse=lambda seq: held[seq.payload])
     a = sched.add("a", (1, 2, 3, 4, 5), max_tokens=4)

@@ -7,16 +7,6 @@ import pytest
 from accelab.measure.stats import percentile, summarize, timed_loop
 
 
-class FakeClock:
-    """Advances only when a fake call 'runs'."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_summarize_numbers():
     s = summarize([1.0, 2.0, 3.0, 4.0, 10.0])
     assert s.n == 5
@@ -41,13 +31,12 @@ def test_summarize_single_and_empty():
         summarize([])
 
 
-def test_timed_loop_needs_min_iters_and_min_seconds():
-    clock = FakeClock()
+def test_timed_loop_needs_min_iters_and_min_seconds(clock):
     calls = []
 
     def call():
         calls.append(clock.now)
-        clock.now += 0.5  # every call takes 0.5 s of fake time
+        clock.advance(0.5)  # every call takes 0.5 s of fake time
 
     timing = timed_loop(call, warmup=2, min_iters=3, min_seconds=4.0, clock=clock)
     # 3 iterations give 1.5 s < 4 s: the loop keeps going until 8 calls (4.0 s)
@@ -58,21 +47,19 @@ def test_timed_loop_needs_min_iters_and_min_seconds():
     assert len(calls) == 10
 
 
-def test_timed_loop_min_iters_dominates_when_calls_are_slow():
-    clock = FakeClock()
+def test_timed_loop_min_iters_dominates_when_calls_are_slow(clock):
 
     def call():
-        clock.now += 10.0
+        clock.advance(10.0)
 
     timing = timed_loop(call, warmup=0, min_iters=4, min_seconds=1.0, clock=clock)
     assert timing.iterations == 4
 
 
-def test_timed_loop_max_seconds_stops_a_slow_model():
-    clock = FakeClock()
+def test_timed_loop_max_seconds_stops_a_slow_model(clock):
 
     def call():
-        clock.now += 30.0
+        clock.advance(30.0)
 
     timing = timed_loop(call, warmup=1, min_iters=100, min_seconds=1.0, max_seconds=60.0, clock=clock)
     assert timing.iterations == 2

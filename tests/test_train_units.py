@@ -89,24 +89,15 @@ def test_split_batches_gives_every_step_the_same_samples_for_1_and_2_processes()
 
 
 # timing ------------------------------------------------------------------------------------
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_step_timer_excludes_warmup_and_pauses_from_throughput():
-    clock = FakeClock()
+def test_step_timer_excludes_warmup_and_pauses_from_throughput(clock):
     timer = StepTimer(warmup=1, clock=clock)
     timer.start()
     for duration in (5.0, 1.0, 1.0, 2.0):  # the first step is the slow warm-up
-        clock.now += duration
+        clock.advance(duration)
         timer.step_done(epoch=0)
         if duration == 1.0:
             with timer.paused():
-                clock.now += 100.0  # an eval: must count toward no step
+                clock.advance(100.0)  # an eval: must count toward no step
     summary = timer.summary(global_batch=8, steps_per_epoch=4, full_epochs=[0])
     assert timer.durations == [5.0, 1.0, 1.0, 2.0]
     assert summary["timed_steps"] == 3 and summary["timed_samples"] == 24
@@ -115,12 +106,11 @@ def test_step_timer_excludes_warmup_and_pauses_from_throughput():
     assert summary["epoch_s"] == 9.0 and summary["epoch_s_estimated"] is False
 
 
-def test_step_timer_estimates_the_epoch_when_none_completed():
-    clock = FakeClock()
+def test_step_timer_estimates_the_epoch_when_none_completed(clock):
     timer = StepTimer(warmup=0, clock=clock)
     timer.start()
     for _ in range(3):
-        clock.now += 0.5
+        clock.advance(0.5)
         timer.step_done(epoch=0)
     summary = timer.summary(global_batch=4, steps_per_epoch=10, full_epochs=[])
     assert summary["epoch_s"] == pytest.approx(5.0) and summary["epoch_s_estimated"] is True
@@ -299,7 +289,7 @@ def test_bench_rows_on_cpu_and_on_a_one_gpu_machine():
 
 
 # the loop's bookkeeping, with a fake accelerator (fp16 skipped steps are a GPU path) ---------
-def test_after_step_counts_skipped_fp16_steps_and_checkpoints_on_cadence(monkeypatch):
+def test_after_step_counts_skipped_fp16_steps_and_checkpoints_on_cadence(monkeypatch, clock):
     from types import SimpleNamespace
 
     import torch
@@ -330,13 +320,12 @@ def test_after_step_counts_skipped_fp16_steps_and_checkpoints_on_cadence(monkeyp
     session = SimpleNamespace(config=make_config(checkpoint_every=2, grad_accum=2), accelerator=FakeAccelerator(),
                               scheduler=SimpleNamespace(get_last_lr=lambda: [0.1]), steps_per_epoch=3)
     position, record = loop.Position(), loop.Record(losses=[], lrs=[], evals=[])
-    clock = FakeClock()
     timer = StepTimer(warmup=0, clock=clock)
     timer.start()
     for _ in range(6):
         if position.step_in_epoch == session.steps_per_epoch:  # run_epochs starts the next epoch
             position.epoch, position.step_in_epoch = position.epoch + 1, 0
-        clock.now += 1.0
+        clock.advance(1.0)
         loop._after_step(session, position, record, torch.tensor(3.0), timer, loop.NoProgress(False))
     assert record.skipped_steps == 1
     assert record.losses == [1.5] * 6  # summed micro-step losses / grad_accum

@@ -106,15 +106,13 @@ def test_latency_goal_prefers_lowest_latency():
     assert log.winner.candidate.key == "faster@1"
 
 
-def test_budget_stops_search_with_best_so_far():
-    now = [0.0]
-
+def test_budget_stops_search_with_best_so_far(clock):
     def measure(c, phase):
-        now[0] += 10
+        clock.advance(10)
         return fake_measure([])(c, phase)
 
     log = Search(variants=["baseline", "fast", "faster"], batch_sizes=LADDER, measure=measure,
-                 constraints=Constraints(quality="off"), screen_batch=8, budget_s=25, clock=lambda: now[0]).run()
+                 constraints=Constraints(quality="off"), screen_batch=8, budget_s=25, clock=clock).run()
     assert log.budget_spent
     assert log.winner is not None and len(log.measurements) == 3
 
