@@ -1,27 +1,42 @@
 """Worker processes shared by `accelab train` and `accelab predict`: the launch options, the
-torchrun command line, the workers' environment, and how a worker ends (its exit codes and
-the summary rank 0 leaves for the parent).
+command line, the workers' environment, how the parent starts, watches and stops them (one
+Outcome, one kill policy), and how a worker ends (its exit codes and the summary rank 0 leaves
+for the parent).
 
-Several processes (`--nproc`, `--nnodes`) run under torchrun (`python -m torch.distributed.run`,
-the same interpreter) with the multi-node options passed through; one node without rendezvous
-options uses `--standalone`, a free local port, so concurrent runs on one machine do not collide.
+One process runs `python -m WORKER CONFIG.json`. Several (`--nproc`, `--nnodes`) run under
+torchrun (`python -m torch.distributed.run`, the same interpreter) with the multi-node options
+passed through; one node without rendezvous options uses `--standalone`, a free local port, so
+concurrent runs on one machine do not collide.
+
+The parent blocks on the launched process (never spins), with a timeout. Kill policy, the same
+for train and predict: see `_start` and `_stop`.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import json
 import logging
 import os
+import signal
+import subprocess
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from pathlib import Path
+from typing import Any, Literal, NoReturn
+
+log = logging.getLogger(__name__)
 
 EXIT_USER_ERROR = 2
 EXIT_UNSUPPORTED = 3
 # what a node without global rank 0 says: its ranks finished, and the run's result is on another node
 ELSEWHERE = "this node's ranks finished; the node that holds global rank 0 writes the run's result"
+STOP_GRACE_S = 15  # SIGTERM, then this long for torchrun to stop its ranks, then SIGKILL
+
+Status = Literal["ok", "error", "unsupported", "timeout", "crashed"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -56,6 +71,24 @@ class LaunchOptions:
         return self.world_size > 1
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Outcome:
+    """How a launch ended; `summary` is global rank 0's report when it is "ok" on this node."""
+
+    status: Status
+    summary: dict[str, Any] | None
+    reason: str | None
+    wall_s: float
+    command: list[str] | None  # None: ran in this process
+    returncode: int | None  # None: stopped on timeout, or ran in this process
+
+
+def worker_command(module: str, config_path: Path, launch: LaunchOptions) -> list[str]:
+    """`python -m MODULE CONFIG` for one process, torchrun running it on each rank for several."""
+    worker = ["-m", module, str(config_path)]
+    return torchrun_command(launch, worker) if launch.distributed else [sys.executable, *worker]
+
+
 def torchrun_command(launch: LaunchOptions, worker: list[str]) -> list[str]:
     """torchrun running `python <worker...>` on launch.nproc ranks of this node."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(launch.nproc)]
@@ -85,6 +118,106 @@ def worker_env(threads: int | None) -> dict[str, str]:
     return env
 
 
+# -- the parent: start, watch, stop -------------------------------------------------------------
+def run_workers(command: list[str], *, summary_path: Path, threads: int | None, timeout_s: float, what: str,
+                kept: str | None = None) -> Outcome:
+    """Start `command`, block until it exits or `timeout_s` passes, stop whatever of it is left,
+    and read the summary global rank 0 wrote to `summary_path`. `what` names the run in the
+    timeout message; `kept` says what a rerun keeps of a run that did not finish."""
+    log.info("starting %s", " ".join(command))
+    start = time.perf_counter()
+    proc = _start(command, worker_env(threads))
+    try:
+        returncode = proc.wait(timeout=timeout_s)  # blocks; no polling loop
+    except subprocess.TimeoutExpired:
+        return Outcome(status="timeout", summary=None, returncode=None, command=command,
+                       reason=f"{what} did not finish within {timeout_s:.0f} s; raise --timeout{_kept(kept)}",
+                       wall_s=time.perf_counter() - start)
+    finally:
+        _stop(proc)  # also on Ctrl-C (KeyboardInterrupt), which reaches only this process
+    return _outcome(summary_path, returncode, command, time.perf_counter() - start, kept)
+
+
+def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """The kill policy, one for train and predict. The launched process (torchrun, or the one
+    worker) leads a session of its own, so the parent owns a process group it can end whole on
+    timeout or Ctrl-C (`_stop`), whatever the workers started in it, and a terminal's Ctrl-C
+    does not race that stop by signalling torchrun as well. A group alone does not cover a
+    parent killed outright (SIGKILL, the OOM killer: no `finally` runs), so the launched process
+    also gets SIGTERM when the parent dies (PR_SET_PDEATHSIG); torchrun then stops its ranks.
+    torchrun puts each rank in a session of its own (and kills those itself on SIGTERM), so each
+    rank in turn dies with torchrun (`start_worker`): no rank outlives the run to write beside a
+    resumed one. Signalling only the child and relying on the parent-death signal alone (what
+    predict did) left anything else in the group running."""
+    # preexec_fn runs between fork and exec: it calls only prctl (looked up beforehand) and getppid, no lock
+    return subprocess.Popen(command, env=env, start_new_session=True,  # noqa: PLW1509
+                            preexec_fn=_die_with_parent(signal.SIGTERM, parent=os.getpid()))
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End the launched process group: SIGTERM (torchrun stops its ranks), SIGKILL after
+    STOP_GRACE_S; then SIGKILL whatever is left in the group (a worker's own children)."""
+    if proc.poll() is None:
+        _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+    _signal_group(proc.pid, signal.SIGKILL)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:  # stuck in the kernel (a hung device, NFS): nothing more to send
+        log.warning("pid %d did not end after SIGKILL", proc.pid)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)  # pgid = the launched process's pid: it leads its own session
+    except ProcessLookupError:  # nothing left in the group
+        pass
+
+
+def _die_with_parent(sig: signal.Signals, parent: int) -> Callable[[], None] | None:
+    """A function that makes the calling process get `sig` when its parent (pid `parent`) dies,
+    even by SIGKILL (Linux PR_SET_PDEATHSIG), and exit at once if it died before that took effect.
+    None elsewhere. The signal comes when the parent's *thread* that started the process ends:
+    launch from a thread that outlives the run (the main thread does)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def arm() -> None:
+        prctl(1, sig)  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return arm
+
+
+def _outcome(summary_path: Path, returncode: int, command: list[str], wall: float, kept: str | None) -> Outcome:
+    doc = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    status = (doc or {}).get("status")
+    done = {"returncode": returncode, "wall_s": wall, "command": command}
+    if returncode == 0 and status == "ok":
+        return Outcome(status="ok", summary=doc, reason=None, **done)
+    if returncode == 0 and doc is None:  # a node without global rank 0: the summary is written on node 0
+        return Outcome(status="ok", summary=None, reason=ELSEWHERE, **done)
+    if status in ("error", "unsupported"):
+        return Outcome(status=status, summary=None, reason=doc.get("reason"), **done)
+    torchrun = command[1:3] == ["-m", "torch.distributed.run"]
+    who, output = ("torchrun", "the ranks' output") if torchrun else ("worker", "its output")
+    why = f"{who} exited with code {returncode}" if returncode >= 0 else f"{who} killed by signal {-returncode}"
+    return Outcome(status="crashed", summary=None, reason=f"{why} without a result; see {output} above{_kept(kept)}",
+                   **done)
+
+
+def _kept(kept: str | None) -> str:
+    return f" ({kept})" if kept else ""
+
+
+# -- the worker: run a rank, end it --------------------------------------------------------------
 def run_worker(job: Callable[[], dict[str, Any] | None], *, rank: int, world_size: int,
                write: Callable[[dict[str, Any]], None], unsupported: type[BaseException]) -> int:
     """Run one rank's job and return its exit code. Its summary (or, on rank 0, the failure:
@@ -113,7 +246,16 @@ def run_worker(job: Callable[[], dict[str, Any] | None], *, rank: int, world_siz
 
 
 def start_worker() -> None:
-    """A rank that dies by a signal (SIGABRT from C++, SIGSEGV) prints where its threads were."""
+    """A rank that dies by a signal (SIGABRT from C++, SIGSEGV) prints where its threads were.
+    A rank of a torchrun group dies with torchrun's agent (even by SIGKILL; the kill policy at
+    `_start`) instead of running on as an orphan that keeps writing beside a resumed run."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        parent = os.getppid()
+        if parent == 1:  # torchrun died before this rank got here
+            os._exit(1)
+        arm = _die_with_parent(signal.SIGKILL, parent)
+        if arm is not None:
+            arm()
     faulthandler.enable()
 
 
