@@ -11,9 +11,11 @@ import typer
 
 
 def run_app(app: typer.Typer) -> None:
-    from accelab.quiet import quiet_third_party
+    from accelab.quiet import quiet_third_party_process_wide
 
-    quiet_third_party()
+    # a process entry point (the `accelab` command, `python -m accelab.<capability>`): quiet
+    # third-party libraries for the whole process, keeping any variable the user set
+    quiet_third_party_process_wide()
     try:
         app()
     except ValueError as err:  # user errors: the message says what was wrong and how to fix it

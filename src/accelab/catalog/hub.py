@@ -73,7 +73,7 @@ def snapshot(repo: str, revision: str | None = None) -> Path:
 
 def _progress_bar_class() -> type | None:
     """tqdm's own bar on a terminal, else huggingface_hub's default (which honours
-    HF_HUB_DISABLE_PROGRESS_BARS, set by `quiet_third_party`). enable_progress_bars() cannot undo
+    HF_HUB_DISABLE_PROGRESS_BARS, set by `accelab.quiet`). enable_progress_bars() cannot undo
     that variable once huggingface_hub is imported (the variable has priority), but a tqdm class
     that is not huggingface_hub's own is shown as is."""
     if not sys.stderr.isatty():

@@ -80,10 +80,10 @@ def _is_oom(err: BaseException) -> bool:
 
 
 def _child_main(conn: Any, job: ChildJob) -> None:
-    from accelab.quiet import quiet_third_party
+    from accelab.quiet import quiet_third_party_process_wide
 
     os.environ.update(job.env)
-    quiet_third_party()
+    quiet_third_party_process_wide()  # a spawned child's entry point; keeps the variables it inherited
     try:
         module_name, func_name = job.target.split(":")
         func = getattr(importlib.import_module(module_name), func_name)

@@ -236,7 +236,7 @@ def _finish(config: PredictConfig, source: Source, work: WorkPlan, ranks: list[R
 # -- entry point ------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     from accelab.plan.runtime import Unsupported
-    from accelab.quiet import quiet_third_party
+    from accelab.quiet import quiet_third_party_process_wide
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     if dist.under_torchrun():
         _die_with_parent()
     start_worker()
-    quiet_third_party()
+    quiet_third_party_process_wide()  # the worker process's entry point; keeps the variables it inherited
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     config = PredictConfig.from_dict(json.loads(Path(args[0]).read_text()))
     rank = int(os.environ.get("RANK", "0"))
