@@ -7,5 +7,5 @@ Layout, request path first:
   worker.py       the model thread: batches from batcher.py (pure), OOM split-and-retry
   engines/        what runs a batch: generation, embeddings, classification over a Runnable
   state.py, app.py, server.py   background load and readiness, the app, uvicorn and SIGTERM
-  metrics.py      every Prometheus metric;  testing.py  FAKE engines and test helpers
+  metrics.py      every Prometheus metric (the FAKE engines and test servers live in tests/)
 """
