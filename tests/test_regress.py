@@ -7,7 +7,7 @@ import pytest
 from test_report_helpers import ENV, OTHER_ENV, OTHER_FINGERPRINT, bench, train
 
 from accelab.report import regress
-from accelab.report.regress import Thresholds, compare, judge, parse_percent
+from accelab.report.regress import Thresholds, compare, judge
 
 
 def verdicts(comparison, pair=0):
@@ -191,11 +191,7 @@ def test_empty_side_is_refused():
         compare([bench()], [])
 
 
-def test_parse_percent():
-    assert parse_percent("5%") == pytest.approx(0.05)
-    assert parse_percent("12.5") == pytest.approx(0.125)
-    with pytest.raises(ValueError, match="--threshold 'five' is not a percentage"):
-        parse_percent("five")
+def test_thresholds_out_of_range_are_refused():
     with pytest.raises(ValueError, match="out of range"):
         Thresholds(latency=-0.1)
 

@@ -117,20 +117,6 @@ def test_budget_stops_search_with_best_so_far(clock):
     assert log.winner is not None and len(log.measurements) == 3
 
 
-@pytest.mark.parametrize("text,mb", [("2GiB", 2048), ("1500MiB", 1500), ("1GB", 1e9 / 2**20)])
-def test_parse_memory(text, mb):
-    from accelab.tune.run import parse_memory_mb
-
-    assert parse_memory_mb(text) == pytest.approx(mb)
-
-
-def test_parse_memory_needs_unit():
-    from accelab.tune.run import parse_memory_mb
-
-    with pytest.raises(ValueError, match="needs a unit"):
-        parse_memory_mb("2000")
-
-
 def _scripted(values):
     """A measure that returns the throughputs in `values[(key, phase)]`, in order when a list."""
     calls = []

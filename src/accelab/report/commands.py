@@ -158,7 +158,8 @@ def regress_command(
 
 
 def _thresholds(threshold: str, memory_threshold: str, noise_factor: float) -> "Thresholds":
-    from accelab.report.regress import Thresholds, parse_percent
+    from accelab.report.regress import Thresholds
+    from accelab.units import parse_percent
 
     latency = parse_percent(threshold, "--threshold")
     return Thresholds(latency=latency, throughput=latency,

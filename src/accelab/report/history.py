@@ -6,7 +6,6 @@ import csv
 import datetime as dt
 import io
 import json
-import re
 from typing import Any
 
 from rich.console import Console
@@ -15,24 +14,22 @@ from rich.table import Table
 
 from accelab.report import metrics as M
 from accelab.results.result import Result
+from accelab.units import parse_duration_s
 
 FIELDS = ["run_id", "created", "kind", "model", "plan", "scenario", "batch_size", "status", "key_metric",
           "latency_p50_ms", "latency_p99_ms", "throughput", "throughput_unit", "peak_memory_mb", "quality",
           "tag", "group_id", "fingerprint"]
 STATUS_COLOURS = {"ok": "green", "unsupported": "yellow"}
 QUALITY_COLOURS = {"pass": "green", "warn": "yellow", "fail": "red"}
-_AGO = re.compile(r"^(\d+(?:\.\d+)?)\s*([mhdw])$")
-_UNIT_SECONDS = {"m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def parse_since(text: str, now: dt.datetime | None = None) -> str:
     """'2026-11-01', '2026-11-01T08:00' or an age ('30m', '12h', '7d', '2w') -> ISO-8601 UTC,
     in the format the store's `created` column uses (so the store compares strings)."""
     now = now or dt.datetime.now(dt.timezone.utc)
-    match = _AGO.match(text.strip().lower())
-    if match:
-        moment = now - dt.timedelta(seconds=float(match[1]) * _UNIT_SECONDS[match[2]])
-    else:
+    try:
+        moment = now - dt.timedelta(seconds=parse_duration_s(text, "--since", units=("m", "h", "d", "w"), bare=None))
+    except ValueError:
         try:
             moment = dt.datetime.fromisoformat(text.strip())
         except ValueError:
