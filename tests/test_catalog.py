@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from accelab.catalog.entries import CATALOG
+from accelab.catalog.facts import max_sequence_length
 from accelab.catalog.inputs import (
     digits, embed, forward_batch, generate_batch, heldout_text, photos, prompts, sentences,
 )
-from accelab.catalog.load import Loaded, load, max_positions
+from accelab.catalog.load import Loaded, load, load_processor
 from accelab.catalog.resolve import resolve
 from accelab.catalog.taskinfer import infer_task
 
@@ -167,11 +168,15 @@ def test_embed_ignores_padding():
     assert torch.allclose(vector, torch.tensor([[0.5, 0.5]]) / 0.5**0.5)
 
 
-def test_max_positions():
-    assert max_positions(loaded("smollm2-135m")) == 8192
-    assert max_positions(loaded("minilm-l6")) == 512
-    assert max_positions(loaded("smolvlm-tiny")) == 2048
-    assert max_positions(loaded("vit-tiny")) is None
+def test_max_sequence_length():
+    assert max_sequence_length(loaded("smollm2-135m").model) == 8192
+    assert max_sequence_length(loaded("minilm-l6").model) == 512
+    assert max_sequence_length(loaded("smolvlm-tiny").model) == 2048
+    assert max_sequence_length(loaded("vit-tiny").model) is None
+    # a fresh tokenizer (encoding with truncation resets its backend's): it truncates at 128,
+    # sentence-transformers' max_seq_length, under the 512 positions
+    tokenizer = load_processor(resolve("minilm-l6"))
+    assert max_sequence_length(loaded("minilm-l6").model, tokenizer) == 128
 
 
 # Batches

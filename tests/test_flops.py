@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from accelab.measure.flops import count_flops, decode_roofline, mfu, weight_bytes
+from accelab.catalog.facts import weight_bytes
+from accelab.measure.flops import count_flops, decode_roofline, mfu
 
 
 def test_count_flops_of_a_linear():

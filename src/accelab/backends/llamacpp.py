@@ -174,7 +174,9 @@ def _config(spec: ModelSpec) -> Any:
 
 
 def _check_vocab(engine: "LlamaEngine", config: Any, spec: ModelSpec) -> None:
-    size = getattr(getattr(config, "get_text_config", lambda: config)(), "vocab_size", None)
+    from accelab.catalog.facts import text_config
+
+    size = getattr(text_config(config), "vocab_size", None)
     if size is not None and size != engine.n_vocab:
         raise Unsupported(
             f"the GGUF of {spec.name} has {engine.n_vocab} tokens but its tokenizer config {size}: the batch's "

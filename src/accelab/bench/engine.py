@@ -138,7 +138,8 @@ def _hardware_figures(runnable: Any, batch: dict, workload: Workload, metrics: d
     models run, so a figure above them means they were measured under worse conditions (a
     busy machine). Then they are measured again, once; a figure still above 100% is reported
     as unknown, with the reason, instead of an impossible number."""
-    from accelab.measure.flops import count_flops, decode_roofline, mfu, weight_bytes
+    from accelab.catalog.facts import weight_bytes
+    from accelab.measure.flops import count_flops, decode_roofline, mfu
     from accelab.measure.hardware import hardware_limits
 
     figures: dict[str, Any] = {}

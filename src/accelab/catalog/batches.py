@@ -16,12 +16,12 @@ from typing import Any
 import torch
 
 from accelab.catalog import samples
-from accelab.catalog.load import Loaded, max_positions
+from accelab.catalog.facts import GENERATE_TASKS, max_sequence_length
+from accelab.catalog.load import Loaded
 
 log = logging.getLogger(__name__)
 
 Batch = dict[str, torch.Tensor]
-GENERATE_TASKS = ("text-generation", "image-text-to-text")
 
 
 def forward_batch(
@@ -70,7 +70,7 @@ def _check_batch_size(batch_size: int) -> None:
 
 
 def check_seq_len(loaded: Loaded, seq_len: int) -> None:
-    limit = max_positions(loaded)
+    limit = max_sequence_length(loaded.model)
     if seq_len < 1 or (limit is not None and seq_len > limit):
         raise ValueError(
             f"seq_len={seq_len} is out of range for {loaded.spec.name}: it accepts 1 to {limit} tokens "

@@ -9,18 +9,10 @@ from typing import Any
 
 import torch
 
+from accelab.catalog.facts import MODEL_CLASSES
 from accelab.catalog.spec import ModelSpec
 
 log = logging.getLogger(__name__)
-
-# task -> (model auto class, processor kind) in transformers
-_MODEL_CLASSES = {
-    "text-generation": "AutoModelForCausalLM",
-    "feature-extraction": "AutoModel",
-    "image-classification": "AutoModelForImageClassification",
-    "image-text-to-text": "AutoModelForImageTextToText",
-}
-_POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
 
 
 @dataclass(slots=True)
@@ -53,7 +45,7 @@ def load(
     kwargs.update(_remote_code(spec))
 
     # Model
-    model_class = getattr(transformers, _MODEL_CLASSES[spec.task])
+    model_class = getattr(transformers, MODEL_CLASSES[spec.task])
     log.info("loading %s (%s) from %s with %s", spec.name, spec.task, spec.source, model_class.__name__)
     model = model_class.from_pretrained(spec.source, **kwargs).eval()
 
@@ -88,21 +80,3 @@ def _image_backend() -> dict:
     # Without torchvision (the CPU torch 2.13 setup) transformers falls back to the PIL image
     # processors with a warning each time; ask for them directly there.
     return {} if importlib.util.find_spec("torchvision") else {"backend": "pil"}
-
-
-def text_config(config: Any) -> Any:
-    """The config of the language model (the decoder of a VLM, else the config itself)."""
-    get = getattr(config, "get_text_config", None)
-    return get() if get is not None else config
-
-
-def max_positions(loaded: Loaded) -> int | None:
-    """Longest sequence the text model accepts, or None for models without text input."""
-    if loaded.spec.task == "image-classification":
-        return None
-    config = text_config(loaded.model.config)
-    for key in _POSITION_KEYS:
-        value = getattr(config, key, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None

@@ -1,25 +1,18 @@
-"""FLOPs, weight bytes and the roofline: how far a measured number is from the physical limit.
+"""FLOPs and the roofline: how far a measured number is from the physical limit.
 
 Compute-bound work (a batched forward) is judged by MFU: achieved FLOP/s over the measured
 peak matmul FLOP/s. Bandwidth-bound work (decoding one token at batch 1 reads every weight
 once) is judged by steps/s over the bandwidth bound, measured read bandwidth / bytes read per
-step. The helpers here are pure arithmetic; the peaks come from `hardware.hardware_limits`.
+step. The helpers here are pure arithmetic; the peaks come from `hardware.hardware_limits`, the
+bytes of the weights from `accelab.catalog.facts.weight_bytes`.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
-
-try:
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-except ImportError:  # private helper; its contract is "has __tensor_flatten__"
-
-    def is_traceable_wrapper_subclass(t: object) -> bool:
-        return hasattr(t, "__tensor_flatten__") and type(t) not in (torch.Tensor, torch.nn.Parameter)
 
 
 def count_flops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
@@ -43,68 +36,6 @@ def _cpu_sdpa_flops(query_shape, key_shape, value_shape, *args, out_shape=None, 
 _EXTRA_FORMULAS: dict[Any, Any] = {}
 if hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
     _EXTRA_FORMULAS[torch.ops.aten._scaled_dot_product_flash_attention_for_cpu] = _cpu_sdpa_flops
-
-
-def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the parameters and buffers a forward reads, as stored.
-
-    Quantized tensor subclasses (torchao) count their inner tensors (int8 data + scales + ...),
-    not the logical dtype they pretend to be. Tensors sharing storage (tied embeddings, views
-    of one fused weight) count the bytes of that storage they cover, once."""
-    spans: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
-    unshared = 0
-    for tensor in _leaf_tensors(_unique(model)):
-        key, span = _storage_span(tensor)
-        if key is None:
-            unshared += span[1] - span[0]
-        else:
-            spans[key].append(span)
-    return unshared + sum(_union_length(s) for s in spans.values())
-
-
-def _unique(model: torch.nn.Module) -> Iterable[torch.Tensor]:
-    # remove_duplicate drops the same Parameter object registered twice; shared storage
-    # under different objects is handled by _storage_span.
-    yield from model.parameters()
-    yield from model.buffers()
-
-
-def _leaf_tensors(tensors: Iterable[torch.Tensor]) -> Iterable[torch.Tensor]:
-    """Plain tensors; a wrapper subclass is replaced by its inner tensors, recursively."""
-    for tensor in tensors:
-        if is_traceable_wrapper_subclass(tensor):
-            names, _ = tensor.__tensor_flatten__()
-            yield from _leaf_tensors(getattr(tensor, name) for name in names)
-        else:
-            yield tensor
-
-
-def _storage_span(tensor: torch.Tensor) -> tuple[tuple[str, int] | None, tuple[int, int]]:
-    """(storage key, [start, end) bytes in that storage); key None when it has no real storage
-    (meta tensors, exotic subclasses): then the span is just numel * element_size."""
-    size = tensor.element_size()
-    try:
-        if tensor.is_meta:
-            raise RuntimeError("meta tensors have no storage")
-        ptr = tensor.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError, TypeError):
-        return None, (0, tensor.numel() * size)
-    if tensor.numel() == 0 or ptr == 0:
-        return None, (0, 0)
-    # Elements reachable from the first one: 1 + sum((dim - 1) * stride); stride 0 (expand)
-    # reads the same memory again, and counts once.
-    extent = 1 + sum((dim - 1) * abs(stride) for dim, stride in zip(tensor.shape, tensor.stride()))
-    start = tensor.storage_offset() * size
-    return (str(tensor.device), ptr), (start, start + extent * size)
-
-
-def _union_length(spans: list[tuple[int, int]]) -> int:
-    total, reach = 0, 0
-    for start, end in sorted(spans):
-        if end > reach:
-            total += end - max(start, reach)
-            reach = end
-    return total
 
 
 # --- roofline ---------------------------------------------------------------------------

@@ -123,15 +123,15 @@ class GenerateFromImage(_Generate):
 
 
 def _max_length(config: PredictConfig, model: Any) -> int:
-    from accelab.catalog.load import text_config
+    from accelab.catalog.facts import max_sequence_length
 
-    limit = getattr(text_config(model.config), "max_position_embeddings", None)
+    limit = max_sequence_length(model)
     if config.max_length is not None:
-        if isinstance(limit, int) and config.max_length > limit:
+        if limit is not None and config.max_length > limit:
             raise ValueError(f"--max-length {config.max_length} is more than the model takes ({limit} tokens); "
                              f"pass --max-length {limit} or less")
         return config.max_length
-    return limit if isinstance(limit, int) and limit > 0 else 512
+    return limit or 512
 
 
 BUILDERS: dict[str, Callable[[PredictConfig, Any], TaskHandler]] = {

@@ -105,11 +105,11 @@ def _generation(runnable: Runnable, config: QualityConfig) -> dict[str, Any]:
 def _heldout_nll(runnable: Runnable, max_tokens: int) -> tuple[float, int]:
     """Mean negative log-likelihood per token of the held-out text, in non-overlapping windows."""
     from accelab.catalog import inputs
-    from accelab.catalog.load import max_positions
+    from accelab.catalog.facts import max_sequence_length
 
     tokenizer = runnable.processor
     ids = tokenizer(inputs.heldout_text(), return_tensors="pt").input_ids[0][:max_tokens]
-    window = min(512, max_positions(inputs_view(runnable)) or 512)
+    window = min(512, max_sequence_length(runnable.model) or 512)
     total, count = 0.0, 0
     for start in range(0, len(ids) - 1, window):
         chunk = ids[start : start + window].unsqueeze(0).to(_device(runnable))

@@ -12,6 +12,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, Literal
 
+from accelab.catalog.facts import GENERATE_TASKS
 from accelab.serve.config import ServeConfig
 from accelab.serve.continuous import ContinuousHooks, ContinuousWorker, StepReport
 from accelab.serve.engines.base import ROUTES_OF_TASK, Engine
@@ -77,7 +78,7 @@ class ServerState:
     def _start_continuous(self, engine: Engine) -> ContinuousWorker | None:
         """The continuous worker for a generation engine that can step sequences, else None
         (the static worker runs its batches); the log says which and why."""
-        if engine.task not in ("text-generation", "image-text-to-text"):
+        if engine.task not in GENERATE_TASKS:
             return None
         name = self.config.model_name
         if self.config.scheduler == "static":

@@ -190,8 +190,10 @@ def _without_gguf_marker(source: str) -> Any:
 
 
 def check_block_size(model_config: Any, block_size: int, model: str) -> None:
-    limit = getattr(model_config, "max_position_embeddings", None)
-    if isinstance(limit, int) and block_size > limit:
+    from accelab.catalog.facts import max_sequence_length
+
+    limit = max_sequence_length(model_config)
+    if limit is not None and block_size > limit:
         raise ValueError(f"--block-size {block_size} is longer than {model} accepts ({limit} positions); "
                          f"pass --block-size {limit} or less")
 

@@ -13,18 +13,10 @@ from typing import Any
 
 import torch
 
+from accelab.catalog.facts import MODEL_CLASSES
 from accelab.catalog.spec import ModelSpec
 
 log = logging.getLogger(__name__)
-
-# task -> transformers auto class; the same mapping as `accelab.catalog.load`
-AUTO_CLASSES = {
-    "text-generation": "AutoModelForCausalLM",
-    "feature-extraction": "AutoModel",
-    "image-classification": "AutoModelForImageClassification",
-    "image-text-to-text": "AutoModelForImageTextToText",
-}
-GENERATE_TASKS = ("text-generation", "image-text-to-text")
 
 
 def load_config(spec: ModelSpec) -> Any | None:
@@ -42,7 +34,7 @@ def model_class(spec: ModelSpec, config: Any) -> type | None:
     """The class `from_pretrained` will build for this task and config."""
     import transformers
 
-    auto = getattr(transformers, AUTO_CLASSES[spec.task])
+    auto = getattr(transformers, MODEL_CLASSES[spec.task])
     try:
         return auto._model_mapping[type(config)]
     except (KeyError, ValueError):
@@ -61,15 +53,6 @@ def meta_model(spec: ModelSpec, config: Any, dtype: torch.dtype = torch.float32)
         return None
     with torch.device("meta"):
         return cls._from_config(config, dtype=dtype)
-
-
-def weight_bytes(model: torch.nn.Module, dtype: torch.dtype | None = None) -> int:
-    """Bytes of parameters and buffers; floating tensors counted at `dtype` when given."""
-    total = 0
-    for tensor in list(model.parameters()) + list(model.buffers()):
-        size = dtype.itemsize if dtype is not None and tensor.is_floating_point() else tensor.element_size()
-        total += tensor.numel() * size
-    return total
 
 
 def add_note(model: Any, note: str) -> None:

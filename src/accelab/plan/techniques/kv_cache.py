@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import torch
 
+from accelab.catalog.facts import GENERATE_TASKS
 from accelab.catalog.spec import ModelSpec
 from accelab.plan.plan import Plan
 from accelab.plan.runtime import Runnable, Unsupported
-from accelab.plan.techniques import _model_info
 
 
 def check(plan: Plan, spec: ModelSpec, device: torch.device) -> None:
-    if plan.kv_cache == "static" and spec.task not in _model_info.GENERATE_TASKS:
+    if plan.kv_cache == "static" and spec.task not in GENERATE_TASKS:
         raise Unsupported(f"a static KV cache is a generate() option; {spec.task} models do not generate")
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import psutil
 import torch
 
+from accelab.catalog.facts import weight_bytes
 from accelab.catalog.spec import ModelSpec
 from accelab.plan.plan import Plan, parse_max_memory
 from accelab.plan.runtime import Unsupported
@@ -115,7 +116,7 @@ def model_bytes(spec: ModelSpec, plan: Plan) -> int:
     model = _model_info.meta_model(spec, config, dtype) if config is not None else None
     if model is None:
         raise ValueError(f"cannot size {spec.name} from its config; set max_memory, e.g. max_memory=cpu=200MB")
-    return _model_info.weight_bytes(model, dtype)
+    return weight_bytes(model)  # built at `dtype`: its tensors hold what loading will allocate
 
 
 def _temporary_dir(exit_stack: contextlib.ExitStack | None) -> str:

@@ -9,11 +9,12 @@ from accelab.serve.engines.base import ROUTES_OF_TASK, Engine
 
 
 def build_engine(runnable: Any, *, name: str) -> Engine:
+    from accelab.catalog.facts import GENERATE_TASKS
     from accelab.serve.engines.encoders import HFClassificationEngine, HFEmbeddingEngine
     from accelab.serve.engines.generation import HFGenerationEngine
 
     task = runnable.task
-    if task in ("text-generation", "image-text-to-text"):
+    if task in GENERATE_TASKS:
         return HFGenerationEngine(runnable, name=name)
     if task == "feature-extraction":
         return HFEmbeddingEngine(runnable, name=name)

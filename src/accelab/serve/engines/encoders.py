@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from accelab.catalog.facts import max_sequence_length
 from accelab.plan.runtime import input_device, to_device
 from accelab.serve.engines.base import ContextTooLong, ImageInput, Label, TextInput, check_token_ids
 from accelab.serve.images import decode_image
@@ -23,7 +24,8 @@ class HFEmbeddingEngine:
         self.task = runnable.task
         self.tokenizer = runnable.processor
         config = getattr(runnable.model, "config", None)
-        self.max_tokens = max_tokens or _window(self.tokenizer, config)
+        # the longest input it was trained on: the tokenizer's truncation length bounds the positions
+        self.max_tokens = max_tokens or max_sequence_length(config, self.tokenizer) or 512
         self.vocab_size = getattr(config, "vocab_size", None)
         self.pad_id = self.tokenizer.pad_token_id or 0
 
@@ -84,18 +86,6 @@ class HFEmbeddingEngine:
 
     def close(self) -> None:
         self.runnable.close()
-
-
-def _window(tokenizer: Any, config: Any) -> int:
-    """The longest input the model was trained on: the tokenizer's own truncation length (a
-    sentence-transformers model's max_seq_length), else its model_max_length, else the
-    position embeddings."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    truncation = getattr(backend, "truncation", None) or {}
-    candidates = [truncation.get("max_length"), getattr(tokenizer, "model_max_length", None),
-                  getattr(config, "max_position_embeddings", None)]
-    sane = [c for c in candidates if isinstance(c, int) and 0 < c < 1_000_000]  # transformers' "no limit" is 1e30
-    return min(sane) if sane else 512
 
 
 class HFClassificationEngine:

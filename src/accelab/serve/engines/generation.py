@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from accelab.catalog.facts import max_sequence_length, text_config
 from accelab.plan.runtime import input_device, to_device
 from accelab.serve.engines.base import (
     Completion,
@@ -47,7 +48,7 @@ class HFGenerationEngine:
         self.eos_ids = _eos_ids(gen_config, self.tokenizer)
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
-        self.max_context = max_context or _max_positions(runnable.model)
+        self.max_context = max_context or max_sequence_length(runnable.model)
         self.vocab_size = _vocab_size(runnable.model)
 
     # -- preparing (thread pool) ----------------------------------------------------------
@@ -262,17 +263,5 @@ def _eos_ids(gen_config: Any, tokenizer: Any) -> tuple[int, ...]:
 
 
 def _vocab_size(model: Any) -> int | None:
-    config = getattr(model, "config", None)
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    value = getattr(text_config, "vocab_size", None)
-    return value if isinstance(value, int) and value > 0 else None
-
-
-def _max_positions(model: Any) -> int | None:
-    config = getattr(model, "config", None)
-    if config is None:
-        return None
-    get_text = getattr(config, "get_text_config", None)
-    text_config = get_text() if get_text else config
-    value = getattr(text_config, "max_position_embeddings", None)
+    value = getattr(text_config(getattr(model, "config", None)), "vocab_size", None)
     return value if isinstance(value, int) and value > 0 else None

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from accelab.catalog.facts import text_config
 from accelab.plan.runtime import Unsupported, input_device
 from accelab.serve.engines.base import SamplingParams, StepInput, common_prefix
 from accelab.serve.engines.sampling import Generators, pick_tokens
@@ -167,7 +168,7 @@ class RaggedTorchEngine:
         config = getattr(model, "config", None)
         if config is None or not hasattr(model, "set_attn_implementation"):
             raise Unsupported(f"{type(model).__name__} is not a transformers model: continuous batching needs one")
-        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        text = text_config(config)
         window = getattr(text, "sliding_window", None)
         if window or any(t != "full_attention" for t in (getattr(text, "layer_types", None) or ())):
             raise Unsupported(f"{type(model).__name__} uses sliding-window attention, which the packed continuous "
