@@ -1,15 +1,17 @@
 """Result factories shared by the report / history / regress tests.
 
-SYNTHETIC: every Result made here is invented, shaped like what the engines store (and, for the
-kinds not written yet, like what they are expected to store). Each carries the note
-SYNTHETIC_NOTE so that nobody mistakes one for a measurement. The end-to-end tests
-(tests/test_report_e2e.py) use real bench Results and add these only for train / loadtest / tune.
+SYNTHETIC: every Result made here is invented, with only the metric keys its producer writes
+(`accelab.results.contract`; checked below). Each carries the note SYNTHETIC_NOTE so that nobody
+mistakes one for a measurement. The end-to-end tests (tests/test_report_e2e.py) use real bench
+Results and add these only for train / loadtest / tune; tests/test_results_contract.py builds
+Results with the producers' own functions.
 """
 
 from __future__ import annotations
 
 import random
 
+from accelab.results import contract as K
 from accelab.results.result import Result
 
 SYNTHETIC_NOTE = "SYNTHETIC test data: not a measurement"
@@ -126,3 +128,12 @@ def tune_group(group: str = "tune01") -> list[Result]:
 def test_factories_are_labelled_synthetic():
     for r in [bench(), train(), loadtest(), *tune_group()]:
         assert SYNTHETIC_NOTE in r.notes
+
+
+def test_factories_write_only_what_the_producers_write():
+    assert K.FORWARD.unnamed(bench(with_samples=True).metrics) == []
+    assert all(K.TUNE_FORWARD.unnamed(r.metrics) == [] for r in tune_group())
+    t = train()
+    assert K.TRAIN.unnamed(t.metrics) == [] and all(K.EVAL.unnamed(e) == [] for e in t.metrics[K.EVALS])
+    lt = loadtest()
+    assert K.FIND_MAX.unnamed(lt.metrics) == [] and all(K.PROBE.unnamed(p) == [] for p in lt.metrics[K.PROBES])

@@ -3,6 +3,7 @@
 The child follows a recipe, one block per step: process settings and load (apply_plan), the
 inputs, the timed scenario under the memory sampler, then the hardware figures (FLOPs, MFU,
 roofline). The parent turns the child's outcome into a Result and appends it to the store.
+Its metric keys are `accelab.results.contract.FORWARD` and `GENERATE`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from accelab.catalog.spec import ModelSpec
 from accelab.measure.runner import ChildJob, run_isolated
 from accelab.plan.plan import Plan
 from accelab.quality.collect import QualityConfig
+from accelab.results import contract as K
 from accelab.results.result import Result, command_line
 from accelab.scenarios.workload import Workload
 
@@ -82,14 +84,14 @@ def measure_in_child(job: BenchJob) -> BenchOutput:
                 metrics = run_generate(runnable, batch, workload, batch_size)
             else:
                 raise ValueError(f"scenario {workload.scenario!r} is run by `accelab train`, not bench")
-        metrics["load_s"] = load_s
-        metrics["memory"] = dataclasses.asdict(sampler.report)
-        metrics["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        metrics["peak_memory_mb"] = _peak_memory_mb(metrics, device)
-        metrics["threads"] = {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads()}
-        metrics["device"] = str(device)
+        metrics[K.LOAD_S] = load_s
+        metrics[K.MEMORY] = dataclasses.asdict(sampler.report)
+        metrics[K.PEAK_RSS_MB] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        metrics[K.PEAK_MEMORY_MB] = _peak_memory_mb(metrics, device)
+        metrics[K.THREADS] = {"intra_op": torch.get_num_threads(), "inter_op": torch.get_num_interop_threads()}
+        metrics[K.DEVICE] = str(device)
         if runnable.placement:
-            metrics["placement"] = runnable.placement
+            metrics[K.PLACEMENT] = runnable.placement
 
         # 4. against the hardware
         metrics.update(_hardware_figures(runnable, batch, workload, metrics, device))
@@ -100,7 +102,7 @@ def measure_in_child(job: BenchJob) -> BenchOutput:
             from accelab.quality.collect import collect
 
             outputs = collect(runnable, job.quality)
-        notes = list(runnable.notes) + [metrics[k] for k in ("mfu_unknown", "roofline_unknown") if k in metrics]
+        notes = list(runnable.notes) + [metrics[k] for k in (K.MFU_UNKNOWN, K.ROOFLINE_UNKNOWN) if k in metrics]
         return BenchOutput(status="ok", metrics=metrics, notes=notes, outputs=outputs)
 
 
@@ -124,10 +126,10 @@ def _prepare_layout(batch: dict[str, Any], plan: Plan) -> dict[str, Any]:
 
 
 def _peak_memory_mb(metrics: dict[str, Any], device: Any) -> float:
-    mem = metrics["memory"]
+    mem = metrics[K.MEMORY]
     if getattr(device, "type", "cpu") == "cuda" and mem.get("gpu_peak_allocated_mb"):
         return float(mem["gpu_peak_allocated_mb"])
-    return float(mem.get("peak_rss_mb") or metrics["peak_rss_mb"])
+    return float(mem.get("peak_rss_mb") or metrics[K.PEAK_RSS_MB])
 
 
 def _hardware_figures(runnable: Any, batch: dict, workload: Workload, metrics: dict, device: Any) -> dict[str, Any]:
@@ -145,46 +147,46 @@ def _hardware_figures(runnable: Any, batch: dict, workload: Workload, metrics: d
     figures: dict[str, Any] = {}
     limits = hardware_limits(str(device.type))
     path, peak = limits.peak_for(runnable.plan.precision)
-    figures["hardware"] = {"peak_flops": peak, "compute_path": path,
+    figures[K.HARDWARE] = {"peak_flops": peak, "compute_path": path,
                            "bandwidth_bytes_per_s": limits.bandwidth_bytes_per_s}
     model_bytes = runnable.weight_bytes or _safe(lambda: weight_bytes(runnable.model))
-    figures["weight_bytes"] = model_bytes
+    figures[K.WEIGHT_BYTES] = model_bytes
     if workload.scenario == "forward" and runnable.plan.quantization == "none" and peak:
         # (torch's counter does not see torchao's int8 kernels: a quantised plan gets no MFU
         # rather than a figure that counts only its few full-precision layers)
         flops = _safe(lambda: count_flops(runnable.forward, batch))
         if flops:
-            seconds = metrics["latency_ms"]["p50"] / 1000
-            figures["flops_per_call"] = flops
-            figures["achieved_flops"] = flops / seconds
+            seconds = metrics[K.LATENCY_MS]["p50"] / 1000
+            figures[K.FLOPS_PER_CALL] = flops
+            figures[K.ACHIEVED_FLOPS] = flops / seconds
             value = mfu(flops, seconds, peak)
             if value > 1.0:
                 limits = hardware_limits(str(device.type), refresh=True)
                 path, peak = limits.peak_for(runnable.plan.precision)
-                figures["hardware"]["peak_flops"] = peak
+                figures[K.HARDWARE]["peak_flops"] = peak
                 value = mfu(flops, seconds, peak) if peak else value
             if value > 1.0:
-                figures["mfu_unknown"] = (
+                figures[K.MFU_UNKNOWN] = (
                     f"MFU unknown: the forward ran at {flops / seconds / 1e9:.1f} GFLOP/s, above the {path} peak measured "
                     f"twice here ({(peak or 0) / 1e9:.1f} GFLOP/s, {limits.kernels.get(path, 'kernel?')}): a kernel "
                     "the model runs is faster than those measured, or the FLOP count is off"
                 )
             else:
-                figures["mfu"] = value
-    elif "decode_step_s" in metrics and model_bytes:
-        roof = decode_roofline(model_bytes, metrics["decode_step_s"], limits.bandwidth_bytes_per_s)
+                figures[K.MFU] = value
+    elif K.DECODE_STEP_S in metrics and model_bytes:
+        roof = decode_roofline(model_bytes, metrics[K.DECODE_STEP_S], limits.bandwidth_bytes_per_s)
         if roof["fraction"] > 1.0:
             limits = hardware_limits(str(device.type), refresh=True)
-            figures["hardware"]["bandwidth_bytes_per_s"] = limits.bandwidth_bytes_per_s
-            roof = decode_roofline(model_bytes, metrics["decode_step_s"], limits.bandwidth_bytes_per_s)
+            figures[K.HARDWARE]["bandwidth_bytes_per_s"] = limits.bandwidth_bytes_per_s
+            roof = decode_roofline(model_bytes, metrics[K.DECODE_STEP_S], limits.bandwidth_bytes_per_s)
         if roof["fraction"] > 1.0:
-            figures["roofline_unknown"] = (
+            figures[K.ROOFLINE_UNKNOWN] = (
                 f"roofline unknown: decoding read {roof['achieved_bandwidth'] / 1e9:.1f} GB/s of weights, above the "
                 f"bandwidth measured twice here ({limits.bandwidth_bytes_per_s / 1e9:.1f} GB/s, "
                 f"{limits.kernels.get('bandwidth', 'kernel?')}): part of the weights stays in cache between steps"
             )
         else:
-            figures["roofline"] = roof
+            figures[K.ROOFLINE] = roof
     return figures
 
 
@@ -254,5 +256,5 @@ def bench(
         result.status = outcome.status  # type: ignore[assignment]
         result.reason = outcome.reason
         if outcome.traceback:
-            result.metrics = {"traceback": outcome.traceback}
+            result.metrics = {K.TRACEBACK: outcome.traceback}
     return result

@@ -1,18 +1,24 @@
-"""A load test from config to Result: one run, or a find-max search; the Result goes to the
-results store (kind "loadtest") with the summary in `metrics`."""
+"""A load test from request to Result: one run, or a find-max search, printed and plotted as
+asked; the Result (kind "loadtest") holds the summary in `metrics` (keys:
+`accelab.results.contract.LOADTEST`, and `FIND_MAX` after a search). `accelab loadtest` is a thin
+adapter over `run_loadtest`."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 
-from accelab.loadtest.client import LoadConfig, run_load
+from accelab.loadtest.client import LoadConfig, discover_model, run_load
 from accelab.loadtest.findmax import FindMax, find_max, goodput_at_least
 from accelab.loadtest.summary import SLO, summarize_run
+from accelab.results import contract as K
 from accelab.results.result import Result, command_line
 
 log = logging.getLogger(__name__)
@@ -68,9 +74,9 @@ def build_result(config: LoadConfig, model: str, slo: SLO, *, summary: dict[str,
     if search is not None:
         best = next((p.summary for p in search.probes if p.rate == search.best_rate), None)
         metrics = dict(best or {})
-        metrics["max_rate"] = search.best_rate
-        metrics["search"] = search.to_dict()
-        metrics["probes"] = [{"rate": p.rate, "passed": p.passed, **_probe_numbers(p.summary)} for p in search.probes]
+        metrics[K.MAX_RATE] = search.best_rate
+        metrics[K.SEARCH] = search.to_dict()
+        metrics[K.PROBES] = [{K.RATE: p.rate, K.PASSED: p.passed, **_probe_numbers(p.summary)} for p in search.probes]
     return Result(
         kind="loadtest", status="ok", model={"name": model, "task": info.get("task"), "server": config.base_url},
         plan={"name": info.get("plan", "")}, workload=workload, metrics=metrics, command=command_line(), tag=tag,
@@ -80,9 +86,121 @@ def build_result(config: LoadConfig, model: str, slo: SLO, *, summary: dict[str,
 
 
 def _probe_numbers(summary: dict[str, Any]) -> dict[str, Any]:
-    keep = ("goodput_fraction", "goodput_rate", "request_throughput", "output_token_throughput", "errors_by_status")
+    keep = (K.GOODPUT_FRACTION, K.GOODPUT_RATE, K.REQUEST_THROUGHPUT, K.OUTPUT_TOKEN_THROUGHPUT, K.ERRORS_BY_STATUS)
     out = {k: summary.get(k) for k in keep}
-    for key in ("e2e_ms", "ttft_ms"):
+    for key in (K.E2E_MS, K.TTFT_MS):
         stats = summary.get(key) or {}
         out[key] = {q: stats.get(q) for q in ("p50", "p90", "p99")} if stats else None
     return out
+
+
+# -- the whole load test --------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LoadTestRequest:
+    config: LoadConfig
+    slo: SLO
+    find_max: bool = False  # search the highest rate whose goodput meets goodput_target
+    goodput_target: float = 0.95
+    max_steps: int = 8  # most runs of a search
+    cooldown_s: float = 2.0  # quiet between the runs of a search
+    plot: Path | None = None  # PNG: latency CDF (one run) or latency and goodput against load (find-max)
+    tag: str | None = None
+
+
+def loop_of(rate: float | None, concurrency: int | None, *, find_max: bool, slo: SLO) -> tuple[float | None, int | None]:
+    """(rate, concurrency): open loop at `rate` or closed loop of `concurrency` users; one user
+    when neither is given, or 1 req/s as the start of a find-max search."""
+    if find_max and not slo.to_dict():
+        raise ValueError("--find-max needs an --slo to meet, e.g. --slo ttft=500ms,e2e=2s")
+    if find_max and concurrency is not None:
+        raise ValueError("--find-max searches an open-loop --rate; drop --concurrency")
+    if rate is None and concurrency is None:
+        return (1.0, None) if find_max else (None, 1)
+    return rate, concurrency
+
+
+def load_inputs(endpoint: str, path: Path | None) -> list[str]:
+    """The inputs to send: a JSON list of strings or one per line, else accelab's samples."""
+    if path is not None:
+        text = path.read_text()
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError:
+            items = [line for line in text.splitlines() if line.strip()]
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise ValueError(f"{path}: give a JSON list of strings, or one input per line")
+        return items
+    from accelab.catalog import inputs
+
+    return inputs.sentences(224) if endpoint == "embeddings" else inputs.prompts(52)
+
+
+def run_loadtest(request: LoadTestRequest, console: Any = None) -> Result:
+    """One run, or a find-max search, against the server; printed, plotted as asked, not stored."""
+    from accelab.results.table import make_console
+
+    console = console or make_console()
+    config, objectives = request.config, request.slo
+    served = discover_model(config)
+    if request.find_max:
+        return _find_max(request, served, console)
+    records = run_load(config, served)
+    summary = summarize_run(records, objectives, offered_rate=config.rate)
+    result = build_result(config, served, objectives, summary=summary, tag=request.tag)
+    print_summary(console, summary)
+    if request.plot:
+        from accelab.loadtest.plot import plot_cdf
+
+        ok = [r for r in records if r.ok]
+        plot_cdf({"e2e": [r.e2e * 1000 for r in ok], "TTFT": [r.ttft * 1000 for r in ok if r.ttft is not None]},
+                 request.plot, title=f"{served} {config.endpoint}: latency CDF")
+    return result
+
+
+def _find_max(request: LoadTestRequest, served: str, console: Any) -> Result:
+    config, objectives = request.config, request.slo
+
+    def show(rate_: float, summary: dict[str, Any]) -> None:
+        console.print(f"  {rate_:8.3g} req/s: goodput {summary[K.GOODPUT_FRACTION]:.1%}, "
+                      f"{summary[K.REQUEST_THROUGHPUT]:.3g} req/s served, e2e p99 {_p(summary, K.E2E_MS)} ms, "
+                      f"errors {summary[K.ERRORS_BY_STATUS] or 0}")
+
+    console.print(f"find-max on {config.base_url} ({served}, {config.endpoint}), SLO {objectives.describe()}, "
+                  f"goodput >= {request.goodput_target:.0%}:")
+    search = search_max_rate(config, served, objectives, goodput_target=request.goodput_target,
+                             max_steps=request.max_steps, cooldown_s=request.cooldown_s, on_probe=show)
+    result = build_result(config, served, objectives, search=search, goodput_target=request.goodput_target,
+                          tag=request.tag)
+    best = "none (not even the lowest rate tried)" if search.best_rate is None else f"{search.best_rate:.4g} req/s"
+    console.print(f"max sustainable rate: [bold]{best}[/bold]" + ("" if search.saturated else
+                                                                   " (never saturated: raise --max-steps)"))
+    if request.plot:
+        from accelab.loadtest.plot import plot_find_max
+
+        plot_find_max(result.metrics[K.PROBES], request.plot, best_rate=search.best_rate,
+                      title=f"{served} {config.endpoint}: latency and goodput vs load")
+    return result
+
+
+def _p(summary: dict[str, Any], key: str, q: str = "p99") -> str:
+    stats = summary.get(key)
+    return f"{stats[q]:.4g}" if stats else "-"
+
+
+def print_summary(console: Any, s: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    table = Table(title="load test", show_header=True)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("requests (ok / errors)", f"{s[K.OK_REQUESTS]} / {s[K.ERRORS]}  {s[K.ERRORS_BY_STATUS] or ''}")
+    table.add_row("duration", f"{s[K.DURATION_S]:.2f} s")
+    table.add_row("request throughput", f"{s[K.REQUEST_THROUGHPUT]:.3f} req/s")
+    table.add_row("output token throughput", f"{s[K.OUTPUT_TOKEN_THROUGHPUT]:.1f} tok/s")
+    for key, label in ((K.TTFT_MS, "TTFT"), (K.TPOT_MS, "TPOT"), (K.ITL_MS, "ITL"), (K.E2E_MS, "end-to-end")):
+        if s.get(key):
+            table.add_row(f"{label} p50 / p90 / p99", " / ".join(f"{s[key][q]:.4g}" for q in ("p50", "p90", "p99"))
+                          + " ms")
+    if s[K.SLO]:
+        table.add_row("goodput", f"{s[K.GOODPUT_FRACTION]:.1%} of requests, {s[K.GOODPUT_RATE]:.3f} req/s")
+    console.print(table)

@@ -1,17 +1,17 @@
 """Per-request records to a run's summary: latency percentiles, throughput, errors, goodput.
-Pure: no I/O, no clock."""
+Pure: no I/O, no clock. The summary's keys are `accelab.results.contract.LOADTEST`."""
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from accelab.measure.stats import summarize
+from accelab.results import contract as K
+from accelab.units import parse_objectives
 
 SLO_KEYS = ("ttft", "tpot", "e2e")
-_DURATION_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s)?\s*$")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -86,21 +86,7 @@ class SLO:
 
 def parse_slo(text: str | None) -> SLO:
     """'ttft=500ms,e2e=2s' -> SLO(ttft=0.5, e2e=2.0); bare numbers are seconds."""
-    if not text:
-        return SLO()
-    values: dict[str, float] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, raw = part.partition("=")
-        key = key.strip().lower()
-        if not sep or key not in SLO_KEYS:
-            raise ValueError(f"--slo part {part!r} must look like KEY=TIME with KEY one of {', '.join(SLO_KEYS)}, "
-                             "e.g. --slo ttft=500ms,e2e=2s")
-        match = _DURATION_RE.match(raw)
-        if not match:
-            raise ValueError(f"--slo {key}={raw!r}: give a time such as 500ms, 2s or 0.5 (seconds)")
-        number, unit = float(match.group(1)), match.group(2) or "s"
-        values[key] = number / 1000 if unit == "ms" else number
-    return SLO(**values)
+    return SLO(**parse_objectives(text, SLO_KEYS, "--slo"))
 
 
 def summarize_run(records: list[RequestRecord], slo: SLO, *, offered_rate: float | None = None) -> dict[str, Any]:
@@ -118,22 +104,22 @@ def summarize_run(records: list[RequestRecord], slo: SLO, *, offered_rate: float
 
     output_tokens = sum(r.output_tokens for r in ok)
     return {
-        "requests": len(records),
-        "ok": len(ok),
-        "errors": len(records) - len(ok),
-        "errors_by_status": dict(Counter(r.status for r in records if not r.ok)),
-        "duration_s": wall,
-        "offered_rate": offered_rate,
-        "request_throughput": len(ok) / wall,
-        "output_token_throughput": output_tokens / wall,
-        "output_tokens": output_tokens,
-        "prompt_tokens": sum(r.prompt_tokens for r in ok),
-        "e2e_ms": stats([r.e2e for r in ok]),
-        "ttft_ms": stats([r.ttft for r in ok if r.ttft is not None]),
-        "tpot_ms": stats([t for r in ok if (t := r.tpot) is not None]),
-        "itl_ms": stats([gap for r in ok for gap in r.itls]),
-        "slo": slo.to_dict(),
-        "goodput_fraction": good / len(records),
-        "goodput_rate": good / wall,
-        "good_requests": good,
+        K.REQUESTS: len(records),
+        K.OK_REQUESTS: len(ok),
+        K.ERRORS: len(records) - len(ok),
+        K.ERRORS_BY_STATUS: dict(Counter(r.status for r in records if not r.ok)),
+        K.DURATION_S: wall,
+        K.OFFERED_RATE: offered_rate,
+        K.REQUEST_THROUGHPUT: len(ok) / wall,
+        K.OUTPUT_TOKEN_THROUGHPUT: output_tokens / wall,
+        K.OUTPUT_TOKENS: output_tokens,
+        K.PROMPT_TOKENS: sum(r.prompt_tokens for r in ok),
+        K.E2E_MS: stats([r.e2e for r in ok]),
+        K.TTFT_MS: stats([r.ttft for r in ok if r.ttft is not None]),
+        K.TPOT_MS: stats([t for r in ok if (t := r.tpot) is not None]),
+        K.ITL_MS: stats([gap for r in ok for gap in r.itls]),
+        K.SLO: slo.to_dict(),
+        K.GOODPUT_FRACTION: good / len(records),
+        K.GOODPUT_RATE: good / wall,
+        K.GOOD_REQUESTS: good,
     }

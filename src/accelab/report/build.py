@@ -11,6 +11,7 @@ from accelab.report import series as S
 from accelab.report.document import Cards, Document, Facts, Figure, Note, Section, Table, cell
 from accelab.report.history import short_time
 from accelab.report.regress import Comparison, PairResult
+from accelab.results import contract as K
 from accelab.results.result import Result
 from accelab.results.table import fmt
 
@@ -340,7 +341,7 @@ def final_eval(result: Result) -> str:
     accuracy = S.final_accuracy(result)
     if accuracy is not None:
         return f"accuracy {accuracy:.2%}"
-    perplexity = M.number(result.metrics.get("final_perplexity"))
+    perplexity = M.number(result.metrics.get(K.FINAL_PERPLEXITY))
     return f"perplexity {fmt(perplexity)}" if perplexity is not None else "-"
 
 
@@ -356,7 +357,7 @@ def training_section(results: list[Result]) -> Section | None:
                              alt=f"Training curves of {len(curves)} runs"))
     labels = S.plan_labels(trains)
     rows = [[cell(f"{M.model_name(r)} · {labels[r.run_id]}"), cell(r.status, "good" if r.ok else "bad"),
-             cell(fmt(M.epoch_seconds(r)) + (" (est.)" if r.metrics.get("epoch_s_estimated") else "")),
+             cell(fmt(M.epoch_seconds(r)) + (" (est.)" if r.metrics.get(K.EPOCH_S_ESTIMATED) else "")),
              cell(fmt(M.throughput(r))),
              cell(fmt(M.peak_memory_mb(r))), cell(final_eval(r)), cell(r.run_id, "id")]
             for r in trains]

@@ -1,8 +1,8 @@
 """What a Result measured, read the same way whatever its kind. Pure: no I/O, no plotting.
 
-Kinds store different metric shapes (see `accelab.results.result`); every report, history row
-and regression check reads them through these functions, so a missing field is `None` here and
-never a KeyError three modules away.
+Each kind's metrics are read by exactly the keys its producer writes, as
+`accelab.results.contract` names them; every report, history row and regression check reads them
+through these functions, so a missing field is `None` here and never a KeyError three modules away.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from accelab.results import contract as K
 from accelab.results.result import Result
 from accelab.results.table import fmt
 
@@ -33,19 +34,19 @@ def is_generate(result: Result) -> bool:
     return result.workload.get("scenario") == "generate"
 
 
+def latency_key(result: Result) -> str:
+    """The per-request latency: one forward call, one generate call, one load-test request."""
+    return K.E2E_MS if is_generate(result) or result.kind == "loadtest" else K.LATENCY_MS
+
+
 def latency_stats(result: Result) -> dict[str, float] | None:
-    """The per-request latency distribution: `latency_ms` for a forward, `e2e_ms` for generation."""
-    metrics = result.metrics
-    first = ("e2e_ms", "latency_ms") if is_generate(result) else ("latency_ms", "e2e_ms")
-    for key in first:
-        if is_stats(metrics.get(key)):
-            return metrics[key]
-    return None
+    stats = result.metrics.get(latency_key(result))
+    return stats if is_stats(stats) else None
 
 
 def latency_samples(result: Result) -> list[float] | None:
-    """Raw per-call latencies (ms) when the run stored them (`metrics.latency_samples_ms`)."""
-    samples = result.metrics.get("latency_samples_ms")
+    """Raw per-call latencies (ms) when the run stored them."""
+    samples = result.metrics.get(K.LATENCY_SAMPLES_MS)
     if not isinstance(samples, list):
         return None
     values = [v for v in (number(s) for s in samples) if v is not None]
@@ -57,40 +58,36 @@ def stat(result: Result, name: str) -> float | None:
     return number(stats.get(name)) if stats else None
 
 
-# Where each kind keeps its rate, and its unit when the Result does not name one.
-THROUGHPUT_KEYS = (("throughput", None), ("samples_per_s", "samples/s"), ("request_throughput", "req/s"))
-
-
-def _throughput_key(result: Result) -> tuple[str, str | None] | None:
-    return next(((k, u) for k, u in THROUGHPUT_KEYS if number(result.metrics.get(k)) is not None), None)
+# Where each kind keeps its rate and that rate's unit; bench, compare and tune name their unit.
+_RATES = {"train": K.TRAIN.key(K.SAMPLES_PER_S), "loadtest": K.LOADTEST.key(K.REQUEST_THROUGHPUT)}
 
 
 def throughput(result: Result) -> float | None:
-    found = _throughput_key(result)
-    return number(result.metrics[found[0]]) if found else None
+    rate = _RATES.get(result.kind)
+    return number(result.metrics.get(rate.name if rate else K.THROUGHPUT))
 
 
 def throughput_unit(result: Result) -> str:
-    if result.metrics.get("throughput_unit"):
-        return str(result.metrics["throughput_unit"])
-    found = _throughput_key(result)
-    if found and found[1]:
-        return found[1]
-    return "tokens/s" if is_generate(result) else "items/s"
+    rate = _RATES.get(result.kind)
+    if rate:
+        return rate.unit
+    # a run that measured nothing names no unit: the scenario's
+    return str(result.metrics.get(K.THROUGHPUT_UNIT) or ("tokens/s" if is_generate(result) else "items/s"))
 
 
-# bench / tune / compare store peak_memory_mb; train stores the GPU peak or the largest rank's RSS.
-MEMORY_KEYS = ("peak_memory_mb", "gpu_peak_allocated_mb_max", "peak_rss_mb_max")
+# Processes of a launch (train; predict writes the same keys): the GPU peak, else the largest RSS.
+_PROCESS_PEAKS = (K.GPU_PEAK_ALLOCATED_MB_MAX, K.PEAK_RSS_MB_MAX)
 
 
 def peak_memory_mb(result: Result) -> float | None:
-    return next((number(result.metrics[k]) for k in MEMORY_KEYS if number(result.metrics.get(k)) is not None), None)
+    if result.kind not in ("train", "predict"):
+        return number(result.metrics.get(K.PEAK_MEMORY_MB))
+    return next((number(result.metrics[k]) for k in _PROCESS_PEAKS if number(result.metrics.get(k)) is not None), None)
 
 
 def epoch_seconds(result: Result) -> float | None:
-    """Training time of one epoch (`accelab train`: epoch_s)."""
-    m = result.metrics
-    return number(m.get("epoch_s")) if number(m.get("epoch_s")) is not None else number(m.get("epoch_time_s"))
+    """Training time of one epoch."""
+    return number(result.metrics.get(K.EPOCH_S))
 
 
 def quality_verdict(result: Result) -> str | None:
@@ -154,10 +151,10 @@ def key_metric(result: Result) -> str:
         parts.append(f"{fmt(throughput(result))} {throughput_unit(result)}")
     if epoch_seconds(result) is not None:
         parts.append(f"epoch {fmt(epoch_seconds(result))} s")
-    if number(m.get("final_accuracy")) is not None:
-        parts.append(f"accuracy {m['final_accuracy']:.1%}")
-    if number(m.get("max_rate")) is not None:
-        parts.append(f"max {fmt(m['max_rate'])} req/s under SLO")
+    if number(m.get(K.FINAL_ACCURACY)) is not None:
+        parts.append(f"accuracy {m[K.FINAL_ACCURACY]:.1%}")
+    if number(m.get(K.MAX_RATE)) is not None:
+        parts.append(f"max {fmt(m[K.MAX_RATE])} req/s under SLO")
     if quality_verdict(result):
         parts.append(f"quality {quality_verdict(result)}")
     return " · ".join(parts) or "-"

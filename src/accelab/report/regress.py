@@ -52,6 +52,7 @@ from typing import Any, Literal
 
 from accelab.measure.environment import FINGERPRINT_KEYS, FINGERPRINT_VERSIONS
 from accelab.report import metrics as M
+from accelab.results import contract as K
 from accelab.results.result import Result
 
 Better = Literal["lower", "higher"]
@@ -178,14 +179,14 @@ def metric_specs(result: Result) -> list[MetricSpec]:
                    read=_field(main, "p99"), spread=_tail(main), spread_name="tail"),
     ]
     if M.is_generate(result):
-        for key, label in (("ttft_ms", "TTFT p50"), ("tpot_ms", "TPOT p50")):
+        for key, label in ((K.TTFT_MS, "TTFT p50"), (K.TPOT_MS, "TPOT p50")):
             stats = _stats_of(key)
             specs.append(MetricSpec(label=label, unit="ms", better="lower", family="latency",
                                     read=_field(stats, "p50"), spread=_cv(stats), spread_name="cv"))
     specs.append(MetricSpec(label="throughput", unit=M.throughput_unit(result), better="higher",
                             family="throughput", read=M.throughput, spread=_cv(main), spread_name="cv"))
     if result.kind == "train":  # the step time distribution is the noise of a training run
-        steps = _stats_of("step_ms")
+        steps = _stats_of(K.STEP_MS)
         specs = [MetricSpec(label="step p50", unit="ms", better="lower", family="latency", read=_field(steps, "p50"),
                             spread=_cv(steps), spread_name="cv"),
                  MetricSpec(label="samples/s", unit="samples/s", better="higher", family="throughput",
@@ -390,14 +391,3 @@ def compare(
         only_candidate=tuple(pair_label(r) for r in only_c),
     )
 
-
-def parse_percent(text: str, option: str = "--threshold") -> float:
-    """'5%' or '5' -> 0.05."""
-    raw = str(text).strip().rstrip("%").strip()
-    try:
-        value = float(raw) / 100
-    except ValueError:
-        raise ValueError(f"{option} {text!r} is not a percentage; give e.g. {option} 5%") from None
-    if not 0 <= value < 100:
-        raise ValueError(f"{option} {text!r} is out of range; give a percentage >= 0, e.g. {option} 5%")
-    return value

@@ -2,9 +2,7 @@
 training curves. Pure: no matplotlib, no I/O; every extractor returns [] when its data is absent,
 so that a report section with nothing to draw is left out instead of drawing an empty chart.
 
-train, loadtest and tune Results are read as `accelab.train.report`, `accelab.loadtest.run` and
-`accelab.tune.measure` store them, and tolerantly beyond that (those engines are young): the field
-names each extractor accepts are listed next to it.
+Every kind is read by the keys its producer writes, as `accelab.results.contract` names them.
 """
 
 from __future__ import annotations
@@ -14,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from accelab.report import metrics as M
+from accelab.results import contract as K
 from accelab.results.result import Result
 from accelab.tune.search import PHASE_RANK
 
@@ -175,14 +174,15 @@ def pareto_front(costs: list[float], gains: list[float]) -> list[int]:
 
 def latest_per_candidate(results: list[Result]) -> list[Result]:
     """A tuner measures a candidate briefly, then again for longer: keep its longest (latest) run.
-    Results without `metrics.tune_candidate` are each their own candidate."""
+    Results that are no tune trial (no `tune_candidate`) are each their own candidate."""
+    def rank(r: Result) -> tuple:
+        return PHASE_RANK.get(r.metrics.get(K.TUNE_PHASE, ""), 0), r.metrics.get(K.TUNE_SEQ, 0), r.created
+
     chosen: dict[str, Result] = {}
     for r in results:
-        key = r.metrics.get("tune_candidate") or r.run_id
-        rank = (PHASE_RANK.get(r.metrics.get("tune_phase", ""), 0), r.metrics.get("tune_seq", 0), r.created)
+        key = r.metrics.get(K.TUNE_CANDIDATE) or r.run_id
         old = chosen.get(key)
-        if old is None or rank >= (PHASE_RANK.get(old.metrics.get("tune_phase", ""), 0),
-                                   old.metrics.get("tune_seq", 0), old.created):
+        if old is None or rank(r) >= rank(old):
             chosen[key] = r
     return list(chosen.values())
 
@@ -202,7 +202,7 @@ def pareto_sets(results: list[Result], min_points: int = 3) -> list[ParetoSet]:
             continue
         names = plan_labels(members)
         several_batches = len({M.batch_size(r) for r in members}) > 1
-        labels = _unique([r.metrics.get("tune_candidate")
+        labels = _unique([r.metrics.get(K.TUNE_CANDIDATE)
                           or names[r.run_id] + (f" · b{M.batch_size(r)}" if several_batches else "") for r in members],
                          members)
         points = [
@@ -225,15 +225,10 @@ def pareto_sets(results: list[Result], min_points: int = 3) -> list[ParetoSet]:
 
 
 # -- load curve (loadtest) ------------------------------------------------------------------------
-# A loadtest Result either holds its sweep as a list of levels under one of LEVEL_LISTS (`accelab
-# loadtest --find-max` stores its probes), or is one level itself (several single runs of one
-# model then make the curve). In a level, the load is the first of LOAD_KEYS present (in the level,
-# then in the Result's workload); latency is a stats dict under one of LATENCY_KEYS, or flat
-# p50_ms / p90_ms / p99_ms; the load served is one of SERVED_KEYS, the goodput `goodput_rate`.
-LEVEL_LISTS = ("probes", "levels", "steps", "sweep", "points")
-LOAD_KEYS = ("rate", "offered_rate", "offered_rps", "target_rps", "request_rate", "concurrency", "users")
-LATENCY_KEYS = ("e2e_ms", "latency_ms", "ttft_ms")
-SERVED_KEYS = ("request_throughput", "achieved_rps", "throughput_rps", "completed_rps")
+# A find-max Result holds its sweep under `probes` (the load is each probe's `rate`); a single run
+# is one level itself (several single runs of one model then make the curve), its load the
+# `offered_rate`, or in closed loop the workload's `concurrency`. Latency is the request's
+# `e2e_ms`; the load served `request_throughput`, the goodput `goodput_rate`.
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -249,50 +244,39 @@ class LoadPoint:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LoadCurve:
     label: str
-    load_name: str  # "rate", "concurrency", ...
-    latency_name: str  # "e2e_ms", "ttft_ms", ...
+    load_name: str  # "rate", "offered_rate" or "concurrency"
+    latency_name: str  # "e2e_ms"
     points: list[LoadPoint]  # by load
     slo_ms: float | None = None  # the objective on the plotted latency
     max_load: float | None = None  # the most load that met the SLO (find-max)
 
 
-def _first(data: dict[str, Any], keys: tuple[str, ...]) -> tuple[str | None, Any]:
-    for key in keys:
-        if data.get(key) is not None:
-            return key, data[key]
-    return None, None
-
-
-def load_point(level: dict[str, Any], workload: dict[str, Any] | None = None) -> tuple[str, str, LoadPoint] | None:
-    """(load name, latency name, point), or None when the level lacks a load or a latency."""
-    name, load = _first(level, LOAD_KEYS)
-    if M.number(load) is None and workload:
-        name, load = _first(workload, LOAD_KEYS)
-    if M.number(load) is None:
+def load_point(level: dict[str, Any], load: Any) -> LoadPoint | None:
+    """A probe or a single run at `load`; None when it lacks a load or a latency."""
+    stats = level.get(K.E2E_MS)
+    if M.number(load) is None or not M.is_stats(stats):
         return None
-    latency_name, stats = next(((k, level[k]) for k in LATENCY_KEYS if M.is_stats(level.get(k))), (None, None))
-    if stats is None:
-        latency_name, stats = "latency_ms", {q: level.get(f"{q}_ms") for q in ("p50", "p90", "p99")}
-    _, served = _first(level, SERVED_KEYS)
-    point = LoadPoint(load=float(load), p50=M.number(stats.get("p50")), p90=M.number(stats.get("p90")),
-                      p99=M.number(stats.get("p99")), served=M.number(served), goodput=M.number(level.get("goodput_rate")))
-    if point.p50 is None and point.p99 is None:
-        return None
-    return str(name), str(latency_name), point
+    return LoadPoint(load=float(load), p50=M.number(stats.get("p50")), p90=M.number(stats.get("p90")),
+                     p99=M.number(stats.get("p99")), served=M.number(level.get(K.REQUEST_THROUGHPUT)),
+                     goodput=M.number(level.get(K.GOODPUT_RATE)))
 
 
-def _slo_ms(result: Result, latency_name: str) -> float | None:
-    """The objective on the plotted latency: `workload.slo` is in seconds by key (e2e, ttft)."""
-    slo = result.workload.get("slo") or result.metrics.get("slo") or {}
-    value = M.number(slo.get(latency_name.removesuffix("_ms"))) if isinstance(slo, dict) else None
+def _single_run_load(result: Result) -> tuple[str, Any]:
+    if result.metrics.get(K.OFFERED_RATE) is not None:
+        return K.OFFERED_RATE, result.metrics[K.OFFERED_RATE]
+    return K.CONCURRENCY, result.workload.get(K.CONCURRENCY)
+
+
+def _slo_ms(result: Result) -> float | None:
+    """The objective on the plotted latency: the workload's `slo` is in seconds by key."""
+    slo = result.workload.get(K.SLO) or {}
+    value = M.number(slo.get("e2e")) if isinstance(slo, dict) else None
     return value * 1000 if value is not None else None
 
 
-def _curve(label: str, parsed: list[tuple[str, str, LoadPoint]], result: Result) -> LoadCurve:
-    load_name, latency_name = parsed[0][0], parsed[0][1]
-    return LoadCurve(label=label, load_name=load_name, latency_name=latency_name,
-                     points=sorted((p for _, _, p in parsed), key=lambda p: p.load),
-                     slo_ms=_slo_ms(result, latency_name), max_load=M.number(result.metrics.get("max_rate")))
+def _curve(label: str, load_name: str, points: list[LoadPoint], result: Result) -> LoadCurve:
+    return LoadCurve(label=label, load_name=load_name, latency_name=K.E2E_MS, points=sorted(points, key=lambda p: p.load),
+                     slo_ms=_slo_ms(result), max_load=M.number(result.metrics.get(K.MAX_RATE)))
 
 
 def load_curves(results: list[Result]) -> list[LoadCurve]:
@@ -302,27 +286,25 @@ def load_curves(results: list[Result]) -> list[LoadCurve]:
         if r.kind != "loadtest" or not r.ok:
             continue
         plan = "" if M.plan_name(r) == "-" else f" · {M.plan_name(r)}"
-        _, levels = _first(r.metrics, LEVEL_LISTS)
-        if isinstance(levels, list):
-            parsed = [p for p in (load_point(lv, r.workload) for lv in levels if isinstance(lv, dict)) if p]
-            if parsed:
-                curves.append(_curve(f"{M.model_name(r)}{plan} · {r.run_id[:6]}", parsed, r))
+        probes = r.metrics.get(K.PROBES)
+        if isinstance(probes, list):
+            points = [p for p in (load_point(lv, lv.get(K.RATE)) for lv in probes if isinstance(lv, dict)) if p]
+            if points:
+                curves.append(_curve(f"{M.model_name(r)}{plan} · {r.run_id[:6]}", K.RATE, points, r))
         else:
-            single[(r.group_id or "", M.model_name(r), plan, r.workload.get("endpoint"))].append(r)
+            single[(r.group_id or "", M.model_name(r), plan, r.workload.get(K.ENDPOINT))].append(r)
     for (group, model, plan, _), members in single.items():
-        parsed = [p for p in (load_point(r.metrics, r.workload) for r in members) if p]
-        if len(parsed) >= 2:
-            curves.append(_curve(f"{model}{plan}" + (f" · group {group}" if group else ""), parsed, members[0]))
+        named = [(name, load_point(m.metrics, load)) for m in members for name, load in [_single_run_load(m)]]
+        points = [p for _, p in named if p]
+        if len(points) >= 2:
+            label = f"{model}{plan}" + (f" · group {group}" if group else "")
+            curves.append(_curve(label, next(name for name, p in named if p), points, members[0]))
     return curves
 
 
 # -- training curves ------------------------------------------------------------------------------
-# The loss curve is the first of LOSS_KEYS present: a list of numbers (one per optimizer step, as
-# `accelab train` stores `losses`), a list of {"step", "loss"} dicts, or {"step": [...], "loss": [...]}.
-# Evaluations are the first of EVAL_KEYS: dicts with step and/or epoch, and accuracy / loss.
-LOSS_KEYS = ("losses", "loss_curve", "train_loss_curve", "loss_history", "step_losses", "history")
-EVAL_KEYS = ("evals", "epochs", "epoch_history", "per_epoch")
-ACCURACY_KEYS = ("final_accuracy", "eval_accuracy", "accuracy", "top1", "final_top1")
+# The loss curve is `losses` (one number per optimizer step); the evaluations are `evals`, each
+# at its optimizer `step`, with `accuracy` (classification) and the held-out `loss`.
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -330,39 +312,26 @@ class TrainCurve:
     label: str
     steps: list[float]
     losses: list[float]
-    eval_x: list[float]  # optimizer step of each evaluation (or its epoch, when no step is stored)
-    eval_x_name: str  # "optimizer step" | "epoch"
+    eval_x: list[float]  # optimizer step of each evaluation
+    eval_x_name: str  # "optimizer step"
     eval_accuracy: list[float | None]
     eval_loss: list[float | None]
 
 
 def _loss_points(raw: Any) -> tuple[list[float], list[float]]:
-    if isinstance(raw, dict) and isinstance(raw.get("loss"), list):
-        losses = raw["loss"]
-        steps = raw.get("step") or raw.get("steps") or list(range(1, len(losses) + 1))
-        raw = [{"step": s, "loss": v} for s, v in zip(steps, losses)]
     if not isinstance(raw, list):
         return [], []
-    steps, losses = [], []
-    for i, item in enumerate(raw, 1):
-        step, loss = (item.get("step", i), item.get("loss", item.get("train_loss"))) if isinstance(item, dict) else (i, item)
-        if M.number(step) is not None and M.number(loss) is not None:
-            steps.append(float(step))
-            losses.append(float(loss))
-    return steps, losses
+    points = [(float(step), float(loss)) for step, loss in enumerate(raw, 1) if M.number(loss) is not None]
+    return [s for s, _ in points], [v for _, v in points]
 
 
 def _evals(result: Result) -> list[dict[str, Any]]:
-    _, raw = _first(result.metrics, EVAL_KEYS)
-    return [e for e in raw if isinstance(e, dict)] if isinstance(raw, list) else []
+    raw = result.metrics.get(K.EVALS)
+    return [e for e in raw if isinstance(e, dict) and M.number(e.get(K.STEP)) is not None] if isinstance(raw, list) else []
 
 
 def final_accuracy(result: Result) -> float | None:
-    _, value = _first(result.metrics, ACCURACY_KEYS)
-    if M.number(value) is not None:
-        return float(value)
-    evals = _evals(result)
-    return M.number(_first(evals[-1], ("accuracy", "eval_accuracy", "top1"))[1]) if evals else None
+    return M.number(result.metrics.get(K.FINAL_ACCURACY))
 
 
 def train_curves(results: list[Result]) -> list[TrainCurve]:
@@ -370,15 +339,12 @@ def train_curves(results: list[Result]) -> list[TrainCurve]:
     labels = _unique([plan_labels(trains)[r.run_id] for r in trains], trains) if trains else []
     out = []
     for label, r in zip(labels, trains):
-        _, raw = _first(r.metrics, LOSS_KEYS)
-        steps, losses = _loss_points(raw)
+        steps, losses = _loss_points(r.metrics.get(K.LOSSES))
         evals = _evals(r)
-        by_step = bool(evals) and all(M.number(e.get("step")) is not None for e in evals)
-        eval_x = [float(e["step"]) if by_step else float(e.get("epoch", i)) for i, e in enumerate(evals, 1)]
-        accuracy = [M.number(_first(e, ("accuracy", "eval_accuracy", "top1"))[1]) for e in evals]
-        eval_loss = [M.number(e.get("eval_loss", e.get("loss"))) for e in evals]
+        accuracy = [M.number(e.get(K.ACCURACY)) for e in evals]
+        eval_loss = [M.number(e.get(K.LOSS)) for e in evals]
         if losses or any(a is not None for a in accuracy) or any(v is not None for v in eval_loss):
-            out.append(TrainCurve(label=f"{M.model_name(r)} · {label}", steps=steps, losses=losses, eval_x=eval_x,
-                                  eval_x_name="optimizer step" if by_step else "epoch", eval_accuracy=accuracy,
-                                  eval_loss=eval_loss))
+            out.append(TrainCurve(label=f"{M.model_name(r)} · {label}", steps=steps, losses=losses,
+                                  eval_x=[float(e[K.STEP]) for e in evals], eval_x_name="optimizer step",
+                                  eval_accuracy=accuracy, eval_loss=eval_loss))
     return out

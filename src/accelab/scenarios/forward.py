@@ -1,4 +1,5 @@
-"""The forward scenario: one batch through the model, timed in a loop."""
+"""The forward scenario: one batch through the model, timed in a loop. Its metric keys are
+`accelab.results.contract.FORWARD`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 
 from accelab.measure.stats import capped_samples, summarize, timed_loop
 from accelab.plan.runtime import Runnable
+from accelab.results import contract as K
 from accelab.scenarios.timing import call_timer
 from accelab.scenarios.workload import Workload
 
@@ -25,14 +27,14 @@ def run_forward(runnable: Runnable, batch: dict[str, torch.Tensor], workload: Wo
     latency = summarize([s * 1000 for s in timing.durations])
     first_call_s = timing.warmup_seconds[0]
     return {
-        "latency_ms": latency.to_dict(),
-        "latency_samples_ms": capped_samples([s * 1000 for s in timing.durations]),
-        "iterations": timing.iterations,
-        "timed_seconds": timing.wall_seconds,
-        "items_per_call": batch_size,
-        "throughput": batch_size * timing.iterations / timing.wall_seconds,
-        "throughput_unit": "items/s",
-        "first_call_s": first_call_s,
+        K.LATENCY_MS: latency.to_dict(),
+        K.LATENCY_SAMPLES_MS: capped_samples([s * 1000 for s in timing.durations]),
+        K.ITERATIONS: timing.iterations,
+        K.TIMED_SECONDS: timing.wall_seconds,
+        K.ITEMS_PER_CALL: batch_size,
+        K.THROUGHPUT: batch_size * timing.iterations / timing.wall_seconds,
+        K.THROUGHPUT_UNIT: K.FORWARD.key(K.THROUGHPUT).unit,
+        K.FIRST_CALL_S: first_call_s,
         # the first call pays compilation / lazy init; what it took beyond a steady call
-        "first_call_overhead_s": max(first_call_s - latency.p50 / 1000, 0.0),
+        K.FIRST_CALL_OVERHEAD_S: max(first_call_s - latency.p50 / 1000, 0.0),
     }

@@ -2,7 +2,8 @@
 
 TTFT is the time to the first new token (prefill + one sampling step), TPOT the mean time per
 later token, ITL the distribution of gaps between tokens. A fresh `TokenClock` is made for every
-call, so the bookkeeping never carries over between calls.
+call, so the bookkeeping never carries over between calls. Its metric keys are
+`accelab.results.contract.GENERATE`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 
 from accelab.measure.stats import capped_samples, summarize
 from accelab.plan.runtime import Runnable
+from accelab.results import contract as K
 from accelab.scenarios.timing import synchronizer
 from accelab.scenarios.workload import Workload
 
@@ -86,31 +88,31 @@ def run_generate(
     tokens_per_call = batch_size * n
     decode_seconds = sum(t * (n - 1) for t in tpot)
     metrics: dict[str, Any] = {
-        "ttft_ms": summarize([t * 1000 for t in ttft]).to_dict(),
-        "e2e_ms": summarize([t * 1000 for t in e2e]).to_dict(),
-        "latency_samples_ms": capped_samples([t * 1000 for t in e2e]),
-        "iterations": len(e2e),
-        "timed_seconds": wall,
-        "new_tokens": n,
-        "prompt_tokens": int(prompt_len),
-        "items_per_call": batch_size,
+        K.TTFT_MS: summarize([t * 1000 for t in ttft]).to_dict(),
+        K.E2E_MS: summarize([t * 1000 for t in e2e]).to_dict(),
+        K.LATENCY_SAMPLES_MS: capped_samples([t * 1000 for t in e2e]),
+        K.ITERATIONS: len(e2e),
+        K.TIMED_SECONDS: wall,
+        K.NEW_TOKENS: n,
+        K.PROMPT_TOKENS: int(prompt_len),
+        K.ITEMS_PER_CALL: batch_size,
         # tokens of all sequences over the wall time of the timed loop (prefill included)
-        "throughput": tokens_per_call * len(e2e) / wall,
-        "throughput_unit": "tokens/s",
-        "requests_per_s": batch_size * len(e2e) / wall,
-        "first_call_s": first_calls[0],
-        "first_call_overhead_s": max(first_calls[0] - sum(e2e) / len(e2e), 0.0),
+        K.THROUGHPUT: tokens_per_call * len(e2e) / wall,
+        K.THROUGHPUT_UNIT: K.GENERATE.key(K.THROUGHPUT).unit,
+        K.REQUESTS_PER_S: batch_size * len(e2e) / wall,
+        K.FIRST_CALL_S: first_calls[0],
+        K.FIRST_CALL_OVERHEAD_S: max(first_calls[0] - sum(e2e) / len(e2e), 0.0),
     }
     if tpot:
-        metrics["tpot_ms"] = summarize([t * 1000 for t in tpot]).to_dict()
-        metrics["itl_ms"] = summarize([t * 1000 for t in itl]).to_dict()
+        metrics[K.TPOT_MS] = summarize([t * 1000 for t in tpot]).to_dict()
+        metrics[K.ITL_MS] = summarize([t * 1000 for t in itl]).to_dict()
         # decode-only rate: tokens after the first, over the time spent producing them
-        metrics["decode_tokens_per_s"] = batch_size * (n - 1) * len(tpot) / decode_seconds
-        metrics["decode_step_s"] = sum(tpot) / len(tpot)
+        metrics[K.DECODE_TOKENS_PER_S] = batch_size * (n - 1) * len(tpot) / decode_seconds
+        metrics[K.DECODE_STEP_S] = sum(tpot) / len(tpot)
     if produced is not None and produced.shape[1] != n:
         raise RuntimeError(f"generate produced {produced.shape[1]} tokens, asked for exactly {n}")
-    metrics["generated_tokens_checked"] = produced is not None
-    metrics["sample_text"] = _decode_first(runnable, produced)
+    metrics[K.GENERATED_TOKENS_CHECKED] = produced is not None
+    metrics[K.SAMPLE_TEXT] = _decode_first(runnable, produced)
     return metrics
 
 

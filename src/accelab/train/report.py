@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from accelab.catalog.spec import ModelSpec
+from accelab.results import contract as K
 from accelab.results.result import Result, command_line
 from accelab.train.config import TrainConfig
 from accelab.train.launch import LaunchOptions, WorkerOutcome
@@ -34,22 +35,23 @@ def workload_of(config: TrainConfig, launch: LaunchOptions) -> dict[str, Any]:
 
 
 def metrics_of(summary: dict[str, Any]) -> dict[str, Any]:
-    timing, memory, final = summary["timing"], summary["memory"], summary["final"]
+    """A worker's summary -> the Result's metrics (`accelab.results.contract.TRAIN`)."""
+    timing, memory, final, losses = summary["timing"], summary["memory"], summary["final"], summary["losses"]
     out = {
-        "samples_per_s": timing["samples_per_s"], "epoch_s": timing["epoch_s"],
-        "epoch_s_estimated": timing["epoch_s_estimated"], "step_ms": timing["step_ms"],
-        "timed_steps": timing["timed_steps"], "timed_samples": timing["timed_samples"],
-        "timed_wall_s": timing["timed_wall_s"], "warmup_s": timing.get("warmup_s"), "steps": summary["total_steps"],
-        "peak_rss_mb_max": memory["peak_rss_mb_max"], "peak_rss_mb_sum": memory["peak_rss_mb_sum"],
-        "peak_rss_mb_per_rank": memory["peak_rss_mb_per_rank"],
-        "gpu_peak_allocated_mb_max": memory["gpu_peak_allocated_mb_max"],
-        "skipped_steps": summary["skipped_steps"], "final_loss": summary["losses"][-1] if summary["losses"] else None,
-        "first_loss": summary["losses"][0] if summary["losses"] else None, "losses": summary["losses"],
-        "evals": summary["evals"], "threads_per_process": summary["threads"], "device": summary["device"],
+        K.SAMPLES_PER_S: timing["samples_per_s"], K.EPOCH_S: timing["epoch_s"],
+        K.EPOCH_S_ESTIMATED: timing["epoch_s_estimated"], K.STEP_MS: timing["step_ms"],
+        K.TIMED_STEPS: timing["timed_steps"], K.TIMED_SAMPLES: timing["timed_samples"],
+        K.TIMED_WALL_S: timing["timed_wall_s"], K.WARMUP_S: timing.get("warmup_s"), K.STEPS: summary["total_steps"],
+        K.PEAK_RSS_MB_MAX: memory["peak_rss_mb_max"], K.PEAK_RSS_MB_SUM: memory["peak_rss_mb_sum"],
+        K.PEAK_RSS_MB_PER_RANK: memory["peak_rss_mb_per_rank"],
+        K.GPU_PEAK_ALLOCATED_MB_MAX: memory["gpu_peak_allocated_mb_max"],
+        K.SKIPPED_STEPS: summary["skipped_steps"], K.FINAL_LOSS: losses[-1] if losses else None,
+        K.FIRST_LOSS: losses[0] if losses else None, K.LOSSES: losses,
+        K.EVALS: summary["evals"], K.THREADS_PER_PROCESS: summary["threads"], K.DEVICE: summary["device"],
     }
-    for key in ("accuracy", "perplexity"):
+    for key, name in ((K.ACCURACY, K.FINAL_ACCURACY), (K.PERPLEXITY, K.FINAL_PERPLEXITY)):
         if key in final:
-            out[f"final_{key}"] = final[key]
+            out[name] = final[key]
     return out
 
 
@@ -65,7 +67,7 @@ def result_of(*, name: str, spec: ModelSpec, config: TrainConfig, launch: Launch
     else:
         assert outcome is not None
         status, reason = outcome.status, outcome.reason
-        metrics = {**(metrics_of(outcome.summary) if outcome.summary else {}), "wall_s": outcome.wall_s}
+        metrics = {**(metrics_of(outcome.summary) if outcome.summary else {}), K.WALL_S: outcome.wall_s}
     summary_notes = (outcome.summary or {}).get("notes", []) if outcome else []
     return Result(kind="train", status=status, model=spec.to_dict(), plan=plan_of(name, config),
                   workload=workload_of(config, launch), metrics=metrics, environment=env, fingerprint=fingerprint(env),

@@ -1,4 +1,6 @@
-"""The tuner's `measure`: one bench child per candidate, stored, and replayed on resume."""
+"""The tuner's `measure`: one bench child per candidate, stored, and replayed on resume. Its
+Results carry the bench keys and the tuner's own (`accelab.results.contract.TUNE_FORWARD`,
+`TUNE_GENERATE`)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from accelab.bench.engine import bench
 from accelab.catalog.spec import ModelSpec
 from accelab.plan.presets import PRESETS
 from accelab.quality.collect import QualityConfig
+from accelab.results import contract as K
 from accelab.results.result import Result
 from accelab.results.store import Store
 from accelab.scenarios.workload import Workload
@@ -43,10 +46,10 @@ class BenchMeasurer:
         """Earlier measurements of this same tune (same group id), to resume an interrupted run."""
         if self.store is None:
             return 0
-        stored = sorted(self.store.query(group_id=self.group_id, kind="tune"), key=lambda r: r.metrics.get("tune_seq", 0))
+        stored = sorted(self.store.query(group_id=self.group_id, kind="tune"), key=lambda r: r.metrics.get(K.TUNE_SEQ, 0))
         queues: dict[tuple[str, str], list[Result]] = defaultdict(list)
         for r in stored:
-            queues[(r.metrics.get("tune_candidate", ""), r.metrics.get("tune_phase", ""))].append(r)
+            queues[(r.metrics.get(K.TUNE_CANDIDATE, ""), r.metrics.get(K.TUNE_PHASE, ""))].append(r)
         self.replay = dict(queues)
         return len(stored)
 
@@ -56,7 +59,7 @@ class BenchMeasurer:
             self.reused += 1
             result = queue.pop(0)
             self.results.append(result)
-            self._quality_by_variant.setdefault(candidate.variant, result.metrics.get("tune_quality"))
+            self._quality_by_variant.setdefault(candidate.variant, result.metrics.get(K.TUNE_QUALITY))
             return self._to_measurement(result, candidate, phase, seconds=0.0)
         plan = PRESETS[candidate.variant].with_changes(batch_size=candidate.batch_size)
         seconds = self.screen_seconds if phase in ("screen", "grow") else self.final_seconds
@@ -74,30 +77,30 @@ class BenchMeasurer:
         cost = time.perf_counter() - t0
         if check_quality and result.ok:
             self._quality_by_variant[candidate.variant] = (result.quality or {}).get("verdict")
-        result.metrics.update(tune_candidate=candidate.key, tune_phase=phase, tune_seq=len(self.results),
-                              tune_cost_s=cost, tune_quality=self._quality_by_variant.get(candidate.variant))
+        result.metrics.update({K.TUNE_CANDIDATE: candidate.key, K.TUNE_PHASE: phase, K.TUNE_SEQ: len(self.results),
+                               K.TUNE_COST_S: cost, K.TUNE_QUALITY: self._quality_by_variant.get(candidate.variant)})
         if self.store is not None:
             self.store.add(result)
         self.results.append(result)
         m = self._to_measurement(result, candidate, phase, seconds=cost)
-        summary = f"{m.throughput:.4g} {result.metrics.get('throughput_unit', '')}" if m.throughput else (m.reason or m.status)
+        summary = f"{m.throughput:.4g} {result.metrics.get(K.THROUGHPUT_UNIT, '')}" if m.throughput else (m.reason or m.status)
         self.console.print(f"[dim] {summary[:100]} ({cost:.0f} s)[/]")
         return m
 
     def _to_measurement(self, result: Result, candidate: Candidate, phase: Phase, seconds: float) -> Measurement:
         m = result.metrics
-        latency = m.get("e2e_ms" if result.workload.get("scenario") == "generate" else "latency_ms") or {}
+        latency = m.get(K.E2E_MS if result.workload.get("scenario") == "generate" else K.LATENCY_MS) or {}
         return Measurement(
             candidate=candidate,
             phase=phase,
             status=result.status,
-            throughput=m.get("throughput"),
+            throughput=m.get(K.THROUGHPUT),
             p50_ms=latency.get("p50"),
             p99_ms=latency.get("p99"),
-            memory_mb=m.get("peak_memory_mb"),
-            quality=m.get("tune_quality"),
+            memory_mb=m.get(K.PEAK_MEMORY_MB),
+            quality=m.get(K.TUNE_QUALITY),
             cv=latency.get("cv", 0.0) / max(latency.get("n", 1), 1) ** 0.5,  # noise of the mean, not of one call
-            seconds=seconds or m.get("tune_cost_s", 0.0),
+            seconds=seconds or m.get(K.TUNE_COST_S, 0.0),
             reason=result.reason,
             run_id=result.run_id,
         )
