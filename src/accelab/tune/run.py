@@ -1,12 +1,14 @@
-"""A whole tune: space, search, winner Plan, table, Pareto chart, store."""
+"""A whole tune, from the request to the Plan file: resolve the space, search it, print the table,
+draw the Pareto chart, store every measurement, write the winner. `accelab tune` and
+`accelab.tune()` are thin adapters over `tune(request)`."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from rich.console import Console
 
@@ -19,29 +21,72 @@ from accelab.scenarios.workload import Workload
 from accelab.tune.measure import BenchMeasurer
 from accelab.tune.search import Constraints, Goal, Search, SearchLog
 from accelab.tune.space import Space
+from accelab.units import parse_duration_s, parse_size_mib
 
-_SIZE = re.compile(r"^\s*([\d.]+)\s*(b|kb|kib|mb|mib|gb|gib|tb|tib)?\s*$", re.I)
-_UNITS = {None: 1 / 2**20, "b": 1 / 2**20, "kb": 1e3 / 2**20, "kib": 1 / 1024, "mb": 1e6 / 2**20, "mib": 1.0,
-          "gb": 1e9 / 2**20, "gib": 1024.0, "tb": 1e12 / 2**20, "tib": 2**20}
-
-
-def parse_memory_mb(text: str) -> float:
-    """"2GiB", "1500MB", "800MiB" -> MiB (what peak_memory_mb reports)."""
-    match = _SIZE.match(text)
-    if not match:
-        raise ValueError(f"--max-memory {text!r} must be a size like 2GiB or 1500MB")
-    unit = match.group(2).lower() if match.group(2) else None
-    if unit is None:
-        raise ValueError(f"--max-memory {text!r} needs a unit: e.g. {text}MiB or {text}GiB")
-    return float(match.group(1)) * _UNITS[unit]
+GOALS = ("throughput", "latency")
+PERCENTILES = ("p50", "p99")
 
 
-def parse_duration_s(text: str) -> float:
-    """"90s", "10m", "1h", "300" -> seconds."""
-    match = re.match(r"^\s*([\d.]+)\s*(s|m|h)?\s*$", text)
-    if not match:
-        raise ValueError(f"--budget {text!r} must be a duration like 600s, 10m or 1h")
-    return float(match.group(1)) * {"s": 1, "m": 60, "h": 3600, None: 1}[match.group(2)]
+def check_options(*, goal: str, percentile: str, quality: str, max_memory: str | None, budget: str | None) -> None:
+    """The checks that need no model: `accelab tune` makes them before it resolves (downloads) one."""
+    from accelab.quality.verdict import LEVELS
+
+    if goal not in GOALS:
+        raise ValueError(f"--goal {goal!r} must be throughput or latency")
+    if percentile not in PERCENTILES:
+        raise ValueError(f"--percentile {percentile!r} must be p50 or p99")
+    if quality not in (*LEVELS, "off"):
+        raise ValueError(f"--quality {quality!r} must be one of strict, balanced, loose, off")
+    if max_memory:
+        parse_size_mib(max_memory, "--max-memory")
+    if budget:
+        parse_duration_s(budget, "--budget")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TuneRequest:
+    """What a tune was asked: the model, the goal, the limits, the shapes and where results go."""
+
+    spec: ModelSpec
+    goal: Literal["throughput", "latency"] = "throughput"
+    percentile: Literal["p50", "p99"] = "p99"  # for the latency goal
+    scenario: str = "auto"  # forward | generate | auto
+    batch_size: int | None = None  # latency: the request batch; throughput: the screening batch
+    max_batch: int | None = None
+    seq_len: int = 128
+    new_tokens: int = 32
+    image_size: int | None = None
+    max_memory: str | None = None  # "2GiB": GPU memory, or process RSS on CPU
+    p99_ms: float | None = None
+    quality: str = "balanced"  # strict | balanced | loose | off
+    budget: str | None = None  # "10m": wall time of the whole search
+    include: list[str] | None = None
+    exclude: list[str] | None = None
+    min_seconds: float = 3.0
+    device: str | None = None
+    out: Path | None = None  # the winning Plan's YAML
+    plot: Path | None = None  # the Pareto chart's PNG
+    json_out: Path | None = None
+    db: str | Path | None = None
+    fresh: bool = False  # ignore earlier measurements of the same tune in the store
+
+    def __post_init__(self) -> None:
+        check_options(goal=self.goal, percentile=self.percentile, quality=self.quality, max_memory=self.max_memory,
+                      budget=self.budget)
+
+
+@dataclass(kw_only=True, slots=True)
+class TuneOutcome:
+    setup: TuneSetup
+    group: str  # the tune id: the group_id of its Results
+    log: SearchLog
+    measurer: BenchMeasurer
+    plan: Plan | None = None  # the winner; None when no plan met every limit
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def no_feasible_reason(self) -> str | None:
+        return self.log.no_feasible_reason
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -54,6 +99,45 @@ class TuneSetup:
     screen_batch: int
     tolerance: str
     budget_s: float | None
+
+    @property
+    def unit(self) -> str:
+        return "tokens/s" if self.workload.scenario == "generate" else "items/s"
+
+
+def setup_of(request: TuneRequest) -> TuneSetup:
+    """The workload, the space (pruned for this device) and the limits a request searches."""
+    from accelab.bench.options import default_scenario, validate
+    from accelab.quality.verdict import rules_for
+    from accelab.scenarios.workload import resolve_batch_size
+    from accelab.tune.space import search_space
+
+    spec, goal, quality = request.spec, request.goal, request.quality
+    chosen = default_scenario(spec.task) if request.scenario == "auto" else request.scenario
+    generate = chosen == "generate"
+    screen = resolve_batch_size(request.batch_size, None, 1 if goal == "latency" else 4 if generate else 8)
+    ladder_top = request.max_batch or (64 if generate else 256)
+    if goal == "throughput":
+        screen = min(screen, ladder_top)
+    workload = Workload(scenario=chosen, batch_size=screen, seq_len=request.seq_len,  # type: ignore[arg-type]
+                        new_tokens=request.new_tokens, image_size=request.image_size, min_seconds=request.min_seconds)
+    validate(spec, workload)
+    if quality != "off":
+        rules_for(spec.task, quality)
+    space = search_space(spec, chosen, request.device, max_batch=ladder_top if goal == "throughput" else screen,
+                         include=request.include, exclude=request.exclude,
+                         # a slow technique cannot win on speed, but may fit a memory limit where fp32 does not
+                         prune_slow=request.include is None and request.max_memory is None)
+    if goal == "latency":
+        space = Space(variants=space.variants, pruned=space.pruned, batch_sizes=[screen])
+    constraints = Constraints(max_memory_mb=parse_size_mib(request.max_memory) if request.max_memory else None,
+                              p99_ms=request.p99_ms, quality=quality)  # type: ignore[arg-type]
+    return TuneSetup(
+        spec=spec, workload=workload, space=space,
+        goal="throughput" if goal == "throughput" else f"latency-{request.percentile}",  # type: ignore[arg-type]
+        constraints=constraints, screen_batch=screen, tolerance=quality if quality != "off" else "balanced",
+        budget_s=parse_duration_s(request.budget) if request.budget else None,
+    )
 
 
 def tune_id(setup: TuneSetup) -> str:
@@ -99,3 +183,70 @@ def winning_plan(log: SearchLog, group: str) -> Plan | None:
 
 def write_plan(plan: Plan, path: Path, header: str) -> None:
     path.write_text("".join(f"# {line}\n" for line in header.splitlines()) + plan.to_yaml())
+
+
+# -- the whole tune -------------------------------------------------------------------------------
+def tune(request: TuneRequest, console: Console | None = None) -> TuneOutcome:
+    """Search, print the table, draw and write what the request asks; the outcome's plan is the
+    winner (None when no plan met every limit: then nothing is written but the table and JSON)."""
+    from accelab.results.store import open_store
+    from accelab.results.table import make_console
+    from accelab.tune import report
+
+    console = console or make_console()
+    setup = setup_of(request)
+    space = setup.space
+    console.print(
+        f"tuning {setup.spec.name} ({setup.workload.scenario}) for {setup.goal}: {len(space.variants)} plans x batches "
+        f"{space.batch_sizes[0]}..{space.batch_sizes[-1]}; limits: "
+        f"memory {request.max_memory or '-'}, p99 {request.p99_ms or '-'} ms, quality {request.quality}"
+    )
+    log, measurer, group = run_tune(setup, store=open_store(request.db), device=request.device, fresh=request.fresh,
+                                    console=console)
+    outcome = TuneOutcome(setup=setup, group=group, log=log, measurer=measurer, plan=winning_plan(log, group))
+    report.render(log, space.pruned, setup.unit, console)
+    if request.plot:
+        report.plot_pareto(log, request.plot, setup.unit, f"{setup.spec.name} · {setup.workload.scenario} · tune {group}")
+        console.print(f"Pareto chart: {request.plot}")
+    if request.json_out:
+        request.json_out.write_text(json.dumps(summary_json(outcome), indent=2))
+    if outcome.plan is None:
+        console.print(f"[bold red]{log.no_feasible_reason}[/]")
+        return outcome
+    w = log.winner
+    assert w is not None
+    tie = f" (a tie with {log.runner_up.candidate.key}: within noise)" if log.tie and log.runner_up else ""
+    if request.out:
+        write_plan(outcome.plan, request.out, plan_header(request, outcome))
+        console.print(f"[bold green]best plan: {w.candidate.key}{tie}[/] -> {request.out}")
+    else:
+        console.print(f"[bold green]best plan: {w.candidate.key}{tie}[/]")
+    if log.budget_spent:
+        console.print("[yellow]the --budget ran out: this is the best plan measured so far[/]")
+    return outcome
+
+
+def summary_json(outcome: TuneOutcome) -> dict:
+    log = outcome.log
+    return {
+        "tune_id": outcome.group, "winner": log.winner and log.winner.candidate.key,
+        "runner_up": log.runner_up and log.runner_up.candidate.key, "tie": log.tie,
+        "measured_seconds": log.measured_seconds, "reused": outcome.measurer.reused,
+        "verdicts": log.verdicts, "pruned": outcome.setup.space.pruned, "no_feasible_reason": log.no_feasible_reason,
+        "run_ids": [r.run_id for r in outcome.measurer.results],
+    }
+
+
+def plan_header(request: TuneRequest, outcome: TuneOutcome) -> str:
+    """The comment block of the Plan file: how it was found, what it measured, how to rerun it."""
+    log, setup = outcome.log, outcome.setup
+    w = log.winner
+    assert w is not None
+    name = setup.spec.name
+    return (
+        f"accelab tune {name} --goal {request.goal} ({setup.goal}), tune id {outcome.group}\n"
+        f"winner {w.candidate.key}: {w.throughput:.4g} {setup.unit}, p50 {w.p50_ms:.4g} ms, p99 {w.p99_ms:.4g} ms, "
+        f"peak {w.memory_mb:.0f} MB, quality {w.quality or 'not checked'}\n"
+        + (f"tie with {log.runner_up.candidate.key} (within noise)\n" if log.tie and log.runner_up else "")
+        + f"reproduce: accelab bench {name} --plan {request.out} --scenario {setup.workload.scenario}"
+    )
