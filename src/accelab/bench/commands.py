@@ -9,6 +9,9 @@ import typer
 
 PLAN_HELP = "A preset name (baseline, bf16-autocast, compile-static, int8-weight, ...) or a YAML plan file."
 SET_HELP = "Override a plan field: --set batch_size=8 (repeatable)."
+BATCH_HELP = "Inputs per call. Default: the plan's batch_size, else 1; the flag wins over the plan."
+COMPARE_BATCH_HELP = ("Inputs per call for every plan that sets no batch_size; a plan's own wins "
+                      "(baseline[batch_size=16], a tuned plan file, --set batch_size=N).")
 
 
 def register(app: typer.Typer) -> None:
@@ -23,7 +26,7 @@ def bench_command(
     plan: str = typer.Option("baseline", "--plan", help=PLAN_HELP),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
     scenario: str = typer.Option("auto", help="forward | generate | auto (generate for generative models)."),
-    batch_size: int = typer.Option(1, "--batch-size", "-b"),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", "-b", help=BATCH_HELP),
     seq_len: int = typer.Option(128, "--seq-len", help="Text length of forward inputs, in tokens."),
     new_tokens: int = typer.Option(32, "--new-tokens", help="Tokens to generate per sequence."),
     image_size: Optional[int] = typer.Option(None, "--image-size", help="Image side in pixels (default: the processor's)."),
@@ -76,7 +79,7 @@ def compare_command(
     task: Optional[str] = typer.Option(None, help="Override the task inferred from the model's config."),
     set_: list[str] = typer.Option([], "--set", help="Override a field in every plan: --set batch_size=8."),
     scenario: str = typer.Option("auto", help="forward | generate | auto."),
-    batch_size: int = typer.Option(1, "--batch-size", "-b"),
+    batch_size: int = typer.Option(1, "--batch-size", "-b", help=COMPARE_BATCH_HELP),
     seq_len: int = typer.Option(128, "--seq-len"),
     new_tokens: int = typer.Option(32, "--new-tokens"),
     image_size: Optional[int] = typer.Option(None, "--image-size"),
@@ -117,6 +120,7 @@ def compare_command(
     if not names:
         raise ValueError("--plans is empty; give e.g. --plans baseline,compile")
     plan_objs = [resolve_plan(name, set_, threads) for name in names]
+    # --batch-size is the rows' shared batch: run_compare lets a plan's own batch_size win
     request = build_request(
         model=model, task=task, plan=names[0], overrides=set_, threads=threads, scenario=scenario,
         batch_size=batch_size, seq_len=seq_len, new_tokens=new_tokens, image_size=image_size, inputs=inputs,

@@ -52,7 +52,6 @@ def measure_in_child(job: BenchJob) -> BenchOutput:
     from accelab.plan.runtime import Unsupported, input_device, to_device
 
     plan, workload, spec = job.plan, job.workload, job.spec
-    batch_size = plan.batch_size or workload.batch_size
 
     # 1. load and apply the plan
     try:
@@ -66,7 +65,7 @@ def measure_in_child(job: BenchJob) -> BenchOutput:
 
     with runnable:
         # 2. inputs: real samples (or synthetic of the same shape), on the first layer's device
-        batch = _build_batch(runnable, workload, batch_size)
+        batch = _build_batch(runnable, workload)
         batch = to_device(batch, input_device(runnable.model, device))
         batch = _prepare_layout(batch, plan)
 
@@ -77,11 +76,11 @@ def measure_in_child(job: BenchJob) -> BenchOutput:
             if workload.scenario == "forward":
                 from accelab.scenarios.forward import run_forward
 
-                metrics = run_forward(runnable, batch, workload, batch_size)
+                metrics = run_forward(runnable, batch, workload)
             elif workload.scenario == "generate":
                 from accelab.scenarios.generate import run_generate
 
-                metrics = run_generate(runnable, batch, workload, batch_size)
+                metrics = run_generate(runnable, batch, workload)
             else:
                 raise ValueError(f"scenario {workload.scenario!r} is run by `accelab train`, not bench")
         metrics[K.LOAD_S] = load_s
@@ -106,14 +105,14 @@ def measure_in_child(job: BenchJob) -> BenchOutput:
         return BenchOutput(status="ok", metrics=metrics, notes=notes, outputs=outputs)
 
 
-def _build_batch(runnable: Any, workload: Workload, batch_size: int) -> dict[str, Any]:
+def _build_batch(runnable: Any, workload: Workload) -> dict[str, Any]:
     from accelab.catalog import inputs
 
     synthetic = workload.inputs == "synthetic"
     if workload.scenario == "generate":
-        return inputs.generate_batch(runnable.as_loaded(), batch_size, synthetic=synthetic)
+        return inputs.generate_batch(runnable.as_loaded(), workload.batch_size, synthetic=synthetic)
     return inputs.forward_batch(
-        runnable.as_loaded(), batch_size, seq_len=workload.seq_len, image_size=workload.image_size, synthetic=synthetic
+        runnable.as_loaded(), workload.batch_size, seq_len=workload.seq_len, image_size=workload.image_size, synthetic=synthetic
     )
 
 
@@ -216,16 +215,15 @@ def bench(
 ) -> Result:
     """Measure in a child process and return the Result (not stored: see `Store.add`).
 
-    With `quality`, the same child also collects outputs on the real inputs and the Result's
-    `quality` holds the verdict against the fp32 eager reference (computed once, cached)."""
+    `workload.batch_size` is the run's batch size as the caller resolved it (`resolve_batch_size`);
+    the plan's batch_size is not read here. With `quality`, the same child also collects outputs
+    on the real inputs and the Result's `quality` holds the verdict against the fp32 eager
+    reference (computed once, cached)."""
     from accelab.measure.environment import environment, fingerprint
 
-    effective = workload
-    if plan.batch_size and plan.batch_size != workload.batch_size:
-        effective = Workload.from_dict({**workload.to_dict(), "batch_size": plan.batch_size})
     job = ChildJob(
         target="accelab.bench.engine:measure_in_child",
-        payload=BenchJob(spec=spec, plan=plan, workload=effective, device=device, quality=quality),
+        payload=BenchJob(spec=spec, plan=plan, workload=workload, device=device, quality=quality),
         timeout_s=timeout_s,
         env=env or {},
     )
@@ -236,7 +234,7 @@ def bench(
         status="error",
         model=spec.to_dict(),
         plan=plan.to_dict(),
-        workload=effective.to_dict(),
+        workload=workload.to_dict(),
         environment=machine,
         fingerprint=fingerprint(machine),
         command=command_line(),

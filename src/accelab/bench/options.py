@@ -6,11 +6,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from accelab.catalog.facts import GENERATE_TASKS, max_sequence_length
 from accelab.catalog.spec import ModelSpec
 from accelab.plan.plan import Plan, load_plan
-from accelab.scenarios.workload import Workload
+from accelab.scenarios.workload import Workload, resolve_batch_size
 
-GENERATIVE_TASKS = ("text-generation", "image-text-to-text")
+DEFAULT_BATCH = 1  # bench and compare, when neither --batch-size nor the plan sets one
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -21,7 +22,7 @@ class Request:
 
 
 def default_scenario(task: str) -> str:
-    return "generate" if task in GENERATIVE_TASKS else "forward"
+    return "generate" if task in GENERATE_TASKS else "forward"
 
 
 def resolve_plan(plan: str, overrides: list[str], threads: int | None) -> Plan:
@@ -37,12 +38,15 @@ def build_request(
     overrides: list[str],
     threads: int | None,
     scenario: str,
+    batch_size: int | None = None,
     **workload_fields: object,
 ) -> Request:
+    """`batch_size`: the --batch-size flag, None when not given (see `resolve_batch_size`)."""
     from accelab.catalog.resolve import resolve
 
     plan_obj = resolve_plan(plan, overrides, threads)  # cheap checks first: no model is fetched for a typo
-    workload = Workload(scenario="forward", **workload_fields)  # type: ignore[arg-type]
+    batch = resolve_batch_size(batch_size, plan_obj, DEFAULT_BATCH)
+    workload = Workload(scenario="forward", batch_size=batch, **workload_fields)  # type: ignore[arg-type]
     spec = resolve(model, task)
     chosen = default_scenario(spec.task) if scenario == "auto" else scenario
     workload = Workload.from_dict({**workload.to_dict(), "scenario": chosen})
@@ -52,12 +56,12 @@ def build_request(
 
 def validate(spec: ModelSpec, workload: Workload) -> None:
     """Shape checks that need the model's config, done before a child process starts."""
-    if workload.scenario == "generate" and spec.task not in GENERATIVE_TASKS:
+    if workload.scenario == "generate" and spec.task not in GENERATE_TASKS:
         raise ValueError(
             f"scenario 'generate' needs a generative model; {spec.name} is {spec.task}. Use --scenario forward"
         )
     if workload.scenario == "forward" and spec.task in ("feature-extraction", "text-generation"):
-        limit = max_positions(spec)
+        limit = spec_max_sequence_length(spec)
         if limit is not None and workload.seq_len > limit:
             raise ValueError(
                 f"seq_len={workload.seq_len} is longer than {spec.name} can take: allowed 1..{limit}; "
@@ -65,13 +69,9 @@ def validate(spec: ModelSpec, workload: Workload) -> None:
             )
 
 
-def max_positions(spec: ModelSpec) -> int | None:
+def spec_max_sequence_length(spec: ModelSpec) -> int | None:
+    """The longest sequence from the model's config.json, read without loading transformers."""
     config_file = Path(spec.source) / "config.json"
     if not config_file.is_file():
         return None
-    config = json.loads(config_file.read_text())
-    config = config.get("text_config", config)
-    for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
-        if isinstance(config.get(key), int):
-            return config[key]
-    return None
+    return max_sequence_length(json.loads(config_file.read_text()))

@@ -4,7 +4,7 @@ Every check that can fail without running the model is done here, in the parent:
 output format for the task, the source (exists, known format, not empty, the kind of input the
 model takes), the device and the process count, the plan's techniques on this device, and
 whether the output or an interrupted run's parts are in the way.
-Precedence for the batch size: --batch-size, then the plan's, then the task's default.
+The batch size follows `resolve_batch_size`: --batch-size, then the plan's, then the task's default.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from accelab.predict.config import (
 )
 from accelab.predict.parts import Parts, parts_path, sidecar_path
 from accelab.predict.launch import threads_per_process
+from accelab.scenarios.workload import resolve_batch_size
 from accelab.train.launch import LaunchOptions
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ def build_request(*, model: str, task: str | None, plan: str, overrides: list[st
 
     # device, processes, techniques
     torch_device = _device(plan_obj, spec, device, launch)
-    batch = batch_size or plan_obj.batch_size or DEFAULT_BATCH[spec.task]
+    batch = resolve_batch_size(batch_size, plan_obj, DEFAULT_BATCH[spec.task])
     config = PredictConfig(
         spec=spec.to_dict(), plan=plan_obj.to_dict(), source=str(Path(inputs).resolve()),
         out=str(Path(out).resolve()), task=spec.task, source_items=len(source), source_digest=source.digest(),
@@ -90,9 +91,9 @@ def build_request(*, model: str, task: str | None, plan: str, overrides: list[st
 
 
 def _check_max_length(spec: ModelSpec, max_length: int | None) -> None:
-    from accelab.bench.options import max_positions
+    from accelab.bench.options import spec_max_sequence_length
 
-    limit = max_positions(spec)
+    limit = spec_max_sequence_length(spec)
     if max_length is not None and limit is not None and max_length > limit:
         raise ValueError(f"--max-length {max_length} is more than {spec.name} takes ({limit} tokens); "
                          f"pass --max-length {limit} or less")

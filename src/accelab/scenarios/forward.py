@@ -14,8 +14,9 @@ from accelab.scenarios.timing import call_timer
 from accelab.scenarios.workload import Workload
 
 
-def run_forward(runnable: Runnable, batch: dict[str, torch.Tensor], workload: Workload, batch_size: int) -> dict[str, Any]:
+def run_forward(runnable: Runnable, batch: dict[str, torch.Tensor], workload: Workload) -> dict[str, Any]:
     """Latency distribution and throughput (items / wall time of the timed loop)."""
+    batch_size = workload.batch_size  # final: the command resolved it (see resolve_batch_size)
     timing = timed_loop(
         lambda: runnable.forward(batch),
         warmup=max(workload.warmup, 1),  # the first call is always excluded: it may compile

@@ -58,10 +58,8 @@ def generate_once(runnable: Runnable, batch: dict[str, torch.Tensor], new_tokens
     return output, start, token_clock.times or [end]
 
 
-def run_generate(
-    runnable: Runnable, batch: dict[str, torch.Tensor], workload: Workload, batch_size: int
-) -> dict[str, Any]:
-    n = workload.new_tokens
+def run_generate(runnable: Runnable, batch: dict[str, torch.Tensor], workload: Workload) -> dict[str, Any]:
+    n, batch_size = workload.new_tokens, workload.batch_size
     first_calls: list[float] = []
     output = None
     for _ in range(max(workload.warmup, 1)):  # the first call is always excluded: it may compile

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
+
+if TYPE_CHECKING:
+    from accelab.plan.plan import Plan
 
 Scenario = Literal["forward", "generate", "train-step"]
 InputSource = Literal["real", "synthetic"]
@@ -21,7 +24,8 @@ def _check_min(field: str, value: int | float, minimum: int | float, hint: str =
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Workload:
-    """Shapes and scenario of one measurement. `batch_size` may be overridden by the Plan."""
+    """Shapes and scenario of one measurement. `batch_size` is final: the command chose it with
+    `resolve_batch_size`, and nothing downstream reads the Plan's batch_size again."""
 
     scenario: Scenario = "forward"
     batch_size: int = 1
@@ -52,3 +56,18 @@ class Workload:
     @classmethod
     def from_dict(cls, data: dict) -> "Workload":
         return cls(**data)
+
+
+def resolve_batch_size(flag: int | None, plan: Plan | None, default: int) -> int:
+    """The batch size of a run, by the one rule every command applies where it builds its
+    request: an explicit --batch-size, else the plan's batch_size (plan files from `accelab tune`
+    carry one), else the command's default.
+
+    compare passes no flag and its --batch-size as the default, once per plan: each plan's own
+    batch_size (`baseline[batch_size=16]`) wins over the batch shared by the rows. train applies
+    the same order to every option it takes from a plan (`accelab.train.options.merge`)."""
+    if flag is not None:
+        return flag
+    if plan is not None and plan.batch_size is not None:
+        return plan.batch_size
+    return default
