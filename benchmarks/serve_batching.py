@@ -128,11 +128,11 @@ def model_ceiling(opts: argparse.Namespace, max_batch: int, seconds: float = 3.0
     import torch
 
     from accelab.catalog.resolve import resolve
-    from accelab.plan.apply import apply_plan
+    from accelab.runtimes import load_runnable
     from accelab.plan.plan import load_plan
     from accelab.serve.engines import build_engine
 
-    engine = build_engine(apply_plan(resolve(opts.model), load_plan("baseline", opts.set), torch.device("cpu")),
+    engine = build_engine(load_runnable(resolve(opts.model), load_plan("baseline", opts.set), torch.device("cpu")),
                           name=opts.model)
     try:
         units = [engine.prepare_text(text) for text in sentences(224)]

@@ -166,13 +166,13 @@ def engine_ceiling(plan: str, sizes: tuple[int, ...] = (1, 8), steps: int = 40) 
     import torch
 
     from accelab.catalog.resolve import resolve
-    from accelab.plan.apply import apply_plan
+    from accelab.runtimes import load_runnable
     from accelab.plan.plan import load_plan
     from accelab.serve.engines import build_engine
     from accelab.serve.engines.base import SamplingParams, StepInput
     from accelab.serve.scheduler import SchedulerConfig
 
-    engine = build_engine(apply_plan(resolve("smollm2-135m"), load_plan(plan), torch.device("cpu")), name="ceiling")
+    engine = build_engine(load_runnable(resolve("smollm2-135m"), load_plan(plan), torch.device("cpu")), name="ceiling")
     limits = SchedulerConfig(max_running=max(sizes), max_step_tokens=4096, kv_blocks=4096, block_size=16)
     stepper = engine.step_engine(limits)
     greedy = SamplingParams(max_tokens=steps + 1, temperature=0)

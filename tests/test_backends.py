@@ -17,7 +17,7 @@ import torch
 from accelab.backends import export, is_installed, load_backend
 from accelab.plan.backend_options import LlamaOptions, OrtOptions, OvOptions
 from accelab.catalog.spec import ModelSpec
-from accelab.plan.apply import apply_plan, check_supported
+from accelab.runtimes import check_supported, load_runnable
 from accelab.plan.plan import Plan
 from accelab.plan.presets import PRESETS
 from accelab.plan.runtime import Unsupported
@@ -167,11 +167,11 @@ def test_export_is_cached_and_a_changed_model_re_exports(tiny_bert, monkeypatch)
 def test_tiny_bert_runs_on_ort_fused_and_openvino_like_torch(tiny_bert):
     from accelab.catalog.inputs import forward_batch
 
-    reference = apply_plan(tiny_bert, PRESETS["baseline"], CPU)
+    reference = load_runnable(tiny_bert, PRESETS["baseline"], CPU)
     batch = forward_batch(reference.as_loaded(), 3, seq_len=24)  # another shape than the export's
     want = reference.forward(batch).last_hidden_state
     for plan in (PRESETS["onnxruntime-fused"], PRESETS["openvino"]):
-        with apply_plan(tiny_bert, plan, CPU) as runnable:
+        with load_runnable(tiny_bert, plan, CPU) as runnable:
             got = runnable.forward(batch).last_hidden_state
             assert got.shape == want.shape and (got - want).abs().max() < 1e-4, plan.name
             assert runnable.weight_bytes > 30522 * 32 * 4  # the embedding table alone
@@ -200,11 +200,11 @@ def test_minilm_on_ort_and_openvino_matches_torch():
     from accelab.catalog.inputs import forward_batch
 
     spec = catalog_spec("minilm-l6")
-    reference = apply_plan(spec, PRESETS["baseline"], CPU)
+    reference = load_runnable(spec, PRESETS["baseline"], CPU)
     batches = [forward_batch(reference.as_loaded(), b, seq_len=s) for b, s in ((1, 128), (4, 40))]
     wants = [reference.forward(b).last_hidden_state for b in batches]
     for name in ("onnxruntime", "onnxruntime-fused", "openvino"):
-        with apply_plan(spec, PRESETS[name], CPU) as runnable:
+        with load_runnable(spec, PRESETS[name], CPU) as runnable:
             for batch, want in zip(batches, wants):
                 got = runnable.forward(batch).last_hidden_state
                 assert got.shape == want.shape
@@ -218,11 +218,11 @@ def test_vit_base_runs_on_ort_and_openvino():
     from accelab.catalog.inputs import forward_batch
 
     spec = catalog_spec("vit-base")
-    reference = apply_plan(spec, PRESETS["baseline"], CPU)
+    reference = load_runnable(spec, PRESETS["baseline"], CPU)
     batch = forward_batch(reference.as_loaded(), 2)
     want = reference.forward(batch).logits
     for name in ("onnxruntime", "onnxruntime-fused", "openvino"):
-        with apply_plan(spec, PRESETS[name], CPU) as runnable:
+        with load_runnable(spec, PRESETS[name], CPU) as runnable:
             logits = runnable.forward(batch).logits
             assert logits.shape == (2, 1000)
             assert (logits - want).abs().max() < 1e-3, name
@@ -265,7 +265,7 @@ llama = pytest.mark.skipif(not is_installed("llamacpp"),
 def smollm2_llamacpp():
     spec = catalog_spec("smollm2-135m")
     # one thread: ggml's spinning thread barrier collapses when the cores are shared (2 tok/s)
-    with apply_plan(spec, backend_plan("llamacpp", llama_threads="1"), CPU) as runnable:
+    with load_runnable(spec, backend_plan("llamacpp", llama_threads="1"), CPU) as runnable:
         yield runnable
 
 
@@ -354,7 +354,7 @@ def test_llamacpp_requantises_once_and_caches(tmp_path, monkeypatch):
     monkeypatch.setattr(llama_cpp, "llama_model_quantize", lambda *a: calls.append(a) or real(*a))
     plan = backend_plan("llamacpp", llama_quant="q4_0", llama_threads="1")
     for _ in range(2):
-        with apply_plan(spec, plan, CPU) as runnable:
+        with load_runnable(spec, plan, CPU) as runnable:
             assert list(tmp_path.glob("exports/gguf-q4_0-*/model.gguf"))
             assert runnable.weight_bytes < Path(spec.source, "gguf/SmolLM2-135M-Instruct.Q4_1.gguf").stat().st_size
             assert any("requantised to q4_0" in note for note in runnable.notes)

@@ -12,17 +12,17 @@ FAULT = os.environ.get("ACCELAB_TEST_FAULT")
 if FAULT:
     import torch
 
-    import accelab.plan.apply as apply
+    import accelab.runtimes as runtimes
     from accelab.quality.verify import REFERENCE_PLAN
 
     kind, _, size = FAULT.partition(":")
     if kind != "perturb-weights":
         raise ValueError(f"ACCELAB_TEST_FAULT={FAULT!r}: the only fault is perturb-weights:<relative size>")
     scale = float(size or 0.5)
-    original = apply.apply_plan
+    original = runtimes.load_runnable
 
-    def faulty_apply_plan(spec, plan, device, **kwargs):
-        runnable = original(spec, plan, device, **kwargs)
+    def faulty_load_runnable(spec, plan, device):
+        runnable = original(spec, plan, device)
         if plan.name == REFERENCE_PLAN.name:
             return runnable  # the reference is never the thing under test
         generator = torch.Generator().manual_seed(0)
@@ -34,4 +34,4 @@ if FAULT:
         runnable.notes.append(f"FAULT INJECTED for testing: {FAULT}")
         return runnable
 
-    apply.apply_plan = faulty_apply_plan
+    runtimes.load_runnable = faulty_load_runnable

@@ -1,6 +1,7 @@
 """Alternative runtimes: ONNX Runtime, OpenVINO and llama.cpp behind the same Runnable as torch.
 
-`load_backend(spec, plan, device)` is what `apply_plan` calls for `plan.backend != "torch"`.
+Each backend is an entry of `BACKENDS` (a check, then a loader) that `accelab.runtimes`, the one
+seam for loading a runnable, puts beside torch; `load_backend` runs one directly.
 A runtime that is not installed, or cannot serve this model, task or device, raises
 `Unsupported` with the reason (and the install command), so a compare row says why.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -56,7 +58,9 @@ def threads_for(plan: Plan) -> int:
 
 def _graph_check(spec: ModelSpec, plan: Plan, device: torch.device) -> None:
     from accelab.backends.export import check_task
+    from accelab.plan.techniques._model_info import needs_transformers
 
+    needs_transformers(spec, f"backend={plan.backend} (its ONNX export follows the transformers model's inputs)")
     check_task(spec)
 
 
@@ -97,31 +101,44 @@ Load = Callable[[ModelSpec, Plan, torch.device], Runnable]
 # Plan fields a backend honours; any other change from the baseline is torch's (autocast, compile, ...)
 _BACKEND_FIELDS = {"backend", "backend_options", "threads", "batch_size", "placement"}
 
-# backend -> (can it serve this model here? without importing the runtime, load)
-BACKENDS: dict[BackendName, tuple[Check, Load]] = {
-    "onnxruntime": (_graph_check, _onnxruntime),
-    "openvino": (_openvino_check, _openvino),
-    "llamacpp": (_llamacpp_check, _llamacpp),
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Backend:
+    """A runtime's entry in `accelab.runtimes.RUNTIMES`: its check, then its loader."""
+
+    name: BackendName
+    model_check: Check  # can it serve this model and device? without importing the runtime
+    loader: Load
+
+    def check(self, spec: ModelSpec, plan: Plan, device: torch.device) -> None:
+        # what the model and device allow first: that reason holds whether or not the runtime is installed
+        self.model_check(spec, plan, device)
+        if not is_installed(self.name):
+            module, command = INSTALL[self.name]
+            raise Unsupported(f"backend {self.name} needs the {module} package, which is not installed: {command}")
+        torch_only = [f for f in plan.differs_from_baseline() if f not in _BACKEND_FIELDS]
+        if torch_only:
+            raise Unsupported(
+                f"backend={self.name} runs its own graph: the torch fields {', '.join(torch_only)} of this plan "
+                "would not apply; drop them, or use the backend's options (e.g. ort_quant=int8-dynamic, ov_precision=bf16)"
+            )
+
+    def load(self, spec: ModelSpec, plan: Plan, device: torch.device) -> Runnable:
+        log.info("loading %s on backend %s with %s", spec.name, self.name, dict(plan.backend_options) or "defaults")
+        return self.loader(spec, plan, device)
+
+
+BACKENDS: dict[BackendName, Backend] = {
+    "onnxruntime": Backend(name="onnxruntime", model_check=_graph_check, loader=_onnxruntime),
+    "openvino": Backend(name="openvino", model_check=_openvino_check, loader=_openvino),
+    "llamacpp": Backend(name="llamacpp", model_check=_llamacpp_check, loader=_llamacpp),
 }
 
 
 def load_backend(spec: ModelSpec, plan: Plan, device: torch.device) -> Runnable:
     """The Runnable of `spec` on `plan.backend`; Unsupported (with the reason) when it cannot run."""
-    entry = BACKENDS.get(plan.backend)  # type: ignore[call-overload]
-    if entry is None:
+    backend = BACKENDS.get(plan.backend)  # type: ignore[call-overload]
+    if backend is None:
         raise ValueError(f"backend={plan.backend!r} is not one of {', '.join(BACKENDS)} (torch runs without one)")
-    check, loader = entry
-    # what the model and device allow first: that reason holds whether or not the runtime is installed
-    check(spec, plan, device)
-    if not is_installed(plan.backend):  # type: ignore[arg-type]
-        module, command = INSTALL[plan.backend]  # type: ignore[index]
-        raise Unsupported(f"backend {plan.backend} needs the {module} package, which is not installed: {command}")
-    torch_only = [f for f in plan.differs_from_baseline() if f not in _BACKEND_FIELDS]
-    if torch_only:
-        raise Unsupported(
-            f"backend={plan.backend} runs its own graph: the torch fields {', '.join(torch_only)} of this plan "
-            "would not apply; drop them, or use the backend's options (e.g. ort_quant=int8-dynamic, ov_precision=bf16)"
-        )
-    log.info("loading %s on backend %s with %s", spec.name, plan.backend, dict(plan.backend_options) or "defaults")
-    return loader(spec, plan, device)
-
+    backend.check(spec, plan, device)
+    return backend.load(spec, plan, device)

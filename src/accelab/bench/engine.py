@@ -1,6 +1,6 @@
 """One measurement: a (ModelSpec, Plan, Workload) in its own child process -> a Result.
 
-The child follows a recipe, one block per step: process settings and load (apply_plan), the
+The child follows a recipe, one block per step: process settings and load (load_runnable), the
 inputs, the timed scenario under the memory sampler, then the hardware figures (FLOPs, MFU,
 roofline). The parent turns the child's outcome into a Result and appends it to the store.
 Its metric keys are `accelab.results.contract.FORWARD` and `GENERATE`.
@@ -48,7 +48,8 @@ def measure_in_child(job: BenchJob) -> BenchOutput:
     """Child entry point (runs in a fresh process)."""
     import torch
 
-    from accelab.plan.apply import apply_plan, resolve_device
+    from accelab.plan.apply import resolve_device
+    from accelab.runtimes import load_runnable
     from accelab.plan.runtime import Unsupported, input_device, to_device
 
     plan, workload, spec = job.plan, job.workload, job.spec
@@ -57,7 +58,7 @@ def measure_in_child(job: BenchJob) -> BenchOutput:
     try:
         device = resolve_device(plan, job.device)
         t0 = time.perf_counter()
-        runnable = apply_plan(spec, plan, device)
+        runnable = load_runnable(spec, plan, device)
         load_s = time.perf_counter() - t0
     except Unsupported as why:
         return BenchOutput(status="unsupported", metrics={}, notes=[], reason=str(why))

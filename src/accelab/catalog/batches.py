@@ -36,6 +36,8 @@ def forward_batch(
     """A batch for `loaded.model(**batch)`; `offset` shifts which samples are used (cycling)."""
     _check_batch_size(batch_size)
     task = loaded.spec.task
+    if loaded.spec.custom:  # its own inputs (see catalog.custom.CustomInputs)
+        return loaded.processor.batch(batch_size, image_size=image_size, synthetic=synthetic, offset=offset)
     if task in ("text-generation", "feature-extraction"):
         batch = _text_forward(loaded, batch_size, seq_len, offset)
     elif task == "image-classification":

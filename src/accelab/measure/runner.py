@@ -9,11 +9,13 @@ parent steals a core from the measurement) and turns every way a child can end i
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import multiprocessing as mp
 import os
 import signal
+import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -129,13 +131,35 @@ def _kill_tree(proc: mp.process.BaseProcess) -> None:
         proc.join(5)
 
 
+@contextlib.contextmanager
+def _main_not_rerun() -> Any:
+    """While a child starts: hide the parent's __main__ from spawn, which would otherwise run
+    the parent's script (or `-m` module) again in every child. A child runs an accelab target on
+    a pickled payload and never needs it (model objects travel as cloudpickle files, by value),
+    and a user's script that calls accelab.bench at top level, without an `if __name__ ==
+    "__main__":` guard, would make each child start children of its own (multiprocessing
+    refuses that: "before the current process has finished its bootstrapping phase")."""
+    main = sys.modules.get("__main__")
+    saved = {name: getattr(main, name) for name in ("__file__", "__spec__") if hasattr(main, name)}
+    try:
+        if "__file__" in saved:
+            del main.__file__  # type: ignore[union-attr]
+        if "__spec__" in saved:
+            main.__spec__ = None  # type: ignore[union-attr]
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(main, name, value)
+
+
 def run_isolated(job: ChildJob) -> ChildOutcome:
     """Run `job` in a spawned child and wait for it, blocking, at most `job.timeout_s`."""
     ctx = mp.get_context("spawn")
     receiver, sender = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child_main, args=(sender, job), name=f"accelab:{job.target}")
     start = time.perf_counter()
-    proc.start()
+    with _main_not_rerun():
+        proc.start()
     sender.close()  # the child holds the only writer: EOF on the pipe means it died
     log.info("started child %s (pid %s) for %s", proc.name, proc.pid, job.target)
     try:

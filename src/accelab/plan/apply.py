@@ -35,7 +35,7 @@ from accelab.plan.techniques import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["apply_plan", "check_supported", "resolve_device", "Unsupported"]
+__all__ = ["apply_plan", "apply_to_model", "check_techniques", "resolve_device", "Unsupported"]
 
 
 def resolve_device(plan: Plan, requested: str | None = None) -> torch.device:
@@ -51,18 +51,18 @@ def resolve_device(plan: Plan, requested: str | None = None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def check_supported(plan: Plan, spec: ModelSpec, device: torch.device) -> None:
-    """Raise Unsupported before loading anything when a technique cannot run here."""
+def check_techniques(plan: Plan, spec: ModelSpec, device: torch.device) -> None:
+    """Raise Unsupported before loading anything when a torch technique cannot run here (the
+    runtime's own check comes after: `accelab.runtimes.check_supported`)."""
     for module in (system, attention, precision, placement, memory_format, quantization, kv_cache, compile_):
         module.check(plan, spec, device)
 
 
 def apply_plan(spec: ModelSpec, plan: Plan, device: torch.device, *, offload_dir: str | None = None) -> Runnable:
-    check_supported(plan, spec, device)
+    """torch's runtime: load `spec` and apply the plan's techniques (checked by the caller,
+    `accelab.runtimes.load_runnable`, the one way in)."""
     if plan.backend != "torch":
-        from accelab.backends import load_backend
-
-        return load_backend(spec, plan, device)
+        raise ValueError(f"apply_plan runs torch plans; backend={plan.backend} loads through accelab.runtimes.load_runnable")
 
     # 1. process settings, restored when the Runnable closes (or now, if a later step fails)
     runnable_stack = system.apply(plan, device)
@@ -85,8 +85,12 @@ def _load_and_apply(
     kwargs.update(placement.load_kwargs(plan, device, offload_dir=offload_dir, spec=spec, exit_stack=runnable_stack))
     log.info("loading %s with %s", spec.name, kwargs)
     loaded = load(spec, **kwargs)
-    model = loaded.model
+    return _accelerate(loaded.model, loaded.processor, spec, plan, device, runnable_stack)
 
+
+def _accelerate(model: Any, processor: Any, spec: ModelSpec | None, plan: Plan, device: torch.device,
+                runnable_stack: Any) -> Runnable:
+    """Steps 3-7 on a model in memory (loaded by step 2, or handed over by `apply_to_model`)."""
     # 3. device and memory format
     model = placement.apply(model, plan, device)
     model = memory_format.apply(model, plan)
@@ -96,9 +100,9 @@ def _load_and_apply(
 
     runnable = Runnable(
         model=model,
-        processor=loaded.processor,
+        processor=processor,
         device=device,
-        task=spec.task,
+        task=spec.task if spec is not None else "",
         exit_stack=runnable_stack,
         placement=placement.describe(model),
         spec=spec,
@@ -113,6 +117,36 @@ def _load_and_apply(
     compile_.apply(runnable, plan)
     runnable.notes.extend(_notes(plan, runnable))
     return runnable
+
+
+def apply_to_model(model: torch.nn.Module, plan: Plan, device: torch.device, *, processor: Any = None) -> Runnable:
+    """The plan's techniques on a model object the caller already loaded (`accelab.apply`):
+    the same steps in the same order as `apply_plan`, with step 2 done in place (attention
+    implementation, weight dtype). Closing the Runnable restores the process settings."""
+    if plan.backend != "torch":
+        raise Unsupported(f"backend={plan.backend} exports and loads a model of its own; accelab.apply runs torch plans "
+                          "(run the backend through accelab.bench / accelab serve on the model's directory)")
+    if plan.placement not in ("auto", "cpu", "cuda"):  # a device map is materialised by from_pretrained
+        raise Unsupported(f"placement={plan.placement} is a device map chosen at load time; load the model with "
+                          "from_pretrained(device_map=..., max_memory=...) yourself, or give accelab its directory")
+    stand_in = ModelSpec(name=type(model).__name__, task="image-classification", source="")  # these checks read no files
+    for module in (system, precision, quantization, compile_):
+        module.check(plan, stand_in, device)
+    stack = system.apply(plan, device)
+    try:
+        if plan.attention != "default":
+            setter = getattr(model, "set_attn_implementation", None)
+            if setter is None:
+                raise Unsupported(f"attention={plan.attention} needs a transformers model; "
+                                  f"{type(model).__name__} is a custom nn.Module")
+            setter(plan.attention)
+        dtype = precision.load_kwargs(plan)["dtype"]
+        if dtype != torch.float32:
+            model = model.to(dtype)
+        return _accelerate(model, processor, None, plan, device, stack)
+    except BaseException:
+        stack.close()
+        raise
 
 
 def _notes(plan: Plan, runnable: Runnable) -> list[str]:

@@ -28,6 +28,8 @@ class QualityConfig:
 
 
 def collect(runnable: Runnable, config: QualityConfig) -> dict[str, Any]:
+    if runnable.task == "feature-extraction" and runnable.spec is not None and runnable.spec.custom:
+        return _custom_embeddings(runnable, config)
     collectors = {
         "image-classification": _classification,
         "feature-extraction": _embeddings,
@@ -85,6 +87,17 @@ def _embeddings(runnable: Runnable, config: QualityConfig) -> dict[str, Any]:
     return {"embeddings": np.concatenate(vectors)}
 
 
+def _custom_embeddings(runnable: Runnable, config: QualityConfig) -> dict[str, Any]:
+    """A custom model's outputs on seeded rows shaped like its example inputs (it has no text)."""
+    rows = runnable.processor.random_rows(config.samples)
+    vectors = []
+    for idx in _batches(config.samples, config.batch_size):
+        batch = to_device({k: v[idx.start : idx.stop] for k, v in rows.items()}, _device(runnable))
+        out = runnable.forward(batch).logits.float()
+        vectors.append(out.reshape(out.shape[0], -1).cpu().numpy())
+    return {"embeddings": np.concatenate(vectors)}
+
+
 def _generation(runnable: Runnable, config: QualityConfig) -> dict[str, Any]:
     from accelab.catalog import inputs
     from accelab.scenarios.generate import generate_once
@@ -124,9 +137,9 @@ def _heldout_nll(runnable: Runnable, max_tokens: int) -> tuple[float, int]:
 
 
 def _layout(batch: dict[str, Any], runnable: Runnable) -> dict[str, Any]:
-    if runnable.plan is not None and runnable.plan.memory_format == "channels_last" and "pixel_values" in batch:
-        batch["pixel_values"] = batch["pixel_values"].contiguous(memory_format=torch.channels_last)
-    return batch
+    from accelab.plan.techniques.memory_format import prepare_batch
+
+    return prepare_batch(batch, runnable.plan)
 
 
 def inputs_view(runnable: Runnable) -> Any:

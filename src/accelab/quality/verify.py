@@ -61,12 +61,13 @@ class CollectOutput:
 
 
 def collect_in_child(job: CollectJob) -> CollectOutput:
-    from accelab.plan.apply import apply_plan, resolve_device
+    from accelab.plan.apply import resolve_device
+    from accelab.runtimes import load_runnable
     from accelab.plan.runtime import Unsupported
     from accelab.quality.collect import collect
 
     try:
-        runnable = apply_plan(job.spec, job.plan, resolve_device(job.plan, job.device))
+        runnable = load_runnable(job.spec, job.plan, resolve_device(job.plan, job.device))
     except Unsupported as why:
         return CollectOutput(status="unsupported", reason=str(why))
     with runnable:
@@ -74,8 +75,13 @@ def collect_in_child(job: CollectJob) -> CollectOutput:
 
 
 def _reference_key(spec: ModelSpec, config: QualityConfig, device: str | None) -> str:
-    source = Path(spec.source)
-    stamps = sorted((p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in source.glob("*") if p.is_file())
+    if spec.custom:  # the builder's module or the saved object: what makes it this model
+        from accelab.catalog.custom import files_of
+
+        files = files_of(spec.builder, spec.source)  # type: ignore[arg-type]
+    else:
+        files = [p for p in Path(spec.source).glob("*") if p.is_file()]
+    stamps = sorted((p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in files)
     blob = json.dumps([spec.to_dict(), asdict(config), device, __version__, stamps], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 

@@ -33,10 +33,10 @@ def engine_factory(spec: Any, plan: Any, device: Any, *, name: str) -> Callable[
     server's background loader thread)."""
 
     def build() -> Engine:
-        from accelab.plan.apply import apply_plan
+        from accelab.runtimes import load_runnable
         from accelab.serve.engines import build_engine
 
-        return build_engine(apply_plan(spec, plan, device), name=name)
+        return build_engine(load_runnable(spec, plan, device), name=name)
 
     return build
 

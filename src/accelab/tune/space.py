@@ -68,8 +68,9 @@ def search_space(
     """The presets of `scenario` (or `include`) that can run here, and the batch ladder.
     With `prune_slow`, presets that use a technique the capability report calls slow here are
     left out too (they cannot win on speed)."""
-    from accelab.plan.apply import check_supported, resolve_device
+    from accelab.plan.apply import resolve_device
     from accelab.plan.runtime import Unsupported
+    from accelab.runtimes import check_supported
 
     names = list(include) if include else list(VARIANTS[scenario])
     unknown = [n for n in names + list(exclude or []) if n not in PRESETS]

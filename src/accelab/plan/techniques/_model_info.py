@@ -19,7 +19,17 @@ from accelab.catalog.spec import ModelSpec
 log = logging.getLogger(__name__)
 
 
+def needs_transformers(spec: ModelSpec, what: str) -> None:
+    """Unsupported for a custom nn.Module, naming what needs a transformers model and why."""
+    from accelab.plan.runtime import Unsupported
+
+    if spec.custom:
+        raise Unsupported(f"{what} needs a transformers model; {spec.name} is a custom nn.Module")
+
+
 def load_config(spec: ModelSpec) -> Any | None:
+    if spec.custom:
+        return None  # a custom nn.Module has no transformers config
     from transformers import AutoConfig
 
     kwargs = {"gguf_file": spec.gguf_file} if spec.gguf_file else {}

@@ -27,6 +27,7 @@ _SUPPORT_FLAGS = {
 def check(plan: Plan, spec: ModelSpec, device: torch.device) -> None:
     if plan.attention == "default":
         return
+    _model_info.needs_transformers(spec, f"attention={plan.attention} (an attention implementation of transformers)")
     if plan.attention == "flash_attention_2":
         if device.type != "cuda":
             raise Unsupported("flash_attention_2 runs only on CUDA GPUs; this run is on CPU")

@@ -52,10 +52,9 @@ def apply(model: Any, plan: Plan) -> Any:
 
 
 def prepare_batch(batch: dict[str, Any], plan: Plan) -> dict[str, Any]:
-    """The batch with 4-D `pixel_values` in channels_last, when the plan asks for it."""
-    if plan.memory_format != "channels_last":
+    """The batch with its 4-D float inputs (`pixel_values`, a custom model's images) in
+    channels_last, when the plan asks for it."""
+    if plan is None or plan.memory_format != "channels_last":
         return batch
-    pixels = batch.get("pixel_values")
-    if not torch.is_tensor(pixels) or pixels.dim() != 4:
-        return batch
-    return {**batch, "pixel_values": pixels.contiguous(memory_format=torch.channels_last)}
+    return {k: v.contiguous(memory_format=torch.channels_last)
+            if torch.is_tensor(v) and v.dim() == 4 and v.is_floating_point() else v for k, v in batch.items()}

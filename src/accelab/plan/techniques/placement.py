@@ -39,6 +39,8 @@ _PROCESS_LIFETIME_DIRS: list[tempfile.TemporaryDirectory] = []
 
 
 def check(plan: Plan, spec: ModelSpec, device: torch.device) -> None:
+    if plan.placement in _MAPPED:
+        _model_info.needs_transformers(spec, f"placement={plan.placement} (a device map of from_pretrained)")
     if plan.placement == "cuda" and (device.type != "cuda" or not torch.cuda.is_available()):
         raise Unsupported("placement=cuda needs a CUDA GPU; this run is on CPU")
     if plan.placement == "cpu" and device.type != "cpu":

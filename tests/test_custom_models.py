@@ -1,0 +1,152 @@
+"""Custom models (a plain nn.Module from the user's code) through the real CLI: compare, verify,
+tune and bench of `custom_models:build` (a small convnet defined in tests/custom_models.py),
+run from the tests directory as a user runs accelab beside their package. Techniques that need
+a transformers model are rows that say so; bad builders are clear errors (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from accelab.catalog import custom
+from accelab.catalog.resolve import resolve
+
+TESTS = Path(__file__).parent
+ACCELAB = str(Path(sys.executable).parent / "accelab")
+QUICK = ["--min-seconds", "0.3", "--min-iters", "3", "--warmup", "1"]
+
+
+def accelab(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([ACCELAB, *args], cwd=TESTS, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.fixture()
+def db(tmp_path: Path) -> str:
+    return str(tmp_path / "results.db")
+
+
+def test_compare_runs_the_custom_convnet_and_says_what_needs_transformers(tmp_path: Path, db: str):
+    out = tmp_path / "compare.json"
+    run = accelab("compare", "custom_models:build", "--plans", "baseline,channels-last,bf16,sdpa,onnxruntime",
+                  "--batch-size", "4", *QUICK, "--samples", "8", "--db", db, "--json", str(out))
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = {r["plan"]["name"]: r for r in json.loads(out.read_text())["results"]}
+    for name in ("baseline", "channels-last", "bf16"):
+        assert results[name]["status"] == "ok", results[name].get("reason")
+        assert results[name]["metrics"]["throughput"] > 0
+        assert results[name]["workload"]["batch_size"] == 4
+    assert results["baseline"]["quality"]["verdict"] == "pass"
+    assert results["baseline"]["quality"]["metrics"]["top1_agreement"] == 1.0
+    assert results["channels-last"]["quality"]["verdict"] == "pass"
+    assert any("channels_last weights (3 conv layers)" in n for n in results["channels-last"]["notes"])
+    # bf16 weights: the inputs are cast to the weights' dtype, the logits checked against fp32
+    assert results["bf16"]["quality"]["metrics"]["top1_agreement"] >= 0.75
+    for name, what in (("sdpa", "attention=sdpa"), ("onnxruntime", "backend=onnxruntime")):
+        assert results[name]["status"] == "unsupported"
+        assert what in results[name]["reason"] and "needs a transformers model" in results[name]["reason"]
+        assert "custom nn.Module" in results[name]["reason"]
+    assert results["baseline"]["model"]["builder"] == "custom_models:build"
+    assert results["baseline"]["model"]["task"] == "image-classification"
+
+
+def test_verify_passes_a_sound_plan_and_fails_a_corrupted_one():
+    run = accelab("verify", "custom_models:build", "--plan", "channels-last", "--samples", "8", "--no-store")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "pass" in run.stdout
+    faults = str(TESTS / "faults")
+    env = {"ACCELAB_TEST_FAULT": "perturb-weights:0.5",
+           "PYTHONPATH": os.pathsep.join(filter(None, [faults, os.environ.get("PYTHONPATH")]))}
+    broken = accelab("verify", "custom_models:build", "--plan", "channels-last", "--samples", "8", "--no-store",
+                     "--json", "/dev/stdout", env=env)
+    assert broken.returncode == 1, broken.stderr[-3000:]
+    assert "fail" in broken.stdout and "FAULT INJECTED" in broken.stdout
+
+
+def test_tune_writes_a_plan_that_bench_then_runs(tmp_path: Path, db: str):
+    out = tmp_path / "best.yaml"
+    run = accelab("tune", "custom_models:build", "--include", "baseline,channels-last", "--max-batch", "4",
+                  "--min-seconds", "0.3", "--out", str(out), "--db", db)
+    assert run.returncode == 0, run.stderr[-3000:]
+    text = out.read_text()
+    assert "reproduce: accelab bench custom_models:build" in text
+    assert "batch_size:" in text
+    bench = accelab("bench", "custom_models:build", "--plan", str(out), *QUICK, "--db", db,
+                    "--json", str(tmp_path / "bench.json"))
+    assert bench.returncode == 0, bench.stderr[-3000:]
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert result["status"] == "ok" and result["plan"]["name"].startswith("tuned-")
+    assert result["workload"]["batch_size"] == result["plan"]["batch_size"]
+
+
+def test_an_encoder_with_keyword_inputs_runs_as_feature_extraction(tmp_path: Path):
+    out = tmp_path / "bench.json"
+    run = accelab("bench", "custom_models:build_encoder", "--batch-size", "3", *QUICK, "--no-store", "--json", str(out))
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["model"]["task"] == "feature-extraction"
+    assert result["metrics"]["items_per_call"] == 3
+
+
+@pytest.mark.parametrize(("target", "message"), [
+    ("no_such_package.models:build", "cannot import 'no_such_package.models'"),
+    ("custom_models:missing", "custom_models has no 'missing'"),
+    ("custom_models:build_nothing", "returned a str; return a torch.nn.Module"),
+])
+def test_a_bad_builder_is_a_clear_error(target: str, message: str):
+    run = accelab("bench", target, "--no-store")
+    assert run.returncode == 2
+    assert message in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_custom_model_cannot_claim_a_generation_task():
+    run = accelab("bench", "custom_models:build", "--task", "text-generation", "--no-store")
+    assert run.returncode == 2
+    assert "generation needs a transformers model with generate()" in run.stderr
+
+
+# -- the pieces, in this process --------------------------------------------------------------------
+def test_every_process_builds_the_same_random_weights(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(TESTS)
+    first = custom.build("custom_models:build_bare", str(TESTS)).model.state_dict()
+    torch.manual_seed(123)  # whatever the caller's RNG state
+    second = custom.build("custom_models:build_bare", str(TESTS)).model.state_dict()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
+
+def test_resolve_infers_the_task_from_the_inputs(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(TESTS)
+    assert resolve("custom_models:build_bare").task == "image-classification"  # no inputs: [B, 3, 224, 224]
+    assert resolve("custom_models:build_encoder").task == "feature-extraction"  # token ids
+    spec = resolve("custom_models:build")
+    assert spec.custom and spec.source == str(TESTS)
+
+
+def test_inputs_are_photos_at_the_example_size_or_seeded_rows():
+    images = custom.CustomInputs.from_example(torch.randn(1, 3, 32, 32), "image-classification")
+    batch = images.batch(5)
+    assert list(batch) == ["pixel_values"] and batch["pixel_values"].shape == (5, 3, 32, 32)
+    assert not torch.equal(batch["pixel_values"][0], batch["pixel_values"][1])  # different photos
+    assert images.batch(2, image_size=48)["pixel_values"].shape == (2, 3, 48, 48)
+    ids = torch.tensor([[1, 7, 3]])
+    rows = custom.CustomInputs.from_example({"ids": ids, "mask": torch.ones_like(ids)}, "feature-extraction")
+    first, again = rows.random_rows(4), rows.random_rows(4)
+    assert first["ids"].shape == (4, 3) and int(first["ids"].max()) <= 7
+    assert torch.equal(first["ids"], again["ids"])  # seeded: the reference and the plan see the same rows
+    with pytest.raises(ValueError, match="one float tensor"):
+        custom.CustomInputs.from_example({"ids": ids}, "image-classification")
+
+
+def test_the_module_behind_accelabs_call_shape_casts_inputs_and_returns_logits():
+    from custom_models import TinyConvNet
+
+    net = TinyConvNet().eval()
+    wrapped = custom.CustomModule(net.to(torch.bfloat16), custom.Call(keys=("pixel_values",)), "image-classification")
+    out = wrapped(pixel_values=torch.randn(2, 3, 32, 32))  # fp32 in, bf16 weights
+    assert out.logits.shape == (2, 10) and out.logits.dtype == torch.bfloat16
