@@ -1,7 +1,8 @@
 """Custom models (a plain nn.Module from the user's code) through the real CLI: compare, verify,
-tune and bench of `custom_models:build` (a small convnet defined in tests/custom_models.py),
-run from the tests directory as a user runs accelab beside their package. Techniques that need
-a transformers model are rows that say so; bad builders are clear errors (exit 2)."""
+tune, bench and predict of `custom_models:build` (a small convnet defined in
+tests/custom_models.py), run from the tests directory as a user runs accelab beside their
+package, and served over HTTP. Techniques that need a transformers model are rows that say so;
+bad builders are clear errors (exit 2)."""
 
 from __future__ import annotations
 
@@ -57,14 +58,16 @@ def test_compare_runs_the_custom_convnet_and_says_what_needs_transformers(tmp_pa
 
 
 def test_verify_passes_a_sound_plan_and_fails_a_corrupted_one():
-    run = accelab("verify", "custom_models:build", "--plan", "channels-last", "--samples", "8", "--no-store")
+    # --batch-size 4 --samples 8: the quality config of the compare above, so its cached reference serves
+    run = accelab("verify", "custom_models:build", "--plan", "channels-last", "--samples", "8", "--batch-size", "4",
+                  "--no-store")
     assert run.returncode == 0, run.stderr[-3000:]
     assert "pass" in run.stdout
     faults = str(TESTS / "faults")
     env = {"ACCELAB_TEST_FAULT": "perturb-weights:0.5",
            "PYTHONPATH": os.pathsep.join(filter(None, [faults, os.environ.get("PYTHONPATH")]))}
-    broken = accelab("verify", "custom_models:build", "--plan", "channels-last", "--samples", "8", "--no-store",
-                     "--json", "/dev/stdout", env=env)
+    broken = accelab("verify", "custom_models:build", "--plan", "channels-last", "--samples", "8", "--batch-size", "4",
+                     "--no-store", "--json", "/dev/stdout", env=env)
     assert broken.returncode == 1, broken.stderr[-3000:]
     assert "fail" in broken.stdout and "FAULT INJECTED" in broken.stdout
 
@@ -150,3 +153,51 @@ def test_the_module_behind_accelabs_call_shape_casts_inputs_and_returns_logits()
     wrapped = custom.CustomModule(net.to(torch.bfloat16), custom.Call(keys=("pixel_values",)), "image-classification")
     out = wrapped(pixel_values=torch.randn(2, 3, 32, 32))  # fp32 in, bf16 weights
     assert out.logits.shape == (2, 10) and out.logits.dtype == torch.bfloat16
+
+
+def test_predict_classifies_a_folder_of_photos_with_the_custom_model(tmp_path: Path):
+    from accelab.catalog import samples
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for i, image in enumerate(samples.photos(5)):
+        image.save(folder / f"{i}.png")
+    out = tmp_path / "predictions.jsonl"
+    run = accelab("predict", "custom_models:build", "--inputs", str(folder), "--out", str(out), "--top-k", "2",
+                  "--no-store")
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in rows] == [f"{i}.png" for i in range(5)]
+    assert all(len(r["predictions"]) == 2 and 0 < r["predictions"][0]["score"] <= 1 for r in rows)
+
+
+def test_serve_classifies_an_image_with_the_custom_model(monkeypatch: pytest.MonkeyPatch):
+    import base64
+    import io
+
+    import httpx
+
+    from accelab.catalog import samples
+    from accelab.plan.plan import load_plan
+    from accelab.serve.app import create_app
+    from accelab.serve.config import ServeConfig
+    from accelab.serve.server import engine_factory
+    from serving import running_server
+
+    monkeypatch.chdir(TESTS)
+    spec = resolve("custom_models:build")
+    factory = engine_factory(spec, load_plan("channels-last"), torch.device("cpu"), name=spec.name)
+    buffer = io.BytesIO()
+    samples.photos(1)[0].save(buffer, format="PNG")
+    with running_server(create_app(ServeConfig(model_name=spec.name), factory)) as url:
+        response = httpx.post(f"{url}/v1/classify", json={"image": base64.b64encode(buffer.getvalue()).decode(),
+                                                          "top_k": 3}, timeout=60)
+    assert response.status_code == 200, response.text
+    labels = response.json()["data"][0]["labels"]
+    assert len(labels) == 3 and labels[0]["score"] >= labels[1]["score"] >= labels[2]["score"]
+
+
+def test_train_says_it_trains_transformers_checkpoints_only():
+    run = accelab("train", "--model", "custom_models:build")
+    assert run.returncode == 2
+    assert "custom nn.Module; accelab train fine-tunes transformers checkpoints" in run.stderr

@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 
 
-def code_blocks(text):
-    return re.findall(r"```(?:bash|console|sh)?\n(.*?)```", text, flags=re.S)
+def code_blocks(text, languages=("", "bash", "console", "sh")):
+    """The fenced blocks in those languages (a fence opens at the start of a line)."""
+    return [body for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.S | re.M) if lang in languages]
 
 
 def readme_commands():

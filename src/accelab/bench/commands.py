@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
 
 
 def bench_command(
-    model: str = typer.Argument(..., help="Catalog name, local directory, .gguf file or Hub id."),
+    model: str = typer.Argument(..., help="Catalog name, local directory, .gguf file, Hub id, or your own model as package.module:callable."),
     task: Optional[str] = typer.Option(None, help="Override the task inferred from the model's config."),
     plan: str = typer.Option("baseline", "--plan", help=PLAN_HELP),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
@@ -74,7 +74,7 @@ def bench_command(
 
 
 def compare_command(
-    model: str = typer.Argument(..., help="Catalog name, local directory, .gguf file or Hub id."),
+    model: str = typer.Argument(..., help="Catalog name, local directory, .gguf file, Hub id, or your own model as package.module:callable."),
     plans: str = typer.Option("baseline,bf16-autocast,compile", "--plans", help="Comma-separated presets or YAML files; the first is the reference row."),
     task: Optional[str] = typer.Option(None, help="Override the task inferred from the model's config."),
     set_: list[str] = typer.Option([], "--set", help="Override a field in every plan: --set batch_size=8."),
@@ -154,7 +154,7 @@ def compare_command(
 
 
 def verify_command(
-    model: str = typer.Argument(..., help="Catalog name, local directory, .gguf file or Hub id."),
+    model: str = typer.Argument(..., help="Catalog name, local directory, .gguf file, Hub id, or your own model as package.module:callable."),
     plan: str = typer.Option(..., "--plan", help=PLAN_HELP),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
     task: Optional[str] = typer.Option(None),

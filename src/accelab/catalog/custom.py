@@ -310,11 +310,13 @@ class CustomInputs:
                 out[name] = torch.randint(0, high, shape, generator=gen, dtype=tensor.dtype)
         return out
 
-    def __call__(self, images: list[Any], return_tensors: str = "pt", size: int | None = None, **_: Any) -> dict[str, torch.Tensor]:
+    def __call__(self, images: Any, return_tensors: str = "pt", size: int | None = None, **_: Any) -> dict[str, torch.Tensor]:
         """PIL images -> the model's image tensor, as an image processor would (so the photo paths
         of verify, predict and serve work unchanged)."""
         import numpy as np
 
+        if not isinstance(images, (list, tuple)):
+            images = [images]
         c, h, w = self.image_shape
         side = (size, size) if size else (h, w)
         mode = "L" if c == 1 else "RGB"

@@ -19,7 +19,7 @@ def register(app: typer.Typer) -> None:
 
 
 def serve_command(
-    model: str = typer.Argument(..., help="Catalog name, local directory, .gguf file or Hub id."),
+    model: str = typer.Argument(..., help="Catalog name, local directory, .gguf file, Hub id, or your own model as package.module:callable."),
     task: Optional[str] = typer.Option(None, help="Override the task inferred from the model's config."),
     plan: str = typer.Option("baseline", "--plan", help=PLAN_HELP),
     set_: list[str] = typer.Option([], "--set", help="Override a plan field: --set threads=2 (repeatable)."),

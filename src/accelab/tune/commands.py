@@ -13,7 +13,7 @@ def register(app: typer.Typer) -> None:
 
 
 def tune_command(
-    model: str = typer.Argument(..., help="Catalog name, local directory, .gguf file or Hub id."),
+    model: str = typer.Argument(..., help="Catalog name, local directory, .gguf file, Hub id, or your own model as package.module:callable."),
     goal: str = typer.Option("throughput", help="throughput | latency."),
     percentile: str = typer.Option("p99", help="For --goal latency: p50 | p99."),
     task: Optional[str] = typer.Option(None),
