@@ -6,6 +6,7 @@ BIN := $(VENV)/bin
 # torch is installed first and pinned: a plain `torch` would pull a multi-GB CUDA build here.
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8
 
 .PHONY: install models browser demo test clean
 
@@ -15,8 +16,11 @@ $(BIN)/python:
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	# llama-cpp-python builds from source once (~7 min on 2 cores); pip's wheel cache reuses it
-	CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/pip install --quiet -e ".[test,llamacpp,ray]"
+	# llama-cpp-python compiles llama.cpp for this CPU (~7 min on 2 cores), never from pip's wheel
+	# cache: a cached wheel may have been built for another CPU. No AMX: on the VMs seen here
+	# ggml's AMX kernels die with SIGILL (tilezero) in its worker threads.
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --quiet --no-cache-dir "llama-cpp-python>=0.3.36,<0.4"
+	$(BIN)/pip install --quiet -e ".[test,llamacpp,ray]"
 	touch $@
 
 install: $(VENV)/.installed

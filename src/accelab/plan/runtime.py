@@ -36,9 +36,6 @@ class Runnable:
     placement: dict[str, str] | None = None  # module -> device, where a device map placed layers
     exit_stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # global flags to restore
     generate_fn: Callable[..., Any] | None = None  # backends that generate without a torch model
-    # backends that decode many sequences step by step: (max_sequences, kv_tokens, max_step_tokens)
-    # -> their StepEngine, for the server's continuous batching (torch models get the packed one)
-    step_engine: Callable[..., Any] | None = None
     weight_bytes: int | None = None
     spec: Any = None  # the ModelSpec it was loaded from
     plan: Any = None  # the Plan applied

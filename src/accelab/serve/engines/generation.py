@@ -142,9 +142,11 @@ class HFGenerationEngine:
         if self.processor is not None:
             raise Unsupported("continuous batching does not take images yet: vision-language models run one "
                               "generate call per batch")
-        if self.runnable.step_engine is not None:  # a backend with its own (llama.cpp)
-            return self.runnable.step_engine(max_sequences=limits.max_running, kv_tokens=limits.kv_tokens,
-                                             max_step_tokens=limits.max_step_tokens)
+        if self.runnable.plan is not None and self.runnable.plan.backend == "llamacpp":  # sequences of one context
+            from accelab.serve.engines.llama_steps import LlamaStepEngine
+
+            return LlamaStepEngine(self.runnable.model.engine, max_sequences=limits.max_running,
+                                   kv_tokens=limits.kv_tokens, max_step_tokens=limits.max_step_tokens)
         from accelab.serve.engines.ragged import RaggedTorchEngine
 
         engine = RaggedTorchEngine(self.runnable)
