@@ -1,6 +1,6 @@
 """Pure parts of `accelab predict`: the work plan, chunk files and resume bookkeeping, merging into
-each output format, sources (folders, tables, saved datasets), the collator's bad-item handling,
-the torchrun command and the config. No model is loaded; milliseconds to a second each."""
+each output format, sources (folders, tables, saved datasets), the collator's bad-item handling
+and the config. No model is loaded; milliseconds to a second each."""
 
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from accelab.predict.config import (
     default_workers,
     output_format,
 )
-from accelab.predict.launch import LaunchOptions, worker_command
 from accelab.predict.outputs import merge, read_output
 from accelab.predict.parts import Parts, sidecar_path
 from accelab.predict.pipeline import Collator, Example, ItemDataset
@@ -242,19 +241,7 @@ def test_dataset_turns_bad_items_into_examples_with_a_reason(tmp_path):
     assert example.payload is None and "unreadable image" in example.error
 
 
-# launch and config -------------------------------------------------------------------------------
-def test_torchrun_command_single_node_and_multi_node(tmp_path):
-    single = worker_command(tmp_path / "c.json", LaunchOptions(nproc=2))
-    assert single[1:6] == ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone"]
-    assert single[-3:] == ["-m", "accelab.predict.worker", str(tmp_path / "c.json")]
-    multi = worker_command(tmp_path / "c.json", LaunchOptions(nproc=4, nnodes=2, node_rank=1, master_addr="10.0.0.1",
-                                                              master_port=29400))
-    assert "--standalone" not in multi
-    for flag, value in (("--nnodes", "2"), ("--node_rank", "1"), ("--master_addr", "10.0.0.1"),
-                        ("--master_port", "29400")):
-        assert multi[multi.index(flag) + 1] == value
-
-
+# config ------------------------------------------------------------------------------------------
 def test_config_checks_and_round_trip(tmp_path):
     config = make_config(tmp_path, top_k=3)
     assert PredictConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config

@@ -1,5 +1,5 @@
 """Pure parts of `accelab train`: config checks, batch arithmetic, data order, timing, checkpoint
-resolution, the torchrun command, option precedence, label fit, bench rows. Milliseconds each."""
+resolution, option precedence, label fit, bench rows. Milliseconds each."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from accelab.train import checkpoint as ckpt
 from accelab.train.accel import precision_problem
 from accelab.train.bench import bench_rows
 from accelab.train.config import TrainConfig, epochs_needed, micro_batch, total_steps, warmup_for
-from accelab.train.launch import LaunchOptions, worker_command
 from accelab.train.model import configure_processor, identity, image_size_for, label_fit
 from accelab.train.options import default_name, merge, plan_settings
 from accelab.train.sampler import EpochSampler
@@ -159,35 +158,7 @@ def test_incompatible_checkpoint_is_a_clear_error_and_changed_settings_a_warning
     assert len(warnings) == 1 and "--batch-size 64" in warnings[0]
 
 
-# launching ---------------------------------------------------------------------------------
-def test_one_process_runs_the_worker_module_directly():
-    assert worker_command(Path("/c.json"), LaunchOptions()) == [sys.executable, "-m", "accelab.train.worker", "/c.json"]
-
-
-def test_torchrun_command_single_node_is_standalone():
-    cmd = worker_command(Path("/c.json"), LaunchOptions(nproc=2))
-    assert cmd[:5] == [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    assert "--standalone" in cmd and cmd[-3:] == ["-m", "accelab.train.worker", "/c.json"]
-
-
-def test_torchrun_command_passes_multi_node_options_through():
-    launch = LaunchOptions(nproc=8, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29500)
-    cmd = worker_command(Path("/c.json"), launch)
-    assert "--standalone" not in cmd
-    joined = " ".join(cmd)
-    assert "--nnodes 2 --node_rank 1 --master_addr 10.0.0.1 --master_port 29500" in joined
-    rdzv = LaunchOptions(nproc=4, nnodes=2, rdzv_backend="c10d", rdzv_endpoint="h:29400", rdzv_id="job7")
-    assert "--rdzv_backend c10d --rdzv_endpoint h:29400 --rdzv_id job7" in " ".join(worker_command(Path("/c"), rdzv))
-    assert launch.world_size == 16
-
-
-def test_launch_options_reject_inconsistent_values():
-    with pytest.raises(ValueError, match="--master-addr"):
-        LaunchOptions(nproc=2, nnodes=2)
-    with pytest.raises(ValueError, match="--node-rank 2"):
-        LaunchOptions(nnodes=2, node_rank=2, master_addr="h")
-
-
+# threads -----------------------------------------------------------------------------------
 def test_threads_follow_the_idle_cpus_shared_among_the_ranks_of_a_node():
     from accelab.train.threads import threads_per_process
 

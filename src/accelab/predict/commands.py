@@ -73,12 +73,12 @@ def predict_command(
     from accelab.predict import launch as launcher
     from accelab.predict.options import build_request
     from accelab.predict.report import print_run, result_of
-    from accelab.launch import outcome_elsewhere
+    from accelab.launch import LaunchOptions, outcome_elsewhere
     from accelab.results.store import keep
 
-    launch = launcher.LaunchOptions(nproc=nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
-                                    master_port=master_port, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
-                                    rdzv_id=rdzv_id, rdzv_conf=rdzv_conf)
+    launch = LaunchOptions(nproc=nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
+                           master_port=master_port, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
+                           rdzv_id=rdzv_id, rdzv_conf=rdzv_conf)
     try:
         request = build_request(
             model=model, task=task, plan=plan, overrides=set_, inputs=inputs, out=str(out), launch=launch,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from accelab.catalog.spec import ModelSpec
+from accelab.launch import LaunchOptions
 from accelab.plan.plan import Plan
 from accelab.predict.chunks import rounded_chunk_size
 from accelab.predict.config import (
@@ -29,7 +30,6 @@ from accelab.predict.config import (
 from accelab.predict.parts import Parts, parts_path, sidecar_path
 from accelab.predict.launch import threads_per_process
 from accelab.scenarios.workload import resolve_batch_size
-from accelab.train.launch import LaunchOptions
 
 log = logging.getLogger(__name__)
 

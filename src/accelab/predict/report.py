@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from accelab.predict.launch import Outcome
+from accelab.launch import Outcome
 from accelab.predict.options import PredictRequest
 from accelab.results.result import Result, command_line
 

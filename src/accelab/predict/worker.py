@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -242,9 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m accelab.predict.worker CONFIG.json (written by `accelab predict`)", file=sys.stderr)
         return EXIT_USER_ERROR
-    if dist.under_torchrun():
-        _die_with_parent()
-    start_worker()
+    start_worker()  # under torchrun: this rank dies with torchrun's agent
     quiet_third_party_process_wide()  # the worker process's entry point; keeps the variables it inherited
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     config = PredictConfig.from_dict(json.loads(Path(args[0]).read_text()))
@@ -257,20 +254,6 @@ def main(argv: list[str] | None = None) -> int:
             Path(config.summary_path).write_text(json.dumps(doc, indent=2, default=str) + "\n")
 
     return run_worker(lambda: run(config), rank=rank, world_size=config.world_size, write=write, unsupported=Unsupported)
-
-
-def _die_with_parent() -> None:
-    """Linux: end this rank when torchrun's agent dies (even by SIGKILL), instead of running on
-    as an orphan that keeps writing chunks beside a resumed run."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    parent = os.getppid()
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if parent == 1 or os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
 
 
 if __name__ == "__main__":

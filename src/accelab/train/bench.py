@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from accelab.launch import LaunchOptions
 from accelab.measure.budget import PlanBudget
 from accelab.results.result import Result, new_run_id
 from accelab.train.accel import precision_problem
+from accelab.train import launch as launcher
 from accelab.train.config import TrainConfig
-from accelab.train.launch import LaunchOptions, run_workers
 from accelab.train.report import result_of
 from accelab.train.threads import threads_per_process
 
@@ -88,7 +89,7 @@ def run_bench(config: TrainConfig, spec: Any, rows: list[BenchRow], *, timeout_s
             row_config = row_config.with_changes(threads=threads_per_process(row.nproc, config.threads, idle))
         outcome = None
         if row.unsupported is None:
-            outcome = run_workers(row_config, launch, timeout_s=min(timeout_s, seconds or timeout_s))
+            outcome = launcher.run(row_config, launch, timeout_s=min(timeout_s, seconds or timeout_s))
         result = result_of(name=row.name, spec=spec, config=row_config, launch=launch, outcome=outcome,
                            unsupported=row.unsupported, group_id=group, tag=tag, env=env)
         if result.status == "timeout" and seconds and seconds < timeout_s:

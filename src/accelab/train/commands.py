@@ -108,7 +108,7 @@ def train_command(
     """Train an image classifier or fine-tune a causal LM with accelerate (mixed precision, accumulation,
     data parallel); store the model where bench, verify and serve find it."""
     from accelab.launch import refuse_outer_launcher
-    from accelab.train.launch import LaunchOptions
+    from accelab.launch import LaunchOptions
     from accelab.train.options import build_request
 
     refuse_outer_launcher("train")
@@ -174,13 +174,13 @@ def _train(request, timeout: float, json_out: Optional[Path], db: Optional[Path]
            store: bool) -> None:
     from accelab.launch import outcome_elsewhere
     from accelab.results.store import keep
-    from accelab.train.launch import run_workers
+    from accelab.train import launch as launcher
     from accelab.train.report import print_run, result_of
 
     request = _with_threads(request, _idle_cpus(request.config))
     for note in request.notes:
         typer.secho(f"note: {note}", fg=typer.colors.YELLOW, err=True)
-    outcome = run_workers(request.config, request.launch, timeout_s=timeout)
+    outcome = launcher.run(request.config, request.launch, timeout_s=timeout)
     if outcome_elsewhere(outcome):
         return
     result = result_of(name="train", spec=request.spec, config=request.config, launch=request.launch, outcome=outcome,

@@ -19,7 +19,7 @@ from typing import Any
 from accelab.catalog.spec import ModelSpec
 from accelab.train import checkpoint as ckpt
 from accelab.train.config import TrainConfig
-from accelab.train.launch import LaunchOptions
+from accelab.launch import LaunchOptions
 
 log = logging.getLogger(__name__)
 

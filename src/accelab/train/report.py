@@ -11,7 +11,7 @@ from accelab.catalog.spec import ModelSpec
 from accelab.results import contract as K
 from accelab.results.result import Result, command_line
 from accelab.train.config import TrainConfig
-from accelab.train.launch import LaunchOptions, WorkerOutcome
+from accelab.launch import LaunchOptions, Outcome
 
 _PRECISION_NAMES = {"no": "fp32", "bf16": "bf16-autocast", "fp16": "fp16-autocast"}
 
@@ -55,7 +55,7 @@ def metrics_of(summary: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def result_of(*, name: str, spec: ModelSpec, config: TrainConfig, launch: LaunchOptions, outcome: WorkerOutcome | None,
+def result_of(*, name: str, spec: ModelSpec, config: TrainConfig, launch: LaunchOptions, outcome: Outcome | None,
               unsupported: str | None = None, group_id: str | None = None, tag: str | None = None,
               env: dict[str, Any] | None = None, notes: list[str] | None = None) -> Result:
     from accelab.measure.environment import environment, fingerprint
