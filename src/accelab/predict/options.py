@@ -102,7 +102,8 @@ def _check_max_length(spec: ModelSpec, max_length: int | None) -> None:
 def _device(plan: Plan, spec: ModelSpec, requested: str, launch: LaunchOptions) -> Any:
     import torch
 
-    from accelab.plan.apply import check_supported, resolve_device
+    from accelab.plan.apply import resolve_device
+    from accelab.runtimes import check_supported
 
     device = resolve_device(plan, requested)
     if device.type == "cuda" and launch.nproc > torch.cuda.device_count():

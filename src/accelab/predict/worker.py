@@ -8,7 +8,7 @@ run's summary to `config.summary_path`. The recipe:
 1. join the process group (none for one process; NCCL on GPUs, gloo on CPUs);
 2. open the source: every rank lists the same items in the same order;
 3. rank 0 plans the work left (items not in finished chunk files) and broadcasts it;
-4. load the model with the plan (`apply_plan`);
+4. load the model with the plan (`runtimes.load_runnable`);
 5. run this rank's chunks: DataLoader workers decode and preprocess, the model predicts, each
    finished chunk is written atomically to the parts directory;
 6. gather the per-rank figures; rank 0 merges the chunks into the output in input order.
@@ -68,8 +68,8 @@ class RankStats:
 def run(config: PredictConfig, group: dist.Group | None = None) -> dict[str, Any] | None:
     """The whole run on this rank; the summary on global rank 0, None on the others."""
     from accelab.catalog.spec import ModelSpec
-    from accelab.plan.apply import apply_plan
     from accelab.plan.plan import Plan
+    from accelab.runtimes import load_runnable
 
     cuda = _wants_cuda(config)
     group = group or dist.start(cpu=not cuda, timeout_s=config.timeout_s)
@@ -85,7 +85,7 @@ def run(config: PredictConfig, group: dist.Group | None = None) -> dict[str, Any
         # 4. model and plan
         spec, plan = ModelSpec.from_dict(config.spec), Plan.from_dict(config.plan)
         log.info("rank %d: loading %s with plan %s on %s", group.rank, spec.name, plan.name, device)
-        with apply_plan(spec, plan, device) as runnable:
+        with load_runnable(spec, plan, device) as runnable:
             # 5. this rank's chunks
             stats = _run_chunks(config, source, work.for_rank(group.rank), runnable, group, device)
             notes = list(runnable.notes)

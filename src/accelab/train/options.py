@@ -107,6 +107,12 @@ def build_request(*, model: str, task: str | None, dataset: str | None, explicit
 
     plan_values, notes = plan_settings(plan)  # cheap checks first: a typo fails before any fetch
     spec = resolve(model, task)
+    if spec.custom:
+        raise ValueError(
+            f"{model} is a custom nn.Module; accelab train fine-tunes transformers checkpoints (it writes and resumes "
+            "them with save_pretrained). Train it in your own loop, then measure and serve it with accelab bench, "
+            "compare, tune, predict and serve"
+        )
     if spec.task not in DEFAULTS:
         raise ValueError(f"{model} is a {spec.task} model; accelab trains image-classification and "
                          "text-generation models (pass --task if the inferred task is wrong)")
