@@ -58,9 +58,7 @@ def threads_for(plan: Plan) -> int:
 
 def _graph_check(spec: ModelSpec, plan: Plan, device: torch.device) -> None:
     from accelab.backends.export import check_task
-    from accelab.plan.techniques._model_info import needs_transformers
 
-    needs_transformers(spec, f"backend={plan.backend} (its ONNX export follows the transformers model's inputs)")
     check_task(spec)
 
 

@@ -96,9 +96,16 @@ def model_files(source: str | Path) -> list[tuple[str, int, int]]:
     return stamps
 
 
-def dynamic_axes(task: str, input_names: Sequence[str], output_name: str) -> dict[str, dict[int, str]]:
-    """Batch is dynamic everywhere; text inputs and the token features also vary in sequence."""
-    if task == "image-classification":
+def output_name_of(spec: ModelSpec) -> str:
+    """The graph's one output: a custom model's main tensor is `logits` whatever its task."""
+    return "logits" if spec.custom else OUTPUT_OF_TASK[spec.task]
+
+
+def dynamic_axes(task: str, input_names: Sequence[str], output_name: str, *,
+                 batch_only: bool = False) -> dict[str, dict[int, str]]:
+    """Batch is dynamic everywhere; text inputs and the token features also vary in sequence
+    (not a custom model's: its example inputs fix every other axis)."""
+    if task == "image-classification" or batch_only:
         return {**{name: {0: "batch"} for name in input_names}, output_name: {0: "batch"}}
     axes = {name: {0: "batch", 1: "sequence"} for name in input_names}
     axes[output_name] = {0: "batch", 1: "sequence"}
@@ -106,15 +113,22 @@ def dynamic_axes(task: str, input_names: Sequence[str], output_name: str) -> dic
 
 
 def export_key(spec: ModelSpec, input_names: Sequence[str]) -> str:
-    output = OUTPUT_OF_TASK[spec.task]
+    output = output_name_of(spec)
+    if spec.custom:  # the builder's module or the saved object, not every file beside it
+        from accelab.catalog.custom import files_of
+
+        files = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files_of(spec.builder, spec.source)]  # type: ignore[arg-type]
+    else:
+        files = model_files(spec.source)
     parts = {
         "format": FORMAT,
         "source": str(Path(spec.source).resolve()),  # two tmp models with equal sizes and mtimes differ here
         "gguf_file": spec.gguf_file,
-        "files": model_files(spec.source),
+        "builder": spec.builder,
+        "files": files,
         "task": spec.task,
         "inputs": list(input_names),
-        "dynamic_axes": dynamic_axes(spec.task, input_names, output),
+        "dynamic_axes": dynamic_axes(spec.task, input_names, output, batch_only=spec.custom),
         "opset": OPSET,
         "exporter": EXPORTER,
         "attn_implementation": "eager",
@@ -162,6 +176,9 @@ def model_input_names(spec: ModelSpec) -> tuple[str, ...]:
         return ("pixel_values",)
     from accelab.catalog.load import load_processor
 
+    if spec.custom:
+        return load_processor(spec).call.keys
+
     tokenizer = load_processor(spec)
     return tuple(n for n in tokenizer.model_input_names if n in ("input_ids", "attention_mask", "token_type_ids"))
 
@@ -194,18 +211,17 @@ def export_to(spec: ModelSpec, input_names: tuple[str, ...], directory: Path) ->
     from accelab.catalog.inputs import forward_batch
     from accelab.catalog.load import load
 
-    loaded = load(spec, attn_implementation="eager")
+    loaded = load(spec, attn_implementation=None if spec.custom else "eager")
     # batch 2 of 16 tokens with padding: the trace must not specialise on batch 1 or a full mask
     sample = forward_batch(loaded, 2, seq_len=16)
     sample = {name: sample[name] for name in input_names}
-    output_name = OUTPUT_OF_TASK[spec.task]
+    output_name = output_name_of(spec)
+    axes = dynamic_axes(spec.task, input_names, output_name, batch_only=spec.custom)
     export_module(
         PositionalForward(loaded.model, input_names, output_name),
-        sample, directory / "model.onnx", output_name=output_name,
-        axes=dynamic_axes(spec.task, input_names, output_name), model_name=spec.name,
+        sample, directory / "model.onnx", output_name=output_name, axes=axes, model_name=spec.name,
     )
     config = loaded.model.config
-    axes = dynamic_axes(spec.task, input_names, output_name)
     meta = {
         "model": spec.name, "task": spec.task, "input_names": list(input_names), "output_name": output_name,
         "static_dims": {n: [None if i in axes[n] else int(s) for i, s in enumerate(sample[n].shape)] for n in input_names},

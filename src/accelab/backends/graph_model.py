@@ -64,7 +64,12 @@ class GraphModel:
 
 
 def model_config(spec: ModelSpec) -> Any:
-    """The transformers config (the batch builders read max positions and image size from it)."""
+    """The transformers config (the batch builders read max positions and image size from it);
+    a custom model's stand-in (its class names)."""
+    if spec.custom:
+        from accelab.catalog.custom import load
+
+        return load(spec)[0].config
     from transformers import AutoConfig
 
     gguf = {"gguf_file": spec.gguf_file} if spec.gguf_file else {}

@@ -62,7 +62,7 @@ def load(spec: ModelSpec, plan: Plan, device: torch.device, threads: int) -> Run
 
     # 1. the exported graph (cached)
     graph = onnx_graph(spec)
-    notes.append(f"ONNX graph {graph.directory.name} (legacy exporter, eager attention)")
+    notes.append(f"ONNX graph {graph.directory.name} (legacy exporter{'' if spec.custom else ', eager attention'})")
 
     # 2. transformer fusions
     if options.fusion == "on":

@@ -48,7 +48,7 @@ def load(spec: ModelSpec, plan: Plan, device: torch.device, threads: int) -> Run
 
     notes = [
         f"OpenVINO {ov.__version__} CPU plugin, {options.precision}, {threads} threads, {options.hint} hint",
-        f"ONNX graph {graph.directory.name} (legacy exporter, eager attention)",
+        f"ONNX graph {graph.directory.name} (legacy exporter{'' if spec.custom else ', eager attention'})",
     ]
     return graph_runnable(spec, plan, device, GraphModel(run, graph, model_config(spec), "openvino"), graph, notes)
 

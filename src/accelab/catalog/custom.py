@@ -357,7 +357,8 @@ class CustomModule(torch.nn.Module):
         self.task = task
         self.config = _Config(labels)
 
-    def forward(self, **inputs: torch.Tensor) -> CustomOutput:
+    def forward(self, return_dict: bool = True, **inputs: torch.Tensor) -> CustomOutput:
+        # return_dict: transformers' call convention (the ONNX export passes it); always an output object
         dtype = next((p.dtype for p in self.model.parameters() if p.is_floating_point()), None)
         cast = {k: v.to(dtype) if dtype is not None and torch.is_tensor(v) and v.is_floating_point() else v
                 for k, v in inputs.items()}
