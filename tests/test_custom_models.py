@@ -203,3 +203,21 @@ def test_train_says_it_trains_transformers_checkpoints_only():
     run = accelab("train", "--model", "custom_models:build")
     assert run.returncode == 2
     assert "custom nn.Module; accelab train fine-tunes transformers checkpoints" in run.stderr
+
+
+def test_the_spec_follows_the_weights_a_builder_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A retrained checkpoint behind the same builder is another model: its spec (and so its cached
+    fp32 reference and ONNX export) changes with the weights, not only with the module file."""
+    (tmp_path / "ckpt_models.py").write_text(
+        "import torch\nfrom custom_models import TinyConvNet\n\n"
+        "def build():\n    net = TinyConvNet()\n    net.load_state_dict(torch.load('net.pt'))\n    return net\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(TESTS))
+    from custom_models import TinyConvNet
+
+    torch.save(TinyConvNet().state_dict(), tmp_path / "net.pt")
+    first = resolve("ckpt_models:build")
+    assert resolve("ckpt_models:build") == first
+    torch.save(TinyConvNet().state_dict(), tmp_path / "net.pt")  # other random weights, same module file
+    assert resolve("ckpt_models:build").origin != first.origin

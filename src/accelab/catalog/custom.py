@@ -83,7 +83,25 @@ def resolve_target(target: str, task: str | None) -> Resolved:
     root = os.getcwd()
     built = _call_builder(target, root)
     chosen = _choose_task(built, task, target)
-    return Resolved(builder=target, source=root, task=chosen, origin=f"custom model {target} (from {root})")
+    # the weights' digest is part of the spec, so cached references and exports follow a retrained
+    # checkpoint that the builder loads (its module file alone would not change)
+    return Resolved(builder=target, source=root, task=chosen,
+                    origin=f"custom model {target} (from {root}; weights {_digest(built)})")
+
+
+def _digest(bundle: CustomModel) -> str:
+    """sha256 of the model's parameters and buffers and of its example inputs."""
+    digest = hashlib.sha256()
+    tensors = list(bundle.model.state_dict().items())
+    example = _example(bundle.inputs, 1)
+    tensors += list(_as_named(example)[0].items()) if example is not None else []
+    for name, tensor in tensors:
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        try:
+            digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        except (RuntimeError, TypeError):  # a tensor subclass without plain storage: its values as floats
+            digest.update(tensor.detach().cpu().float().numpy().tobytes())
+    return digest.hexdigest()[:12]
 
 
 def save_object(model: Any, *, inputs: Inputs = None, task: str | None = None, labels: list[str] | None = None,
