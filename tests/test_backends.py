@@ -87,9 +87,20 @@ def test_failed_export_names_the_model_and_the_operator(tmp_path):
 
 
 def test_technique_checks_accept_backend_presets():
+    from accelab.plan.apply import check_techniques
+
     spec = catalog_spec("minilm-l6")
     for name in BACKEND_PRESETS:
-        check_supported(PRESETS[name], spec, CPU)  # raises nothing
+        check_techniques(PRESETS[name], spec, CPU)  # the torch techniques raise nothing
+
+
+def test_check_supported_asks_the_runtime_too_before_anything_loads():
+    spec = catalog_spec("minilm-l6")
+    check_supported(PRESETS["onnxruntime"], spec, CPU)  # a graph runtime for an encoder: fine
+    with pytest.raises(Unsupported, match="llama.cpp runs text-generation models from GGUF files"):
+        check_supported(PRESETS["llamacpp"], spec, CPU)
+    with pytest.raises(Unsupported, match="torch fields compile"):
+        check_supported(backend_plan("onnxruntime").with_changes(compile="default"), spec, CPU)
 
 
 def test_torch_only_fields_are_refused_with_the_reason():
