@@ -48,7 +48,9 @@ def test_compare_runs_the_custom_convnet_and_says_what_needs_transformers(tmp_pa
     assert results["channels-last"]["quality"]["verdict"] == "pass"
     assert any("channels_last weights (3 conv layers)" in n for n in results["channels-last"]["notes"])
     # bf16 weights: the inputs are cast to the weights' dtype, the logits checked against fp32
-    assert results["bf16"]["quality"]["metrics"]["top1_agreement"] >= 0.75
+    # (they differ, so bf16 really ran, and only by bf16's rounding: 0.3% measured here)
+    bf16 = results["bf16"]["quality"]["metrics"]
+    assert 0 < bf16["logit_rel_error"] < 0.05 and bf16["top1_agreement"] >= 0.75
     # the ONNX export of the custom module: same outputs (the graph runs the photos too)
     assert results["onnxruntime"]["quality"]["verdict"] == "pass"
     assert results["onnxruntime"]["quality"]["metrics"]["top1_agreement"] == 1.0
