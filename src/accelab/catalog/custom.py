@@ -26,7 +26,7 @@ import logging
 import os
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
 
@@ -282,7 +282,6 @@ class CustomInputs:
     call: Call
     example: dict[str, torch.Tensor]
     make: Callable[[int], Any] | None = None  # the user's batch_size -> inputs, when given
-    labels: list[str] | None = field(default=None)
 
     @classmethod
     def from_example(cls, inputs: Inputs, task: str) -> "CustomInputs":

@@ -58,9 +58,9 @@ def load(
 
 def _load_custom(spec: ModelSpec, dtype: torch.dtype, attn_implementation: str | None, kwargs: dict) -> Loaded:
     # the technique checks refuse these for custom models first; this is the last line
-    if attn_implementation is not None or kwargs:
-        raise ValueError(f"{spec.name} is a custom nn.Module: transformers' load options "
-                         f"({', '.join(['attn_implementation'] * bool(attn_implementation) + list(kwargs))}) do not apply")
+    options = [*(["attn_implementation"] if attn_implementation is not None else []), *kwargs]
+    if options:
+        raise ValueError(f"{spec.name} is a custom nn.Module: transformers' load options ({', '.join(options)}) do not apply")
     from accelab.catalog import custom
 
     log.info("building the custom model %s (%s)", spec.name, spec.task)
