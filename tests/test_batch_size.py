@@ -45,8 +45,11 @@ def seen(monkeypatch):
         return Result(kind=kwargs.get("kind", "bench"), status="unsupported", reason="recorded by the test",
                       model=spec.to_dict(), plan=plan.to_dict(), workload=workload.to_dict())
 
+    def fake_measure_plans(spec, plans, workloads, **kwargs):
+        return [fake_bench(spec, plan, workload, **kwargs) for plan, workload in zip(plans, workloads)]
+
     monkeypatch.setattr("accelab.bench.engine.bench", fake_bench)
-    monkeypatch.setattr("accelab.bench.compare.bench", fake_bench)
+    monkeypatch.setattr("accelab.bench.compare.measure_plans", fake_measure_plans)
     monkeypatch.setattr("accelab.measure.capabilities.slow_techniques", lambda device, measure=False: {})
     return runs
 

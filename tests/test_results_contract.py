@@ -40,7 +40,7 @@ def test_every_key_name_is_in_a_contract_with_a_meaning():
         assert all(key.meaning for key in contract.keys)
 
 
-@pytest.mark.parametrize("path", ["bench/engine.py", "scenarios/forward.py", "scenarios/generate.py",
+@pytest.mark.parametrize("path", ["bench/engine.py", "bench/child.py", "bench/rounds.py", "scenarios/forward.py", "scenarios/generate.py",
                                   "loadtest/summary.py", "loadtest/run.py", "train/report.py", "tune/measure.py"])
 def test_producers_write_metrics_only_through_the_contract_names(path):
     """A literal key in a producer would bypass the contract (the runtime checks below cover the

@@ -1,20 +1,20 @@
-"""Several plans side by side: each in its own child process, one shared group id."""
+"""Several plans side by side: each in its own warm child, measured in alternating rounds
+(`accelab.bench.rounds`), one shared group id; each row after the reference carries its paired
+speed-up with a confidence interval."""
 
 from __future__ import annotations
 
 import logging
-import time
-from dataclasses import replace
 
 from rich.console import Console
 
-from accelab.bench.engine import bench
+from accelab.bench.rounds import RoundsConfig, measure_plans, with_rows
 from accelab.catalog.spec import ModelSpec
 from accelab.measure.budget import PlanBudget
 from accelab.plan.plan import Plan
 from accelab.quality.collect import QualityConfig
 from accelab.results.result import Result, new_run_id
-from accelab.scenarios.workload import Workload, resolve_batch_size
+from accelab.scenarios.workload import Workload
 
 log = logging.getLogger(__name__)
 
@@ -35,40 +35,12 @@ def run_compare(
     tag: str | None = None,
     console: Console | None = None,
     budget: PlanBudget | None = None,
+    rounds: RoundsConfig | None = None,
 ) -> list[Result]:
-    """Bench every plan; a plan that fails gives a row with its error and the others still run.
+    """Measure every plan; a plan that fails gives a row with its error and the others still run.
     A plan past its `budget` (see accelab.measure.budget) is stopped, and its row says so.
     `workload.batch_size` is the rows' shared batch: a plan with its own batch_size runs at that."""
-    from accelab.measure.capabilities import plan_techniques
-
     console = console or Console(stderr=True)
-    budget = budget or PlanBudget()
-    group = new_run_id()
-    results = []
-    reference_s: float | None = None
-    for i, plan in enumerate(plans, 1):
-        used = plan_techniques(plan)
-        seconds = budget.seconds_for(used, reference_s)
-        why = budget.expected_slow(used)
-        limit = f"; stopped after {seconds:.0f} s" if seconds else ""
-        console.print(f"[dim][{i}/{len(plans)}] {spec.name}: plan {plan.name}...[/]"
-                      + (f" [yellow]expected slow here ({why}){limit}[/]" if why else ""))
-        row = replace(workload, batch_size=resolve_batch_size(None, plan, workload.batch_size))
-        started = time.perf_counter()
-        try:
-            result = bench(
-                spec, plan, row, device=device, timeout_s=min(timeout_s, seconds or timeout_s), kind="compare",
-                tag=tag, group_id=group, quality=quality, tolerance=tolerance,
-            )
-        except Exception as err:  # noqa: BLE001 - e.g. the reference failed: keep the row, go on
-            log.exception("plan %s failed", plan.name)
-            result = Result(
-                kind="compare", status="error", model=spec.to_dict(), plan=plan.to_dict(),
-                workload=row.to_dict(), reason=f"{type(err).__name__}: {err}", group_id=group, tag=tag,
-            )
-        if result.status == "timeout" and seconds and seconds < timeout_s:
-            result.status, result.reason = "stopped", budget.stopped_reason(seconds, used)
-        if reference_s is None and result.ok:
-            reference_s = time.perf_counter() - started  # the first plan that ran: the others' yardstick
-        results.append(result)
-    return results
+    return measure_plans(spec, plans, with_rows(workload, plans), device=device, quality=quality,
+                         tolerance=tolerance, timeout_s=timeout_s, kind="compare", tag=tag, group_id=new_run_id(),
+                         budget=budget, config=rounds, console=console)

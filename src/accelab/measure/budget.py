@@ -2,7 +2,9 @@
 slow: `--max-seconds-per-plan` when given; otherwise only plans the capability report expects
 slow here (a technique its probe measured slower than fp32) get a budget, 3x the reference
 plan's own time (at least a minute), so a 0.04x plan costs minutes of nobody's time. A stopped
-plan is an answer, not a failure: its row says "stopped: too slow" with the measured reason.
+plan is an answer, not a failure: its row says "stopped: too slow, ran 92 s of its 90 s budget"
+with the measured reason. (The budget is announced as "budget 90 s, then stopped" before the plan
+runs: a limit, not a time it took.)
 Pure: the slow techniques come in from `capabilities.slow_techniques`."""
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class PlanBudget:
             return max(self.floor_s, self.factor * reference_s)
         return None
 
-    def stopped_reason(self, seconds: float, techniques: Iterable[str]) -> str:
+    def stopped_reason(self, budget_s: float, ran_s: float, techniques: Iterable[str]) -> str:
+        """What a stopped row says: its budget and how long it had run (loading included)."""
         why = self.expected_slow(techniques)
-        return f"stopped: too slow, over {seconds:.0f} s for this plan" + (f" (expected: {why})" if why else "")
+        return (f"stopped: too slow, ran {ran_s:.0f} s of its {budget_s:.0f} s budget"
+                + (f" (expected: {why})" if why else ""))

@@ -259,3 +259,36 @@ def _nvml_peak(samples: list[GpuSample]) -> tuple[float | None, Literal["process
 def _mean(values: Any) -> float | None:
     known = [v for v in values if v is not None]
     return sum(known) / len(known) if known else None
+
+
+def combine_reports(reports: list[MemoryReport]) -> MemoryReport:
+    """One report over several sampled blocks of the same process (the warm-up and the rounds of
+    an interleaved run): peaks are the highest, rates the time-weighted means, the baseline the
+    first block's."""
+    if not reports:
+        raise ValueError("combine_reports needs at least one report")
+    seconds = sum(r.seconds for r in reports)
+
+    def weighted(values: list[tuple[float | None, float]]) -> float | None:
+        known = [(v, s) for v, s in values if v is not None]
+        total = sum(s for _, s in known)
+        return sum(v * s for v, s in known) / total if known and total > 0 else _mean(v for v, _ in known)
+
+    def peak(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return max(known) if known else None
+
+    return MemoryReport(
+        peak_rss_mb=max(r.peak_rss_mb for r in reports),
+        baseline_rss_mb=reports[0].baseline_rss_mb,
+        cpu_util_percent=weighted([(r.cpu_util_percent, r.seconds) for r in reports]) or 0.0,
+        cpu_util_fraction=weighted([(r.cpu_util_fraction, r.seconds) for r in reports]) or 0.0,
+        gpu_peak_allocated_mb=peak([r.gpu_peak_allocated_mb for r in reports]),
+        gpu_peak_reserved_mb=peak([r.gpu_peak_reserved_mb for r in reports]),
+        nvml_used_mb=peak([r.nvml_used_mb for r in reports]),
+        nvml_scope=next((r.nvml_scope for r in reports if r.nvml_scope), None),
+        gpu_util_percent=weighted([(r.gpu_util_percent, r.seconds) for r in reports]),
+        power_w=weighted([(r.power_w, r.seconds) for r in reports]),
+        samples=sum(r.samples for r in reports),
+        seconds=seconds,
+    )

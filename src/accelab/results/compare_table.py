@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from accelab.results.result import Result
-from accelab.results.table import fmt, make_console
+from accelab.results.table import fmt, make_console, noise_line
 
 
 def _quality_cell(result: Result) -> str:
@@ -20,12 +20,27 @@ def _quality_cell(result: Result) -> str:
     return result.quality["verdict"]
 
 
-def _status_note(result: Result) -> str:
+def _status_note(result: Result, speedup: dict[str, Any], noise: dict[str, Any]) -> str:
     if result.status == "unsupported":
         return f"unsupported here: {result.reason}"
     if not result.ok:
-        return f"{result.status}: {(result.reason or '').splitlines()[0][:160]}"
-    return "; ".join(result.notes)
+        reason = (result.reason or "").splitlines()[0][:160] if result.reason else ""
+        return reason if reason.startswith(f"{result.status}:") else f"{result.status}: {reason}"
+    notes = list(result.notes)
+    if noise and noise.get("level") != "quiet":
+        notes.insert(0, noise_line(noise, "row"))
+    if speedup.get("verdict") in ("unreliable", "no measurable difference"):
+        notes.insert(0, f"speed-up {speedup['reason']}")
+    return "; ".join(notes)
+
+
+def _speedup(result: Result, metrics: dict[str, Any], base_tp: float | None) -> dict[str, Any]:
+    """The row's paired speed-up record (bench.rounds.speedup_record); for the reference row and
+    for Results stored before rounds were paired, the plain throughput ratio without a verdict."""
+    if isinstance(metrics.get("speedup"), dict):
+        return metrics["speedup"]
+    tp = metrics.get("throughput")
+    return {"value": tp / base_tp if base_tp and tp else None}
 
 
 def rows(results: list[Result]) -> list[dict[str, Any]]:
@@ -38,6 +53,8 @@ def rows(results: list[Result]) -> list[dict[str, Any]]:
         m = r.metrics if r.ok else {}
         generate = r.workload.get("scenario") == "generate"
         latency = m.get("e2e_ms" if generate else "latency_ms") or {}
+        speedup = _speedup(r, m, base_tp)
+        noise = m.get("noise") or {}
         row: dict[str, Any] = {
             "plan": r.plan.get("name"),
             "status": r.status,
@@ -46,10 +63,16 @@ def rows(results: list[Result]) -> list[dict[str, Any]]:
             "throughput": m.get("throughput"),
             "throughput_unit": m.get("throughput_unit"),
             "peak_memory_mb": m.get("peak_memory_mb"),
-            "speedup": m["throughput"] / base_tp if base_tp and m.get("throughput") else None,
+            "speedup": speedup.get("value"),
+            "speedup_low": speedup.get("low"),
+            "speedup_high": speedup.get("high"),
+            "speedup_verdict": speedup.get("verdict"),
+            "speedup_reason": speedup.get("reason"),
+            "noise": noise.get("level"),
+            "noise_reason": noise_line(noise, "row") if noise and noise.get("level") != "quiet" else None,
             "memory_saving": 1 - m["peak_memory_mb"] / base_mem if base_mem and m.get("peak_memory_mb") else None,
             "quality": r.quality["verdict"] if r.quality else None,
-            "notes": _status_note(r),
+            "notes": _status_note(r, speedup, noise),
             "run_id": r.run_id,
         }
         if generate:
@@ -77,6 +100,16 @@ def _x(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+def _speedup_cell(row: dict[str, Any]) -> str:
+    """1.42x (1.38-1.47) when the interval decides; the words when it does not."""
+    verdict = row.get("speedup_verdict")
+    if verdict in ("unreliable", "no measurable difference"):
+        return verdict
+    if row.get("speedup_low") is not None and row.get("speedup_high") is not None:
+        return f"{row['speedup']:.2f}x ({row['speedup_low']:.2f}-{row['speedup_high']:.2f})"
+    return _x(row["speedup"])
+
+
 def render(results: list[Result], title: str, console: Console | None = None) -> None:
     console = console or make_console()
     data = rows(results)
@@ -84,7 +117,7 @@ def render(results: list[Result], title: str, console: Console | None = None) ->
     table = Table(title=title, title_justify="left")
     columns = ["plan", "p50 ms", "p99 ms"]
     columns += ["TTFT ms", "TPOT ms", "tokens/s", "roofline"] if generate else ["items/s", "MFU"]
-    columns += ["peak MB", "speed-up", "mem saved", "quality", "notes"]
+    columns += ["peak MB", "speed-up", "mem saved", "quality", "noise", "notes"]
     for name in columns:
         table.add_column(name, overflow="fold", no_wrap=name != "notes")
     colours = {"pass": "green", "warn": "yellow", "fail": "red"}
@@ -96,17 +129,22 @@ def render(results: list[Result], title: str, console: Console | None = None) ->
         else:
             cells += [fmt(row["throughput"]), _pct(row.get("mfu"))]
         quality = row["quality"] or "-"
+        noise = row.get("noise") or "-"
         cells += [
             fmt(row["peak_memory_mb"]),
-            _x(row["speedup"]),
+            _speedup_cell(row),
             _pct(row["memory_saving"]),
             f"[{colours.get(quality, 'white')}]{quality}[/]",
+            f"[{NOISE_COLOURS.get(noise, 'white')}]{noise}[/]",
             _footnote(row, footnotes),
         ]
         table.add_row(*cells)
     console.print(table)
     for i, note in enumerate(footnotes, 1):
         console.print(f"[dim]\\[{i}][/] {escape(note)}", highlight=False)
+
+
+NOISE_COLOURS = {"quiet": "green", "noisy": "yellow", "unreliable": "red"}
 
 
 def _footnote(row: dict[str, Any], footnotes: list[str]) -> str:
@@ -119,7 +157,8 @@ def _footnote(row: dict[str, Any], footnotes: list[str]) -> str:
 
 
 CSV_FIELDS = ["plan", "status", "latency_p50_ms", "latency_p99_ms", "throughput", "throughput_unit",
-              "peak_memory_mb", "speedup", "memory_saving", "quality", "notes", "run_id"]
+              "peak_memory_mb", "speedup", "speedup_low", "speedup_high", "speedup_verdict", "memory_saving",
+              "quality", "noise", "notes", "run_id"]
 
 
 def to_csv(results: list[Result]) -> str:
@@ -131,13 +170,14 @@ def to_csv(results: list[Result]) -> str:
 
 
 def to_markdown(results: list[Result]) -> str:
-    header = "| plan | p50 ms | p99 ms | throughput | peak MB | speed-up | memory saved | quality | notes |"
-    lines = [header, "|" + "---|" * 9]
+    header = "| plan | p50 ms | p99 ms | throughput | peak MB | speed-up | memory saved | quality | noise | notes |"
+    lines = [header, "|" + "---|" * 10]
     for row in rows(results):
         unit = row.get("throughput_unit") or ""
         lines.append(
             f"| {row['plan']} | {fmt(row['latency_p50_ms'])} | {fmt(row['latency_p99_ms'])} | "
-            f"{fmt(row['throughput'])} {unit} | {fmt(row['peak_memory_mb'])} | {_x(row['speedup'])} | "
-            f"{_pct(row['memory_saving'])} | {row['quality'] or '-'} | {row['notes'].replace('|', '/')} |"
+            f"{fmt(row['throughput'])} {unit} | {fmt(row['peak_memory_mb'])} | {_speedup_cell(row)} | "
+            f"{_pct(row['memory_saving'])} | {row['quality'] or '-'} | {row.get('noise') or '-'} | "
+            f"{row['notes'].replace('|', '/')} |"
         )
     return "\n".join(lines) + "\n"

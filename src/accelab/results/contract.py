@@ -8,8 +8,8 @@ cv, min, p50, p90, p99, max, in ms. Memory is MiB (2**20 bytes), named `_mb` as 
 
 | producer                                   | Result.kind              | contract              |
 |--------------------------------------------|--------------------------|-----------------------|
-| scenarios/forward.py + bench/engine.py     | bench, compare, tune     | FORWARD (+ TUNE)      |
-| scenarios/generate.py + bench/engine.py    | bench, compare, tune     | GENERATE (+ TUNE)     |
+| scenarios/forward.py + bench/child.py      | bench, compare, tune     | FORWARD (+ TUNE)      |
+| scenarios/generate.py + bench/child.py     | bench, compare, tune     | GENERATE (+ TUNE)     |
 | loadtest/summary.py + loadtest/run.py      | loadtest                 | LOADTEST, FIND_MAX    |
 | train/report.py (train/timing.py, loop.py) | train                    | TRAIN                 |
 """
@@ -78,7 +78,7 @@ DECODE_TOKENS_PER_S: Final = "decode_tokens_per_s"
 DECODE_STEP_S: Final = "decode_step_s"
 GENERATED_TOKENS_CHECKED: Final = "generated_tokens_checked"
 SAMPLE_TEXT: Final = "sample_text"
-# what bench/engine.py adds around a scenario
+# what bench/child.py and bench/rounds.py add around a scenario
 LOAD_S: Final = "load_s"
 MEMORY: Final = "memory"
 PEAK_RSS_MB: Final = "peak_rss_mb"
@@ -94,6 +94,9 @@ MFU: Final = "mfu"
 MFU_UNKNOWN: Final = "mfu_unknown"
 ROOFLINE: Final = "roofline"
 ROOFLINE_UNKNOWN: Final = "roofline_unknown"
+NOISE: Final = "noise"
+ROUNDS: Final = "rounds"
+SPEEDUP: Final = "speedup"
 TRACEBACK: Final = "traceback"  # any kind: the child's traceback, the only key of a crashed run
 # the tuner's bookkeeping on its bench Results
 TUNE_CANDIDATE: Final = "tune_candidate"
@@ -174,9 +177,12 @@ device          -      the device the plan ran on, e.g. cpu, cuda:0
 placement       -      where a device map put the modules (device-map and offload plans only)
 hardware        -      {peak_flops, compute_path, bandwidth_bytes_per_s} the figures are against
 weight_bytes    bytes  the model's weights
+noise           -      what the machine did besides the run (accelab.measure.noise.summary): level quiet | noisy | unreliable, reason, steal, steal_max, others_cores, others_cores_max, throttled, load1, cv, rounds, rounds_used
+rounds          -      every timed round (accelab.bench.rounds.rounds_record): rate, seconds, calls, cv, used, steal, others_cores, throttled, level
+speedup         -      compare rows after the reference: the paired ratio over the reference's rounds (accelab.measure.paired.Ratio): value, low, high, rounds, dropped, verdict, reason, confidence, reference
 """)
 FORWARD: Final = Contract(
-    producer="accelab.scenarios.forward.run_forward + accelab.bench.engine.measure_in_child",
+    producer="accelab.scenarios.forward.ForwardScenario + accelab.bench.child.BenchChild + accelab.bench.rounds",
     keys=(*keys("""
 latency_ms      ms        stats of one forward call (the request latency)
 throughput      items/s   items of all timed calls / wall time of the timed loop
@@ -187,7 +193,7 @@ mfu_unknown     -         why the MFU is not reported (it measured above 100% tw
 """), *_TIMED_LOOP, *_ENGINE),
 )
 GENERATE: Final = Contract(
-    producer="accelab.scenarios.generate.run_generate + accelab.bench.engine.measure_in_child",
+    producer="accelab.scenarios.generate.GenerateScenario + accelab.bench.child.BenchChild + accelab.bench.rounds",
     keys=(*keys("""
 e2e_ms                    ms           stats of one generate call of exactly new_tokens tokens (the request latency)
 ttft_ms                   ms           stats of the time to the first new token (prefill + one sampling step)

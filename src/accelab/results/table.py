@@ -39,6 +39,28 @@ def _stat_line(stats: dict[str, float] | None, unit: str = "ms") -> str:
     )
 
 
+def noise_line(noise: dict[str, Any] | None, what: str = "run") -> str:
+    """The noise of a Result in a sentence: how loud the machine was and what that means for
+    its figures (`accelab.measure.noise`). "-" for Results stored before noise was measured."""
+    if not noise:
+        return "-"
+    used, rounds = noise.get("rounds_used", 0), noise.get("rounds", 0)
+    figures = (f"steal {noise.get('steal_max', 0) * 100:.0f}% at most, other processes "
+               f"{noise.get('others_cores_max', 0):.2f} cores at most, load {noise.get('load1', 0):.1f}")
+    if noise.get("level") == "unreliable":
+        return (f"unreliable: {noise.get('reason')} during this {what}; {used} of {rounds} rounds were quiet enough "
+                f"({figures}). Do not trust these figures: run again on a quieter machine")
+    kept = f"{used} of {rounds} rounds used" + (" (the others were left out as unreliable)" if used < rounds else "")
+    if noise.get("level") == "noisy":
+        return f"noisy: {noise.get('reason')}; {kept} ({figures})"
+    return f"quiet: {kept} ({figures})"
+
+
+def noise_cell(noise: dict[str, Any] | None) -> str:
+    """The table cell: quiet / noisy / unreliable ("-" when not measured)."""
+    return str(noise.get("level")) if noise else "-"
+
+
 def bench_rows(result: Result) -> list[tuple[str, str]]:
     """(label, value) rows describing one bench Result, most important first."""
     m = result.metrics
@@ -93,6 +115,7 @@ def bench_rows(result: Result) -> list[tuple[str, str]]:
                 )
             )
     rows += [
+        ("noise", noise_line(m.get("noise"))),
         ("peak memory", f"{fmt(m.get('peak_memory_mb'))} MB"),
         ("load / first call", f"{fmt(m.get('load_s'))} s / {fmt(m.get('first_call_s'))} s"),
         ("threads", f"{m.get('threads', {}).get('intra_op')} intra-op, {m.get('threads', {}).get('inter_op')} inter-op"),

@@ -58,6 +58,19 @@ class Workload:
         return cls(**data)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RoundSpec:
+    """How long one round runs: until both min_iters and min_seconds, or max_seconds."""
+
+    min_iters: int
+    min_seconds: float
+    max_seconds: float
+
+    @classmethod
+    def whole(cls, workload: Workload) -> RoundSpec:
+        return cls(min_iters=workload.min_iters, min_seconds=workload.min_seconds, max_seconds=workload.max_seconds)
+
+
 def resolve_batch_size(flag: int | None, plan: Plan | None, default: int) -> int:
     """The batch size of a run, by the one rule every command applies where it builds its
     request: an explicit --batch-size, else the plan's batch_size (plan files from `accelab tune`

@@ -1,0 +1,303 @@
+"""Plans measured in alternating rounds, each in its own warm child, so a busy minute hits every
+plan alike.
+
+Why: on a shared machine the noise comes in bursts of seconds to minutes. Measured one after
+another, plan A can get the quiet minute and plan B the busy one, and the table says "B is 3x
+slower". Here every plan is loaded first (one child each, one after another, so a compile's
+first-call time is its own), then the plans take turns in short rounds, A B C, C B A, A B C ...
+(pyperf and hyperfine interleave for the same reason). The machine's noise is measured around
+every turn (`accelab.measure.noise`); a turn in an unreliable window is left out, and the
+speed-up of a plan is the paired ratio of its rounds against the reference plan's rounds of the
+same index (`accelab.measure.paired`), with a confidence interval. While too few rounds were
+quiet enough, a few more are run (the burst may pass); a row that never got enough says so.
+
+A plan past its time budget (`accelab.measure.budget`) is stopped and its row says how long it
+ran; a plan that breaks (error, OOM, crash) is a row with its reason, and the others go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from accelab.bench.child import BenchJob, BenchOutput, Finish, Load, Loaded, Round, RoundDone
+from accelab.catalog.spec import ModelSpec
+from accelab.measure import noise
+from accelab.measure.budget import PlanBudget
+from accelab.measure.paired import MIN_PAIRS, paired_ratio
+from accelab.measure.runner import ChildOutcome
+from accelab.measure.session import WarmChild
+from accelab.plan.plan import Plan
+from accelab.quality.collect import QualityConfig
+from accelab.results import contract as K
+from accelab.results.result import Result, command_line
+from accelab.scenarios.workload import RoundSpec, Workload
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RoundsConfig:
+    """How a run is split into turns."""
+
+    rounds: int = 6  # turns per plan; the workload's min_seconds / min_iters are shared among them
+    extra: int = 6  # at most this many more rounds while too few were quiet enough
+    min_usable: int = MIN_PAIRS  # quiet rounds (pairs, when comparing) a figure needs
+    settle_s: float = 0.05  # pause between two turns: the last plan's worker threads go idle
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise ValueError(f"rounds={self.rounds} must be 1 or more")
+        if self.extra < 0:
+            raise ValueError(f"extra rounds={self.extra} must be 0 or more")
+
+    @classmethod
+    def single(cls) -> RoundsConfig:
+        """One plan (bench): fewer, longer rounds; noise still measured and noisy rounds dropped."""
+        return cls(rounds=3, extra=3, min_usable=2)
+
+    def spec(self, workload: Workload) -> RoundSpec:
+        return RoundSpec(min_iters=max(1, math.ceil(workload.min_iters / self.rounds)),
+                         min_seconds=workload.min_seconds / self.rounds,
+                         max_seconds=max(workload.max_seconds / self.rounds, 1.0))
+
+
+def turn_order(n: int, round_index: int) -> list[int]:
+    """A B C in even rounds, C B A in odd ones: no plan always goes first after a pause."""
+    order = list(range(n))
+    return order if round_index % 2 == 0 else order[::-1]
+
+
+@dataclass(kw_only=True)
+class Contender:
+    plan: Plan
+    workload: Workload
+    job: BenchJob
+    techniques: list[str] = field(default_factory=list)
+    budget_s: float | None = None  # --max-seconds-per-plan or the slow-plan budget
+    child: WarmChild | None = None
+    loaded: Loaded | None = None
+    failure: ChildOutcome | None = None
+    stopped: str | None = None  # why it was stopped as too slow
+    used_s: float = 0.0  # its load and turns so far
+    rounds: list[RoundDone] = field(default_factory=list)
+    windows: list[noise.Window | None] = field(default_factory=list)
+    output: BenchOutput | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.loaded is not None and self.loaded.status == "ok" and self.failure is None and self.output is None
+
+    def usable(self, index: int) -> bool:
+        w = self.windows[index] if index < len(self.windows) else None
+        return w is None or w.level != "unreliable"
+
+    @property
+    def kept(self) -> tuple[int, ...]:
+        return tuple(i for i in range(len(self.rounds)) if self.usable(i))
+
+
+def paired_usable(a: Contender, b: Contender) -> list[bool]:
+    n = min(len(a.rounds), len(b.rounds))
+    return [a.usable(i) and b.usable(i) for i in range(n)]
+
+
+def needs_more(contenders: Sequence[Contender], config: RoundsConfig) -> bool:
+    """Too few quiet rounds for a figure: of the only plan, or of a plan paired with the reference."""
+    active = [c for c in contenders if c.active]
+    if not active:
+        return False
+    if len(contenders) == 1:
+        return len(active[0].kept) < config.min_usable
+    reference = next((c for c in contenders if c.loaded is not None and c.loaded.status == "ok"), None)
+    if reference is None or not reference.active:
+        return False
+    return any(sum(paired_usable(c, reference)) < config.min_usable for c in active if c is not reference)
+
+
+class Driver:
+    """Runs the contenders: load each, alternate their rounds, finish each (module docstring)."""
+
+    def __init__(self, contenders: list[Contender], *, config: RoundsConfig, timeout_s: float,
+                 budget: PlanBudget, console: Console, env: dict[str, str] | None = None) -> None:
+        self.contenders, self.config, self.timeout_s = contenders, config, timeout_s
+        self.budget, self.console, self.env = budget, console, env or {}
+
+    def run(self) -> None:
+        try:
+            reference_s: float | None = None
+            for i, c in enumerate(self.contenders, 1):
+                self._load(i, c, reference_s)
+                if reference_s is None and c.loaded is not None and c.loaded.status == "ok":
+                    # the first plan that runs is the others' yardstick: its load and its measuring time
+                    reference_s = c.used_s + c.workload.min_seconds
+            index = 0
+            while index < self.config.rounds or (index < self.config.rounds + self.config.extra
+                                                  and needs_more(self.contenders, self.config)):
+                if not any(c.active for c in self.contenders):
+                    break
+                self._round(index)
+                index += 1
+            for c in self.contenders:
+                if c.active:
+                    self._finish(c)
+        finally:
+            for c in self.contenders:
+                if c.child is not None:
+                    c.child.close()
+
+    def _limit(self, c: Contender) -> float:
+        limit = self.timeout_s - c.used_s
+        return min(limit, c.budget_s - c.used_s) if c.budget_s else limit
+
+    def _call(self, c: Contender, request: Any) -> ChildOutcome:
+        assert c.child is not None
+        outcome = c.child.call(request, timeout_s=max(self._limit(c), 1.0))
+        c.used_s += outcome.wall_seconds
+        if outcome.status == "timeout" and c.budget_s and c.budget_s < self.timeout_s:
+            c.stopped = self.budget.stopped_reason(c.budget_s, c.used_s, c.techniques)
+        if not outcome.ok:
+            c.failure = outcome
+        return outcome
+
+    def _load(self, i: int, c: Contender, reference_s: float | None) -> None:
+        c.budget_s = self.budget.seconds_for(c.techniques, reference_s)
+        why = self.budget.expected_slow(c.techniques)
+        limit = f"; budget {c.budget_s:.0f} s, then stopped" if c.budget_s else ""
+        self.console.print(f"[dim][{i}/{len(self.contenders)}] {escape(c.job.spec.name)}: plan {escape(c.plan.name)}: loading...[/]"
+                           + (f" [yellow]expected slow here ({why}){limit}[/]" if why else
+                              f"[dim]{limit}[/]" if limit else ""))
+        c.child = WarmChild("accelab.bench.child:BenchChild", c.job, env=self.env)
+        started = c.child.start()
+        if not started.ok:
+            c.failure = started
+            return
+        outcome = self._call(c, Load())
+        if outcome.ok:
+            c.loaded = outcome.value
+
+    def _round(self, index: int) -> None:
+        cells = []
+        for position in turn_order(len(self.contenders), index):
+            c = self.contenders[position]
+            if not c.active:
+                continue
+            assert c.child is not None and c.child.pid is not None
+            with noise.Meter([c.child.pid, os.getpid()]) as meter:
+                outcome = self._call(c, Round(spec=self.config.spec(c.workload)))
+            if outcome.ok:
+                done: RoundDone = outcome.value
+                c.rounds.append(done)
+                c.windows.append(meter.window.with_cv(done.cv) if meter.window is not None else None)
+                cells.append((position, f"{escape(c.plan.name)} {done.rate:.4g}", c.windows[-1]))
+            time.sleep(self.config.settle_s)
+        cells.sort()
+        loudest = noise.worst([w for _, _, w in cells if w is not None])
+        state = "quiet" if loudest is None or loudest.level == "quiet" else f"{loudest.level}: {escape(loudest.reason)}"
+        total = self.config.rounds if index < self.config.rounds else f"{self.config.rounds}+{index + 1 - self.config.rounds}"
+        self.console.print(f"[dim]  round {index + 1}/{total}: {' · '.join(text for _, text, _ in cells)} ({state})[/]")
+
+    def _finish(self, c: Contender) -> None:
+        outcome = self._call(c, Finish(kept=c.kept))
+        if outcome.ok:
+            c.output = outcome.value
+        if c.child is not None:
+            c.child.close()
+
+
+def rounds_record(c: Contender) -> list[dict[str, Any]]:
+    """Every turn of a plan, for the store (regress compares runs by their rounds)."""
+    out = []
+    for i, done in enumerate(c.rounds):
+        w = c.windows[i] if i < len(c.windows) else None
+        out.append({"rate": done.rate, "seconds": done.seconds, "calls": done.calls, "cv": done.cv,
+                    "used": c.usable(i), **({"steal": w.steal, "others_cores": w.others_cores,
+                                            "throttled": w.throttled, "level": w.level} if w else {})})
+    return out
+
+
+def speedup_record(c: Contender, reference: Contender) -> dict[str, Any]:
+    """The paired speed-up of `c` over the reference plan, with its interval and verdict."""
+    usable = paired_usable(c, reference)
+    n = len(usable)
+    loud = noise.worst([w for w in (*c.windows[:n], *reference.windows[:n]) if w is not None])
+    ratio = paired_ratio([r.rate for r in c.rounds[:n]], [r.rate for r in reference.rounds[:n]], usable,
+                         why_dropped=f"{loud.reason} in the loudest round" if loud is not None and loud.reason else "")
+    return {**ratio.to_dict(), "reference": reference.plan.name}
+
+
+def measure_plans(spec: ModelSpec, plans: Sequence[Plan], workloads: Sequence[Workload], *, device: str | None,
+                  quality: QualityConfig | None, tolerance: str, timeout_s: float, kind: str, tag: str | None,
+                  group_id: str | None, env: dict[str, str] | None = None, budget: PlanBudget | None = None,
+                  config: RoundsConfig | None = None, console: Console | None = None) -> list[Result]:
+    """Measure every plan in alternating rounds; one Result per plan, in order. With several
+    plans, each Result after the first that ran carries its paired speed-up (`speedup`)."""
+    from accelab.measure.capabilities import plan_techniques
+
+    console = console or Console(stderr=True)
+    contenders = [Contender(plan=p, workload=w, techniques=plan_techniques(p),
+                            job=BenchJob(spec=spec, plan=p, workload=w, device=device, quality=quality))
+                  for p, w in zip(plans, workloads)]
+    driver = Driver(contenders, config=config or RoundsConfig(), timeout_s=timeout_s,
+                    budget=budget or PlanBudget(), console=console, env=env)
+    driver.run()
+    reference = next((c for c in contenders if c.output is not None), None)
+    results = []
+    for c in contenders:
+        result = _result(c, spec, kind=kind, tag=tag, group_id=group_id, device=device, quality=quality,
+                         tolerance=tolerance, timeout_s=timeout_s)
+        if result.ok and reference is not None and c is not reference and len(contenders) > 1:
+            result.metrics[K.SPEEDUP] = speedup_record(c, reference)
+        results.append(result)
+    return results
+
+
+def result_shell(spec: ModelSpec, plan: Plan, workload: Workload, *, kind: str, tag: str | None,
+                 group_id: str | None) -> Result:
+    """A Result with everything but the measurement (status "error" until one is filled in)."""
+    from accelab.measure.environment import environment, fingerprint
+
+    machine = environment()
+    return Result(kind=kind, status="error", model=spec.to_dict(), plan=plan.to_dict(), workload=workload.to_dict(),
+                  environment=machine, fingerprint=fingerprint(machine), command=command_line(), tag=tag,
+                  group_id=group_id)
+
+
+def _result(c: Contender, spec: ModelSpec, *, kind: str, tag: str | None, group_id: str | None, device: str | None,
+            quality: QualityConfig | None, tolerance: str, timeout_s: float) -> Result:
+    result = result_shell(spec, c.plan, c.workload, kind=kind, tag=tag, group_id=group_id)
+    if c.output is not None:
+        output = c.output
+        result.status = output.status  # type: ignore[assignment]
+        result.metrics, result.notes, result.reason = output.metrics, output.notes, output.reason
+        result.metrics[K.NOISE] = noise.summary([w for w in c.windows if w is not None],
+                                                [c.usable(i) for i, w in enumerate(c.windows) if w is not None])
+        result.metrics[K.ROUNDS] = rounds_record(c)
+        if quality is not None and output.outputs is not None:
+            from accelab.quality.verify import judge_outputs, reference_outputs
+
+            reference = reference_outputs(spec, quality, device=device, timeout_s=timeout_s)
+            result.quality = judge_outputs(spec.task, reference, output.outputs, tolerance)
+    elif c.loaded is not None and c.loaded.status != "ok":
+        result.status, result.reason = c.loaded.status, c.loaded.reason  # type: ignore[assignment]
+    elif c.failure is not None:
+        result.status = "stopped" if c.stopped else c.failure.status  # type: ignore[assignment]
+        result.reason = c.stopped or c.failure.reason
+        if c.failure.traceback:
+            result.metrics = {K.TRACEBACK: c.failure.traceback}
+    return result
+
+
+def with_rows(workload: Workload, plans: Sequence[Plan]) -> list[Workload]:
+    """compare's rule: each plan runs at its own batch_size when it has one, else the shared one."""
+    from accelab.scenarios.workload import resolve_batch_size
+
+    return [replace(workload, batch_size=resolve_batch_size(None, p, workload.batch_size)) for p in plans]
