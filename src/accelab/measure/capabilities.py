@@ -193,16 +193,23 @@ def _package(dist: str, name: str, pip: str, note: str = "") -> Callable[[_Machi
 
 
 def _probed(technique: str, fallback: Callable[[_Machine], Check]) -> Callable[[_Machine], Check]:
-    """The probe's measured factor when there is one (`accelab.measure.probes`), else `fallback`."""
+    """The probe's measured factor when there is one (`accelab.measure.probes`), else `fallback`.
+    A probe measured under noise is reported, never used as the verdict; "slow" needs the whole
+    interval below SLOW_BELOW (a probe cached before intervals: its factor alone)."""
 
     def check(m: _Machine) -> Check:
         status, reason = fallback(m)
         factor = m.limits.probes.get(technique) if m.limits is not None else None
         if status == "unsupported" or factor is None:
             return status, reason
-        if factor < SLOW_BELOW:
-            return "slow", f"{describe(factor)}: expect it slower than fp32"
-        return "ok", describe(factor)
+        detail = m.limits.probe_details.get(technique) if m.limits is not None else None
+        if detail is not None and not detail.get("trusted", True):
+            return status, (f"{describe(factor)}, but under noise ({detail.get('reason')}): not used as a verdict "
+                            f"(`accelab env --refresh` on a quiet machine measures it again); {reason}")
+        high = detail.get("high") if detail else None
+        if (high if high is not None else factor) < SLOW_BELOW:
+            return "slow", f"{describe(factor, detail)}: expect it slower than fp32"
+        return "ok", describe(factor, detail)
 
     return check
 

@@ -37,10 +37,12 @@ def build_report(*, measure: bool = True, refresh: bool = False) -> dict[str, An
     """The whole `accelab env` report as one JSON-serialisable dict."""
     import torch
 
+    from accelab.measure import noise
     from accelab.measure.environment import environment, fingerprint
     from accelab.measure.capabilities import capabilities
     from accelab.measure.hardware import hardware_limits
 
+    now = noise.sample_now(1.0)  # before measuring: what the machine does on its own
     env = environment()
     limits = []
     if measure:
@@ -52,6 +54,7 @@ def build_report(*, measure: bool = True, refresh: bool = False) -> dict[str, An
         "fingerprint": fingerprint(env),
         "limits": [asdict(lim) for lim in limits],
         "capabilities": [asdict(cap) for cap in capabilities(env, cpu_limits)],
+        "noise_now": now.to_dict() if now is not None else None,
     }
 
 
@@ -70,9 +73,11 @@ def render(report: dict[str, Any], console: Any) -> None:
         versions.add_row(name, version or "[dim]not installed[/dim]")
     console.print(versions)
 
+    console.print(f"machine now: {noise_now_text(report.get('noise_now'))}")
     if report["limits"]:
         limits = Table(title="measured limits (best of a few runs)")
-        for column in ("device", "threads", "fp32 GFLOP/s", "bf16 GFLOP/s", "tf32 GFLOP/s", "read GB/s", "measured (UTC)"):
+        for column in ("device", "threads", "fp32 GFLOP/s", "bf16 GFLOP/s", "tf32 GFLOP/s", "read GB/s", "measured (UTC)",
+                       "noise then"):
             limits.add_column(column)
         for lim in report["limits"]:
             limits.add_row(
@@ -83,6 +88,7 @@ def render(report: dict[str, Any], console: Any) -> None:
                 _giga(lim["tf32_flops"]),
                 _giga(lim["bandwidth_bytes_per_s"]),
                 lim["measured_at"][:16].replace("T", " "),
+                _limits_noise(lim),
             )
         console.print(limits)
 
@@ -114,6 +120,30 @@ def _machine_rows(env: dict[str, Any]) -> list[tuple[str, str]]:
     if not env["gpus"]:
         rows.append(("gpu", "none"))
     return rows
+
+
+def noise_now_text(now: dict[str, Any] | None) -> str:
+    """One line on how loud the machine is (a 1 s window in which accelab only slept)."""
+    if not now:
+        return "not measured (no /proc/stat here)"
+    figures = (f"steal {now['steal'] * 100:.0f}%, other processes {now['others_cores']:.2f} cores, "
+               f"load {now['load1']:.1f}")
+    if now["level"] == "quiet":
+        return f"[green]quiet[/] ({figures})"
+    colour = "yellow" if now["level"] == "noisy" else "red"
+    return (f"[{colour}]{now['level']}[/]: {now['reason']} ({figures}); measurements now will say so, "
+            "and probes measured now are not cached as verdicts")
+
+
+def _limits_noise(lim: dict[str, Any]) -> str:
+    noise = lim.get("noise") or {}
+    untrusted = [name for name, d in (lim.get("probe_details") or {}).items() if not d.get("trusted", True)]
+    text = noise.get("level", "-")
+    if noise.get("level") not in (None, "quiet"):
+        text += f": {noise.get('reason')}"
+    if untrusted:
+        text += f"; probes under noise: {', '.join(untrusted)}"
+    return text
 
 
 def _giga(value: float | None) -> str:

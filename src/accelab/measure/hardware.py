@@ -24,6 +24,7 @@ from typing import Any, Iterator
 
 import torch
 
+from accelab.measure import noise
 from accelab.measure.environment import environment, fingerprint
 from accelab.paths import cache_dir
 
@@ -57,6 +58,14 @@ class HardwareLimits:
     fp16_autocast_flops: float | None = None
     kernels: dict[str, str] = field(default_factory=dict)  # figure -> the kernel that reached it
     probes: dict[str, float] = field(default_factory=dict)  # technique -> speed against fp32 eager
+    probe_details: dict[str, dict[str, Any]] = field(default_factory=dict)  # technique -> probes.Probe.to_dict()
+    noise: dict[str, Any] = field(default_factory=dict)  # the machine while the peaks were measured (noise.summary)
+
+    @property
+    def trusted(self) -> bool:
+        """Measured quietly enough: the peaks' window was not unreliable and every probe is trusted."""
+        return self.noise.get("level") != "unreliable" and all(
+            d.get("trusted", True) for d in self.probe_details.values())
 
     def peak_for(self, precision: str) -> tuple[str, float | None]:
         """(compute path, its peak FLOP/s) for a plan's precision; the peak is None where the
@@ -106,7 +115,14 @@ def hardware_limits(device: str | torch.device = "cpu", refresh: bool = False) -
     threads = torch.get_num_threads()
     fp = fingerprint(environment())
     if not refresh and (limits := cached_limits(dev, _fingerprint=fp)) is not None:
-        return limits
+        if limits.trusted:
+            return limits
+        # measured under noise: measured again when the machine is quiet now, else kept as marked
+        now = noise.sample_now(0.5)
+        if now is not None and now.level != "quiet":
+            log.info("cached %s limits were measured under noise; the machine is %s now (%s): kept",
+                     dev, now.level, now.reason)
+            return limits
     limits = _measure(dev, threads, fp)
     cache = _read_cache()
     cache[_cache_key(fp, dev, threads)] = asdict(limits)
@@ -137,11 +153,13 @@ def _measure(dev: torch.device, threads: int, fp: str) -> HardwareLimits:
 
     log.info("measuring %s limits at %d threads (cached afterwards)", dev, threads)
     paths = kernels.PATHS_CUDA if dev.type == "cuda" else kernels.PATHS_CPU
-    peaks = {path: kernels.peak_flops(path, dev) for path in paths}
-    if dev.type == "cuda":
-        with cuda_tf32(False):  # fp32 is strict IEEE; tf32 measured apart
-            peaks["fp32"] = kernels.peak_flops("fp32", dev)
-    band = kernels.bandwidth(dev)
+    with noise.Meter() as meter:
+        peaks = {path: kernels.peak_flops(path, dev) for path in paths}
+        if dev.type == "cuda":
+            with cuda_tf32(False):  # fp32 is strict IEEE; tf32 measured apart
+                peaks["fp32"] = kernels.peak_flops("fp32", dev)
+        band = kernels.bandwidth(dev)
+    found = probes.probe_all(dev)
     figures = {"fp32": "fp32_flops", "bf16": "bf16_flops", "tf32": "tf32_flops", "fp16": "fp16_flops",
                "bf16-autocast": "bf16_autocast_flops", "fp16-autocast": "fp16_autocast_flops"}
     return HardwareLimits(
@@ -153,7 +171,9 @@ def _measure(dev: torch.device, threads: int, fp: str) -> HardwareLimits:
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         fingerprint=fp,
         kernels={**{path: rate.kernel for path, rate in peaks.items()}, "bandwidth": band.kernel},
-        probes=probes.probe_all(dev),
+        probes={name: p.factor for name, p in found.items() if p.factor is not None},
+        probe_details={name: p.to_dict() for name, p in found.items()},
+        noise=noise.summary([meter.window]) if meter.window is not None else {},
     )
 
 

@@ -6,6 +6,14 @@ limits and cached with them, so `accelab env`, compare, tune and train --bench c
 
 The probe runs what the plan's technique runs: autocast for bf16-autocast, bf16 weights for
 bf16-weights, and torchao's configs (the same `make_config`) for the int8 plans.
+
+A busy minute must not become a verdict: the technique and fp32 take turns in short rounds
+(fp32, technique; technique, fp32; ...), the machine's noise is measured around each turn, and
+the factor is the paired ratio of the rounds (`accelab.measure.paired`) over the quiet ones.
+Rounds go on until its interval is within +-TARGET_HALF_WIDTH or MAX_ROUNDS ran. A probe with
+too few quiet rounds is kept, marked untrusted, and is never used as a verdict (`capabilities`
+falls back to what the CPU's flags say, and says why). A technique is "slow" only when its
+whole interval is below SLOW_BELOW.
 """
 
 from __future__ import annotations
@@ -15,16 +23,21 @@ import importlib.util
 import logging
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
-from accelab.measure import kernels
+from accelab.measure import kernels, noise
+from accelab.measure.paired import Ratio, paired_ratio, relative_half_width
 
 log = logging.getLogger(__name__)
 
 TOKENS, HIDDEN = 32, 768
 SLOW_BELOW = 0.8  # a technique probed below this factor is reported "slow"
+MIN_ROUNDS, MAX_ROUNDS = 4, 16
+TARGET_HALF_WIDTH = 0.05  # stop when the factor is known within +-5%
+REPEATS = 3  # calls per turn; a turn's time is the best of them
 
 
 def _mlp() -> torch.nn.Module:
@@ -59,7 +72,7 @@ def techniques(device: torch.device) -> list[str]:
     return names if device.type == "cpu" else []  # GPUs: the capability checks know their tensor cores
 
 
-def _seconds(technique: str, device: torch.device) -> float:
+def _call(technique: str, device: torch.device) -> Callable[[], Any]:
     model, dtype, context = _variant(technique, device)
     x = torch.randn(TOKENS, HIDDEN, device=device).to(dtype)
 
@@ -67,22 +80,85 @@ def _seconds(technique: str, device: torch.device) -> float:
         with torch.inference_mode(), context():
             return model(x)
 
-    return kernels.best_seconds(call, device, repeats=5)
+    return call
 
 
-def probe_all(device: torch.device) -> dict[str, float]:
-    """{technique: speed against fp32 eager}; a technique that fails here is left out."""
-    reference = _seconds("fp32", device)
-    factors: dict[str, float] = {}
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Probe:
+    """One technique against fp32: the factor, its interval, and how quiet the machine was."""
+
+    factor: float | None
+    low: float | None
+    high: float | None
+    rounds: int
+    dropped: int
+    trusted: bool  # enough quiet rounds: the factor may be used as a verdict
+    noise: str  # quiet | noisy | unreliable: the loudest round the factor kept
+    reason: str  # the interval, or why the probe is not trusted
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def slow(self) -> bool:
+        return self.trusted and self.high is not None and self.high < SLOW_BELOW
+
+
+def probe(technique: str, device: torch.device) -> Probe:
+    """The technique and fp32 in alternating rounds until the factor is stable (module docstring)."""
+    calls = {"fp32": _call("fp32", device), technique: _call(technique, copy.copy(device))}
+    rates: dict[str, list[float]] = {name: [] for name in calls}
+    windows: dict[str, list[noise.Window | None]] = {name: [] for name in calls}
+    ratio: Ratio | None = None
+    for r in range(MAX_ROUNDS):
+        for name in (("fp32", technique) if r % 2 == 0 else (technique, "fp32")):
+            with noise.Meter() as meter:
+                seconds = kernels.best_seconds(calls[name], device, repeats=REPEATS)
+            rates[name].append(1.0 / seconds)
+            windows[name].append(meter.window)
+        usable = [_usable(a) and _usable(b) for a, b in zip(windows["fp32"], windows[technique])]
+        ratio = paired_ratio(rates[technique], rates["fp32"], usable)
+        width = relative_half_width(ratio)
+        if r + 1 >= MIN_ROUNDS and width is not None and width <= TARGET_HALF_WIDTH:
+            break
+    assert ratio is not None
+    kept = [w for pair in zip(windows["fp32"], windows[technique]) if all(_usable(w) for w in pair) for w in pair]
+    loud = noise.worst([w for w in (*windows["fp32"], *windows[technique]) if w is not None])
+    level = max((w.level for w in kept if w is not None), key=noise.LEVELS.index, default="quiet")
+    if ratio.value is None:
+        why = f"{ratio.reason}; loudest: {loud.reason}" if loud is not None and loud.reason else ratio.reason
+        return Probe(factor=_plain_factor(rates, technique), low=None, high=None, rounds=ratio.rounds,
+                     dropped=ratio.dropped, trusted=False, noise="unreliable", reason=why)
+    return Probe(factor=ratio.value, low=ratio.low, high=ratio.high, rounds=ratio.rounds, dropped=ratio.dropped,
+                 trusted=True, noise=level, reason=f"{ratio.low:.2f}-{ratio.high:.2f}, {ratio.rounds} rounds")
+
+
+def _usable(w: noise.Window | None) -> bool:
+    return w is None or w.level != "unreliable"
+
+
+def _plain_factor(rates: dict[str, list[float]], technique: str) -> float:
+    """The untrusted probe's figure, for the record: best technique rate over best fp32 rate."""
+    return max(rates[technique]) / max(rates["fp32"])
+
+
+def probe_all(device: torch.device) -> dict[str, Probe]:
+    """{technique: Probe against fp32 eager}; a technique that fails here is left out."""
+    found: dict[str, Probe] = {}
     for technique in techniques(device):
         try:
-            factors[technique] = reference / _seconds(technique, copy.copy(device))
+            found[technique] = probe(technique, device)
         except Exception as err:  # noqa: BLE001 - a probe that cannot run says nothing
             log.info("probe %s skipped: %s", technique, err)
             continue
-        log.info("probe %s on %s: %.2fx fp32 eager", technique, device, factors[technique])
-    return factors
+        p = found[technique]
+        log.info("probe %s on %s: %.2fx fp32 eager (%s%s)", technique, device, p.factor or 0, p.reason,
+                 "" if p.trusted else "; not trusted")
+    return found
 
 
-def describe(factor: float) -> str:
-    return f"measured {factor:.2f}x fp32 eager on a transformer MLP here"
+def describe(factor: float, detail: dict[str, Any] | None = None) -> str:
+    interval = ""
+    if detail and detail.get("low") is not None:
+        interval = f" ({detail['low']:.2f}-{detail['high']:.2f}, {detail.get('rounds')} rounds, {detail.get('noise')})"
+    return f"measured {factor:.2f}x fp32 eager{interval} on a transformer MLP here"

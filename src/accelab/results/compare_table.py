@@ -30,7 +30,10 @@ def _status_note(result: Result, speedup: dict[str, Any], noise: dict[str, Any])
     if noise and noise.get("level") != "quiet":
         notes.insert(0, noise_line(noise, "row"))
     if speedup.get("verdict") in ("unreliable", "no measurable difference"):
-        notes.insert(0, f"speed-up {speedup['reason']}")
+        reason = str(speedup["reason"])
+        if speedup["verdict"] == "unreliable" and noise:
+            reason = reason.split("; ")[0]  # the row's noise line below says what was loud
+        notes.insert(0, f"speed-up {reason}")
     return "; ".join(notes)
 
 
