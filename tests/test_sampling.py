@@ -1,63 +1,131 @@
-"""Per-sequence token picking of the continuous engines: greedy rows, temperature, top_p and
-a seed that repeats a request whatever shares its steps."""
+"""The sampling contract every engine calls (`engines.sampling.sample`): each row's own rules
+inside one batch of logits, exact numbers on small hand-made logits."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from accelab.serve.engines.base import SamplingParams
-from accelab.serve.engines.sampling import Generators, pick_tokens
+from accelab.serve.engines.base import SamplingParams, StepInput
+from accelab.serve.engines.sampling import SequenceSampler, describe, prompt_logprobs, sample, sample_step
+
+EOS = 3
 
 
-def logits(*rows: list[float]) -> torch.Tensor:
-    return torch.tensor(rows, dtype=torch.float32)
+def params(**kw) -> SamplingParams:
+    return SamplingParams(max_tokens=kw.pop("max_tokens", 8), **kw)
+
+
+def sampler(**kw) -> SequenceSampler:
+    prompt = kw.pop("prompt", ())
+    return SequenceSampler(params(**kw), prompt=prompt, eos_ids=(EOS,))
+
+
+def rows(*values: list[float]) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def picks(s: SequenceSampler, logits: list[float], times: int = 1) -> list[int]:
+    return [sample(rows(logits), [s])[0].token for _ in range(times)]
 
 
 def test_greedy_rows_take_the_argmax_beside_sampled_ones():
-    gens = Generators()
-    scores = logits([0.0, 5.0, 1.0], [3.0, 0.0, 0.0])
-    params = [SamplingParams(max_tokens=1, temperature=0), SamplingParams(max_tokens=1, temperature=1.0, seed=1)]
-    assert pick_tokens(scores, params, [0, 1], gens)[0] == 1
+    out = sample(rows([0.0, 5.0, 1.0, 0.0], [3.0, 0.0, 0.0, 0.0]), [sampler(temperature=0), sampler(seed=1)])
+    assert out[0].token == 1 and out[0].logprob is None
 
 
-def test_a_seed_repeats_the_draws_whatever_else_runs_beside():
-    seeded = SamplingParams(max_tokens=1, temperature=1.0, seed=1234)
-    other = SamplingParams(max_tokens=1, temperature=1.0)
-    flat = torch.zeros(1, 50)  # uniform: every draw is the generator's choice
-
-    def draws(neighbours: int) -> list[int]:
-        gens = Generators()
-        out = []
-        for _ in range(20):
-            rows = torch.zeros(1 + neighbours, 50)
-            out.append(pick_tokens(rows, [seeded] + [other] * neighbours, list(range(1 + neighbours)), gens)[0])
-        return out
+def test_a_seed_repeats_the_draws_whatever_else_runs_beside_and_choices_differ():
+    def draws(neighbours: int, offset: int = 0) -> list[int]:
+        mine = SequenceSampler(params(seed=1234), seed_offset=offset)
+        others = [sampler() for _ in range(neighbours)]
+        return [sample(torch.zeros(1 + neighbours, 50), [mine, *others])[0].token for _ in range(20)]
 
     alone, crowded = draws(0), draws(3)
     assert alone == crowded and len(set(alone)) > 5
-    gens = Generators()
-    unseeded = [pick_tokens(flat, [other], [9], gens)[0] for _ in range(20)]
-    assert unseeded != alone
+    assert draws(0, offset=1) != alone  # choice 1 of n draws from seed + 1
 
 
-def test_top_p_keeps_only_the_smallest_set_holding_that_mass():
-    gens = Generators()
-    # probabilities ~ [0.64, 0.24, 0.09, 0.03]: top_p 0.7 keeps the first two
-    scores = torch.log(torch.tensor([[0.64, 0.24, 0.09, 0.03]]))
-    params = [SamplingParams(max_tokens=1, temperature=1.0, top_p=0.7, seed=s) for s in range(200)]
-    picked = {pick_tokens(scores, [p], [i], gens)[0] for i, p in enumerate(params)}
-    assert picked == {0, 1}
+def test_top_p_top_k_and_min_p_keep_only_their_tokens():
+    logits = torch.log(torch.tensor([0.64, 0.24, 0.09, 0.03])).tolist()
+    assert set(picks(sampler(top_p=0.7, seed=0), logits, 200)) == {0, 1}
+    assert set(picks(sampler(top_k=3, seed=0), logits, 300)) == {0, 1, 2}
+    assert set(picks(sampler(min_p=0.3, seed=0), logits, 200)) == {0, 1}  # 0.09 < 0.3 x 0.64
+    assert len(set(picks(sampler(seed=0), logits, 300))) == 4  # none of them: every token comes
 
 
-def test_low_temperature_sharpens_toward_the_argmax():
-    gens = Generators()
-    scores = logits([1.0, 1.2, 0.8])
-    cold = [pick_tokens(scores, [SamplingParams(max_tokens=1, temperature=0.01, seed=s)], [s], gens)[0]
-            for s in range(50)]
-    assert set(cold) == {1}
-    # a released sequence's generator is gone: the same id and seed start the same draws again
-    seeded = SamplingParams(max_tokens=1, temperature=1.0, seed=5)
-    flat = torch.zeros(1, 50)
-    first = [pick_tokens(flat, [seeded], [99], gens)[0] for _ in range(10)]
-    gens.release(99)
-    assert [pick_tokens(flat, [seeded], [99], gens)[0] for _ in range(10)] == first
+def test_logit_bias_forces_and_bans_tokens():
+    assert picks(sampler(temperature=0, logit_bias=((2, 100.0),)), [5.0, 1.0, 0.0, 0.0]) == [2]
+    assert picks(sampler(temperature=0, logit_bias=((0, -100.0),)), [5.0, 1.0, 0.0, 0.0]) == [1]
+
+
+def test_penalties_move_the_argmax_away_from_seen_tokens():
+    logits = [2.0, 1.9, 1.0, -5.0]
+    rep = sampler(temperature=0, repetition_penalty=1.2, prompt=(0,))  # 2.0 / 1.2 < 1.9
+    assert picks(rep, logits) == [1]
+    presence = sampler(temperature=0, presence_penalty=0.5)
+    assert picks(presence, logits, 3) == [0, 1, 0]  # each taken token pays 0.5 once
+    frequency = sampler(temperature=0, frequency_penalty=0.4)
+    assert picks(frequency, logits, 7) == [0, 1, 0, 1, 0, 1, 2]  # 0.4 per occurrence: 2.0-1.2, 1.9-1.2 < 1.0
+    assert frequency.counts == {0: 3, 1: 3, 2: 1}
+
+
+def test_min_tokens_and_ignore_eos_ban_the_end_and_stop_tokens():
+    logits = [0.0, 1.0, 2.0, 9.0]  # EOS (3) is the argmax
+    early = SequenceSampler(params(temperature=0, min_tokens=2, stop_token_ids=(2,)), eos_ids=(EOS,))
+    assert picks(early, logits, 3) == [1, 1, 3]  # neither EOS nor the stop token before 2 tokens
+    never = sampler(temperature=0, ignore_eos=True)
+    assert picks(never, logits, 3) == [2, 2, 2]
+
+
+class FakeGrammar:
+    """A FAKE matcher (test only): allows the tokens of a fixed sequence, one after another."""
+
+    def __init__(self, sequence: list[int]):
+        self.sequence, self.taken = sequence, []
+
+    def allowed(self, vocab: int) -> torch.Tensor:
+        mask = torch.zeros(vocab, dtype=torch.bool)
+        mask[self.sequence[len(self.taken)] if len(self.taken) < len(self.sequence) else EOS] = True
+        return mask
+
+    def consume_token(self, token: int) -> None:
+        self.taken.append(token)
+
+
+def test_a_grammar_mask_decides_even_against_the_logits_and_the_bans():
+    grammar = FakeGrammar([2, 0])
+    s = SequenceSampler(params(temperature=0, ignore_eos=True), eos_ids=(EOS,), grammar=grammar)
+    assert picks(s, [0.0, 9.0, 1.0, 5.0], 3) == [2, 0, EOS]  # EOS banned, but the grammar allows only it
+    assert grammar.taken == [2, 0, EOS]
+    sampled = SequenceSampler(params(seed=3), grammar=FakeGrammar([1]))
+    assert picks(sampled, [9.0, 0.0, 0.0, 0.0]) == [1]
+
+
+def test_logprobs_are_log_softmax_of_the_raw_logits_with_the_top_alternatives():
+    logits = rows([1.0, 3.0, 2.0, 0.5], [0.0, 0.0, 0.0, 4.0])
+    out = sample(logits, [sampler(temperature=0, logprobs=2, logit_bias=((0, 50.0),)), sampler(seed=1, logprobs=0)])
+    expected = torch.log_softmax(logits, dim=-1)
+    assert out[0].token == 0  # the bias chose it; its logprob is the model's own
+    assert math.isclose(out[0].logprob, float(expected[0, 0]), abs_tol=1e-6)
+    assert [t for t, _ in out[0].top] == [1, 2]
+    assert math.isclose(out[0].top[0][1], float(expected[0, 1]), abs_tol=1e-6)
+    assert out[1].top == () and math.isclose(out[1].logprob, float(expected[1, out[1].token]), abs_tol=1e-6)
+
+
+def test_prompt_logprobs_and_their_text():
+    logits = torch.randn(4, 6, generator=torch.Generator().manual_seed(0))
+    tokens = [5, 1, 4, 2]
+    out = prompt_logprobs(logits, tokens, top=1)
+    expected = torch.log_softmax(logits, dim=-1)
+    assert out[0].token == 5 and out[0].logprob is None
+    for i in range(1, 4):
+        assert math.isclose(out[i].logprob, float(expected[i - 1, tokens[i]]), abs_tol=1e-6)
+        assert out[i].top[0][0] == int(expected[i - 1].argmax())
+    text = describe(out, lambda ids: f"<{ids[0]}>")
+    assert text[0].token == "<5>" and text[0].logprob is None and text[2].top[0][0] == f"<{out[2].top[0][0]}>"
+
+
+def test_sample_step_without_a_sampler_uses_the_inputs_params():
+    item = StepInput(seq_id=0, start=0, tokens=(1,), sample=True, params=params(temperature=0))
+    assert sample_step(rows([0.0, 1.0, 7.0, 2.0]), [item])[0].token == 2

@@ -59,6 +59,8 @@ def _add_probes(app: FastAPI, state: ServerState) -> None:
             body["error"] = state.load_error
         return JSONResponse(body, status_code=200 if state.status == "ready" else 503)
 
+    app.add_api_route("/health", readyz, methods=["GET"])  # the name vLLM uses; guidellm probes it
+
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)

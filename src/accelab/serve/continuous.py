@@ -12,21 +12,29 @@ Every job gets exactly one `done` call, from this thread:
   sequence by sequence, so only the sequences that fail alone fail, and only their jobs;
 - "cancelled" when its client went away (the route set `unit.cancelled`): its sequences
   leave at the next step and their KV-cache entries are freed.
+
+n > 1 choices of one prompt: the first choice is queued alone; once it has prefilled the
+prompt and picked its first token, the others join the queue, and when admitted each starts
+with the first choice's KV of the prompt less its last token (`engine.fork`, or the engine's
+prefix cache), so the prompt is prefilled once. Echo's prompt log-probabilities come from one
+`engine.score` of the prompt at admission.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
 import time
 from collections.abc import Callable, Sequence as Seq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from accelab.serve.engines.base import Completion, GenUnit, PayloadTooLarge, StepEngine, StepInput
+from accelab.serve.engines.sampling import SampledToken, describe, prompt_logprobs
 from accelab.serve.scheduler import Chunk, NeverFits, QueueFull, Scheduler, SchedulerConfig, Sequence, Step
-from accelab.serve.textstream import TextStream
+from accelab.serve.textstream import TextStream, stream_for
 from accelab.serve.worker import DeadlineExceeded, Job, JobOutcome, ShuttingDown, is_out_of_memory
 
 log = logging.getLogger(__name__)
@@ -49,12 +57,16 @@ class StepReport:
     preempted: int
     seconds: float
     reused_tokens: int = 0  # prompt tokens this step's admissions took from the engine's prefix cache
+    kv_cached: int = 0  # free blocks still holding a prefix a later sequence may take (prefix caching)
+    batch: int = 0  # sequences fed to the model in this step
+    preempted_tokens: int = 0  # tokens of the sequences preempted: fed to the model again at readmission
 
 
 @dataclass(kw_only=True, slots=True)
 class ContinuousHooks:
     on_step: Callable[[StepReport], None] = lambda report: None
     on_token_gap: Callable[[float], None] = lambda seconds: None  # inter-token latency of one sequence
+    on_retry: Callable[[str], None] = lambda reason: None  # a failed step run again sequence by sequence
 
 
 @dataclass(kw_only=True, slots=True, eq=False)
@@ -65,6 +77,7 @@ class _Row:
     index: int
     seq: Sequence["_Row"] | None = None
     last_token_at: float | None = None
+    children: list["_Row"] = field(default_factory=list)  # the other choices (n > 1), queued after its prefill
 
 
 @dataclass(kw_only=True, slots=True, eq=False)
@@ -88,9 +101,14 @@ class ContinuousWorker:
         self._decode = decode
         self._eos_ids = tuple(eos_ids)
         self._clock = clock
-        reuse = getattr(engine, "reuse_prefix", None)  # engines that keep finished sequences' prefixes
-        self._scheduler: Scheduler[_Row] = Scheduler(
-            config, clock, reuse=None if reuse is None else lambda seq: reuse(seq.id, seq.token_slice(0, seq.length)))
+        self._reuse = getattr(engine, "reuse_prefix", None)  # engines that keep finished sequences' prefixes
+        self._fork = getattr(engine, "fork", None)
+        if getattr(engine, "paged", False):  # its KV lives in the pool's blocks: the pool's prefix cache is real
+            config = replace(config, prefix_caching=True)
+            self.config = config
+        self._forked_from: dict[int, Sequence[_Row]] = {}  # a queued choice -> the choice whose KV it shares
+        wants_reuse = (self._reuse or self._fork) and not getattr(config, "prefix_caching", False)
+        self._scheduler: Scheduler[_Row] = Scheduler(config, clock, reuse=self._reused if wants_reuse else None)
         self._cond = threading.Condition()
         self._stopping = False
         self._busy = False
@@ -107,9 +125,12 @@ class ContinuousWorker:
         """Queue a job's sequences; raises QueueFull (429), ShuttingDown (503) or
         PayloadTooLarge (413: it could not fit the KV cache even alone)."""
         run = _JobRun(job=job, arrival=self._clock())
-        run.rows = [_Row(unit=unit, stream=TextStream(self._decode, max_tokens=unit.params.max_tokens,
-                                                      stop=unit.params.stop, eos_ids=self._eos_ids),
-                         run=run, index=i) for i, unit in enumerate(job.units)]
+        run.rows = [_Row(unit=unit, stream=stream_for(unit.params, self._decode, self._eos_ids), run=run, index=i)
+                    for i, unit in enumerate(job.units)]
+        parents = {id(row.unit): row for row in run.rows}
+        for row in run.rows:
+            if row.unit.fork_of is not None and id(row.unit.fork_of) in parents:
+                parents[id(row.unit.fork_of)].children.append(row)
         with self._cond:
             if self._stopping:
                 raise ShuttingDown("the server is shutting down")
@@ -120,9 +141,11 @@ class ContinuousWorker:
                 raise PayloadTooLarge(str(err)) from None
             if self._scheduler.waiting + len(run.rows) > self.config.max_queue:  # all of the job or none
                 raise QueueFull(f"{self._scheduler.waiting} sequences are waiting (max_queue={self.config.max_queue})")
+            forked = {id(child) for row in run.rows for child in row.children}
             for row in run.rows:
-                row.seq = self._scheduler.add(row, row.unit.prompt.ids, max_tokens=row.unit.params.max_tokens,
-                                              timeout_s=job.timeout_s)
+                if id(row) not in forked:  # the other choices are queued once their parent prefilled
+                    row.seq = self._scheduler.add(row, row.unit.prompt.ids, max_tokens=row.unit.params.max_tokens,
+                                                  timeout_s=job.timeout_s)
             self._cond.notify()
         return run
 
@@ -218,7 +241,14 @@ class ContinuousWorker:
             if run.admitted_at is None:
                 run.admitted_at = self._clock()
                 _call(run.job.started)
+            try:
+                self._score_prompt(seq.payload)
+            except Exception as err:  # noqa: BLE001 - this job fails alone
+                log.warning("scoring a prompt failed: %r", err)
+                self._fail(run, err, "oom" if is_out_of_memory(err) else "model_error")
         started = self._clock()
+        if step.copies:  # copy-on-write of shared blocks, before any chunk writes into them
+            self.engine.copy_blocks(step.copies)  # type: ignore[attr-defined]
         results = self._compute(step.chunks) if step.chunks else []
         now = self._clock()
         sampled = 0
@@ -231,7 +261,7 @@ class ContinuousWorker:
                 self._fail(row.run, result, "oom" if is_out_of_memory(result) else "model_error")
                 continue
             with self._cond:
-                self._scheduler.advance(chunk, result)
+                self._scheduler.advance(chunk, None if result is None else result.token)
             if result is not None and chunk.seq.state == "running" and not chunk.seq.cancelled:
                 sampled += 1
                 self._take_token(row, result, now)
@@ -239,15 +269,18 @@ class ContinuousWorker:
             reused, self._reused_seen = self._scheduler.reused_tokens - self._reused_seen, self._scheduler.reused_tokens
             report = StepReport(running=self._scheduler.running, waiting=self._scheduler.waiting,
                                 kv_used=self._scheduler.used_blocks, kv_free=self._scheduler.free_blocks,
+                                kv_cached=self._scheduler.cached_blocks,
                                 tokens=step.tokens, sampled=sampled, preempted=len(step.preempted),
-                                seconds=now - started, reused_tokens=reused)
+                                seconds=now - started, reused_tokens=reused, batch=len(step.chunks),
+                                preempted_tokens=sum(seq.length for seq in step.preempted))
         _call(self.hooks.on_step, report)
 
-    def _compute(self, chunks: list[Chunk[_Row]]) -> list[int | None | BaseException]:
+    def _compute(self, chunks: list[Chunk[_Row]]) -> list[SampledToken | None | BaseException]:
         """The engine's step over `chunks`: a token (sampling chunks), None (the others) or the
         error of a chunk that failed alone."""
         inputs = [StepInput(seq_id=c.seq.id, start=c.start, tokens=c.tokens, sample=c.sample,
-                            params=c.seq.payload.unit.params) for c in chunks]
+                            params=c.seq.payload.unit.params, sampler=c.seq.payload.unit.sampler,
+                            blocks=tuple(c.seq.block_table)) for c in chunks]
         try:
             return _spread(inputs, self.engine.step(inputs))
         except Exception as err:  # noqa: BLE001 - answered per sequence below
@@ -255,7 +288,8 @@ class ContinuousWorker:
                 log.warning("a sequence failed: %r", err)
                 return [err]
             log.warning("a step of %d sequences failed (%r); running them one by one", len(inputs), err)
-        results: list[int | None | BaseException] = []
+            _call(self.hooks.on_retry, "oom" if is_out_of_memory(err) else "batch_error")
+        results: list[SampledToken | None | BaseException] = []
         for item in inputs:
             try:
                 results.extend(_spread([item], self.engine.step([item])))
@@ -264,14 +298,18 @@ class ContinuousWorker:
                 results.append(err)
         return results
 
-    def _take_token(self, row: _Row, token: int, now: float) -> None:
+    def _take_token(self, row: _Row, sampled: SampledToken, now: float) -> None:
         unit = row.unit
         if row.last_token_at is not None:
             _call(self.hooks.on_token_gap, now - row.last_token_at)
         row.last_token_at = now
         unit.note_token(now)
-        piece = row.stream.push(token)
+        piece = row.stream.push(sampled.token)
+        if unit.params.logprobs is not None and not row.stream.ended_on_stop_token:  # a stop token is no text
+            unit.sampled.append(sampled)
         unit.emit(piece.text)
+        if row.children and row.stream.tokens == 1:  # the prompt is prefilled: the other choices may start
+            self._queue_children(row)
         if piece.finished is None:
             return
         assert row.seq is not None
@@ -279,9 +317,7 @@ class ContinuousWorker:
             self._scheduler.finish(row.seq)
         self.engine.release(row.seq.id)
         run = row.run
-        run.completions[row.index] = Completion(
-            text=row.stream.output, finish_reason=piece.finished, prompt_tokens=unit.prompt.prompt_tokens,
-            completion_tokens=row.stream.tokens, first_token_at=unit.first_token_at, finished_at=now)
+        run.completions[row.index] = self._completion(row, piece.finished, now)
         if len(run.completions) == len(run.rows) and not run.done:
             run.done = True
             admitted = run.admitted_at if run.admitted_at is not None else now
@@ -291,6 +327,59 @@ class ContinuousWorker:
             _call(run.job.done, JobOutcome(outputs=[run.completions[i] for i in range(len(run.rows))],
                                            queue_s=admitted - run.arrival, compute_s=seconds,
                                            batch_units=self._scheduler.running + 1))
+
+    def _completion(self, row: _Row, finish_reason: Any, now: float) -> Completion:
+        unit, stream = row.unit, row.stream
+        logprobs = None if unit.params.logprobs is None else describe(unit.sampled, self._decode)
+        echo = unit.prompt_sampled
+        return Completion(text=stream.output, finish_reason=finish_reason, prompt_tokens=unit.prompt.prompt_tokens,
+                          completion_tokens=stream.tokens, first_token_at=unit.first_token_at, finished_at=now,
+                          logprobs=logprobs, prompt_logprobs=None if echo is None else describe(echo, self._decode))
+
+    def _queue_children(self, row: _Row) -> None:
+        """The other choices of `row`'s prompt join the queue; admitted, each forks row's KV."""
+        assert row.seq is not None
+        with self._cond:
+            for child in row.children:
+                if child.unit.cancelled or child.run.done:
+                    continue
+                child.unit.prompt_sampled = row.unit.prompt_sampled
+                if self.config.prefix_caching and row.seq.state == "running":
+                    # a paged engine: the child runs now on the parent's blocks, the partial last one
+                    # copied on write; with no slot or block free it queues (and hits the prefix cache)
+                    with contextlib.suppress(QueueFull):
+                        child.seq = self._scheduler.fork(row.seq, child)
+                        continue
+                try:
+                    child.seq = self._scheduler.add(child, child.unit.prompt.ids,
+                                                    max_tokens=child.unit.params.max_tokens)
+                except QueueFull as err:
+                    self._fail(row.run, err, "model_error")
+                    break
+                self._forked_from[child.seq.id] = row.seq
+        row.children = []
+
+    def _reused(self, seq: Sequence[_Row]) -> int:
+        """Under the lock, at admission: leading tokens of `seq` whose KV the engine holds already
+        (the parent choice's prompt, or a finished sequence's prefix)."""
+        parent = self._forked_from.pop(seq.id, None)
+        if parent is not None and parent.state == "running" and self._fork is not None:
+            n = len(seq.prompt) - 1  # the last prompt token is fed again: its logits pick this choice's first
+            if n > 0:
+                self._fork(parent.id, seq.id, n)
+                return n
+        return self._reuse(seq.id, seq.token_slice(0, seq.length)) if self._reuse is not None else 0
+
+    def _score_prompt(self, row: _Row) -> None:
+        """Echo: the log-probability of every prompt token, from one forward of the prompt."""
+        top = row.unit.params.prompt_logprobs
+        if top is None or row.unit.prompt_sampled is not None:
+            return
+        score = getattr(self.engine, "score", None)
+        if score is None:
+            raise RuntimeError(f"{self.engine.name} cannot score prompts (echo with logprobs)")
+        ids = row.unit.prompt.ids
+        row.unit.prompt_sampled = prompt_logprobs(score(ids), ids, top)
 
     def _fail(self, run: _JobRun, error: BaseException, kind: str) -> None:
         """Answer a job with `error` once; its other sequences stop at the next step."""
@@ -306,12 +395,12 @@ class ContinuousWorker:
         _call(run.job.done, JobOutcome(error=error, error_kind=kind, queue_s=queue_s))  # type: ignore[arg-type]
 
 
-def _spread(inputs: list[StepInput], tokens: list[int]) -> list[int | None]:
-    """The engine's tokens (one per sampling input) laid out one per input."""
+def _spread(inputs: list[StepInput], tokens: list[Any]) -> list[SampledToken | None]:
+    """The engine's tokens (one SampledToken, or a bare id, per sampling input) laid out one per input."""
     wanted = sum(item.sample for item in inputs)
     if len(tokens) != wanted:
         raise RuntimeError(f"the engine returned {len(tokens)} tokens for {wanted} sampling sequences")
-    picked = iter(tokens)
+    picked = iter(SampledToken(token=t) if isinstance(t, int) else t for t in tokens)
     return [next(picked) if item.sample else None for item in inputs]
 
 

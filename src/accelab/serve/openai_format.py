@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from accelab.serve.engines.base import Completion
+from accelab.serve.engines.base import Completion, TokenLogprob
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -39,26 +39,88 @@ def usage(completions: Sequence[Completion], truncated: int = 0) -> dict[str, in
     return counts
 
 
-def full_response(env: Envelope, completions: Sequence[Completion]) -> dict[str, Any]:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Choice:
+    """One choice as the response shows it: content or tool calls, and its log-probabilities."""
+
+    completion: Completion
+    content: str | None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    echo: bool = False  # completions: the prompt goes before the text (and its log-probabilities)
+
+    @property
+    def finish_reason(self) -> str:
+        return "tool_calls" if self.tool_calls else self.completion.finish_reason
+
+
+def chat_logprobs(entries: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
+    if entries is None:
+        return None
+    return {"content": [_chat_entry(e) for e in entries], "refusal": None}
+
+
+def _chat_entry(e: TokenLogprob) -> dict[str, Any]:
+    return {"token": e.token, "logprob": e.logprob, "bytes": list(e.token.encode()),
+            "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode())} for t, v in e.top]}
+
+
+def completion_logprobs(entries: Sequence[TokenLogprob | None], offset: int = 0) -> dict[str, Any]:
+    """The legacy shape: parallel lists; a None entry (the first prompt token) has nulls."""
+    tokens, values, tops, offsets = [], [], [], []
+    for e in entries:
+        offsets.append(offset)
+        if e is None:
+            tokens.append(""), values.append(None), tops.append(None)
+            continue
+        tokens.append(e.token)
+        values.append(e.logprob)
+        tops.append(None if e.logprob is None else {t: v for t, v in e.top})
+        offset += len(e.token)
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+
+
+def _completion_choice(index: int, choice: Choice) -> dict[str, Any]:
+    c = choice.completion
+    text = (c.prompt_text or "") + c.text if choice.echo else c.text
+    logprobs = None
+    if c.logprobs is not None or (choice.echo and c.prompt_logprobs is not None):
+        entries = (list(c.prompt_logprobs or ()) if choice.echo else []) + list(c.logprobs or ())
+        logprobs = completion_logprobs(entries)
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": choice.finish_reason}
+
+
+def full_response(env: Envelope, choices: Sequence[Choice]) -> dict[str, Any]:
+    completions = [c.completion for c in choices]
     if env.kind == "chat":
-        choices = [{"index": i, "message": {"role": "assistant", "content": c.text}, "logprobs": None,
-                    "finish_reason": c.finish_reason} for i, c in enumerate(completions)]
-        return {**env.head("chat.completion"), "choices": choices, "usage": usage(completions, env.truncated)}
-    choices = [{"index": i, "text": c.text, "logprobs": None, "finish_reason": c.finish_reason}
-               for i, c in enumerate(completions)]
-    return {**env.head("text_completion"), "choices": choices, "usage": usage(completions, env.truncated)}
+        body = []
+        for i, ch in enumerate(choices):
+            message: dict[str, Any] = {"role": "assistant", "content": ch.content}
+            if ch.tool_calls:
+                message["tool_calls"] = ch.tool_calls
+            body.append({"index": i, "message": message, "logprobs": chat_logprobs(ch.completion.logprobs),
+                         "finish_reason": ch.finish_reason})
+        return {**env.head("chat.completion"), "choices": body, "usage": usage(completions, env.truncated)}
+    body = [_completion_choice(i, ch) for i, ch in enumerate(choices)]
+    return {**env.head("text_completion"), "choices": body, "usage": usage(completions, env.truncated)}
 
 
 def chunk(env: Envelope, index: int, text: str | None = None, *, role: bool = False,
-          finish_reason: str | None = None, usage_: dict[str, int] | None = None) -> dict[str, Any]:
+          finish_reason: str | None = None, usage_: dict[str, int] | None = None,
+          logprobs: Sequence[TokenLogprob | None] | None = None,
+          tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     if env.kind == "chat":
         delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
         if text is not None:
             delta["content"] = text
-        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        if tool_calls:
+            delta["tool_calls"] = tool_calls
+        choice = {"index": index, "delta": delta, "logprobs": chat_logprobs(logprobs),  # type: ignore[arg-type]
+                  "finish_reason": finish_reason}
         body = {**env.head("chat.completion.chunk"), "choices": [choice]}
     else:
-        choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": index, "text": text or "",
+                  "logprobs": None if logprobs is None else completion_logprobs(logprobs),
+                  "finish_reason": finish_reason}
         body = {**env.head("text_completion"), "choices": [choice]}
     if usage_ is not None:
         body["usage"] = usage_

@@ -1,8 +1,15 @@
-"""POST /v1/chat/completions and /v1/completions: OpenAI-compatible, streaming (SSE) or not."""
+"""POST /v1/chat/completions and /v1/completions: OpenAI-compatible, streaming (SSE) or not.
+
+A request becomes units (one per prompt and choice, `n` per prompt; choices after the first
+may share the first's prefilled KV), each with its own SequenceSampler: its sampling rules and,
+for structured outputs and tools, its own grammar matcher. Fields the server does not honour
+are refused by name (400) before anything runs.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -12,10 +19,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from accelab.serve import openai_format as fmt
+from accelab.serve import structured, tools
 from accelab.serve.dispatch import Submission, check_count, long_text, prepare
 from accelab.serve.engines.base import Completion, GenUnit, Prompt, SamplingParams
+from accelab.serve.engines.sampling import describe
 from accelab.serve.errors import ApiError
-from accelab.serve.schemas import ChatRequest, CompletionRequest, _Sampling
+from accelab.serve.schemas import ChatRequest, CompletionRequest, _Sampling, unsupported_fields
 from accelab.serve.state import ServerState
 
 log = logging.getLogger(__name__)
@@ -27,40 +36,132 @@ router = APIRouter()
 async def chat_completions(body: ChatRequest, request: Request) -> Any:
     arrival = time.monotonic()
     state: ServerState = request.app.state.accelab
+    _refuse_unsupported(body)
     engine = state.require("chat", body.model)
-    params = _params(body, body.requested_tokens, state)
+    specs = tools.tool_specs(body.tools) if body.tools else None
+    grammar = _chat_grammar(body, specs)
+    params = _params(body, body.requested_tokens, state, engine, logprobs=body.logprob_count, grammar=grammar)
     messages = [m.to_engine() for m in body.messages]
     has_images = any(isinstance(m["content"], list) and any(p["type"] == "image" for p in m["content"])
                      for m in messages)
     texts = [m["content"] if isinstance(m["content"], str) else "" for m in messages]
-    prompt = await prepare(lambda: _fit(engine, engine.prepare_chat(messages), params, body.truncate),
-                           offload=has_images or long_text(texts))
+    chat = (lambda: engine.prepare_chat(messages, tools=specs)) if specs else (lambda: engine.prepare_chat(messages))
+    prompt = await prepare(lambda: _fit(engine, chat(), params, body.truncate),
+                           offload=has_images or long_text(texts) or bool(specs))
+    units = await _units(engine, [prompt], params, body.n)
     env = fmt.Envelope(kind="chat", model=state.config.model_name, truncated=prompt.truncated)
-    return await _generate(state, engine, [prompt], params, body, env, arrival, request)
+    calls = specs is not None and body.tool_choice != "none"
+    return await _generate(state, engine, units, body, env, arrival, request, tool_calls=calls)
 
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request) -> Any:
     arrival = time.monotonic()
     state: ServerState = request.app.state.accelab
+    _refuse_unsupported(body)
     engine = state.require("completions", body.model)
-    params = _params(body, body.requested_tokens, state)
+    echo_logprobs = body.logprobs if body.echo else None
+    params = _params(body, body.requested_tokens, state, engine, logprobs=body.logprob_count,
+                     prompt_logprobs=echo_logprobs)
     texts = body.prompts
-    check_count("prompts", len(texts), state.config.max_inputs)
+    check_count("prompts", len(texts) * body.n, state.config.max_inputs)
     prompts = await prepare(lambda: [_fit(engine, engine.prepare_text(t), params, body.truncate) for t in texts],
                             offload=long_text(texts))
+    units = await _units(engine, prompts, params, body.n)
     env = fmt.Envelope(kind="completions", model=state.config.model_name, truncated=sum(p.truncated for p in prompts))
-    return await _generate(state, engine, prompts, params, body, env, arrival, request)
+    echoes = None
+    if body.echo:
+        echoes = [t if isinstance(t, str) else engine.decode(list(p.ids)) for t, p in zip(texts, prompts)
+                  for _ in range(body.n)]
+    return await _generate(state, engine, units, body, env, arrival, request, echoes=echoes)
 
 
-def _params(body: _Sampling, requested: int | None, state: ServerState) -> SamplingParams:
+# -- the request's rules --------------------------------------------------------------------
+def _refuse_unsupported(body: _Sampling) -> None:
+    refused = unsupported_fields(body)
+    if refused:
+        name, advice = refused[0]
+        others = f" (also: {', '.join(n for n, _ in refused[1:])})" if len(refused) > 1 else ""
+        raise ApiError(400, f"field {name!r} is not supported by this server{others}: {advice}", param=name)
+
+
+def _params(body: _Sampling, requested: int | None, state: ServerState, engine: Any, *, logprobs: int | None,
+            prompt_logprobs: int | None = None, grammar: str | None = None) -> SamplingParams:
     limit = state.config.max_tokens
     if requested is not None and requested > limit:
         raise ApiError(413, f"max_tokens={requested} is more than this server allows ({limit}, --max-tokens); "
                        f"ask for {limit} or fewer", param="max_tokens")
-    default = min(state.config.default_max_tokens, limit)
-    return SamplingParams(max_tokens=requested or default, temperature=body.temperature,
-                          top_p=body.top_p, stop=body.stop_list, seed=body.seed)
+    max_tokens = requested or min(state.config.default_max_tokens, limit)
+    if body.min_tokens > max_tokens:
+        raise ApiError(400, f"min_tokens={body.min_tokens} is more than max_tokens={max_tokens}; lower min_tokens",
+                       param="min_tokens")
+    vocab = getattr(engine, "vocab_size", None)
+    for name, ids in (("logit_bias", [t for t, _ in body.bias_pairs]), ("stop_token_ids", body.stop_token_ids or [])):
+        bad = next((t for t in ids if t < 0 or (vocab is not None and t >= vocab)), None)
+        if bad is not None:
+            raise ApiError(400, f"{name} names token {bad}, which is not in the vocabulary"
+                           + (f" (ids 0 to {vocab - 1})" if vocab else "") + "; send ids from this model's tokenizer",
+                           param=name)
+    if (grammar is not None or body.min_tokens or body.ignore_eos or logprobs is not None) \
+            and not hasattr(engine, "sampler"):
+        raise ApiError(400, f"{state.config.model_name}'s engine does not take per-sequence sampling rules",
+                       param="response_format" if grammar else None)
+    return SamplingParams(
+        max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, stop=body.stop_list, seed=body.seed,
+        top_k=max(body.top_k, 0), min_p=body.min_p, repetition_penalty=body.repetition_penalty,
+        presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty, logit_bias=body.bias_pairs,
+        stop_token_ids=tuple(body.stop_token_ids or ()), min_tokens=body.min_tokens, ignore_eos=body.ignore_eos,
+        logprobs=logprobs, prompt_logprobs=prompt_logprobs, grammar=grammar)
+
+
+def _chat_grammar(body: ChatRequest, specs: list[dict[str, Any]] | None) -> str | None:
+    """The llguidance grammar the answer must follow (response_format, tools), or None."""
+    fmt_ = body.response_format
+    schema = None
+    if fmt_ is not None and fmt_.type == "json_object":
+        schema = {"type": "object"}
+    elif fmt_ is not None and fmt_.type == "json_schema":
+        schema = fmt_.json_schema.schema_  # type: ignore[union-attr]
+    try:
+        if specs:
+            choice = body.tool_choice
+            named = getattr(getattr(choice, "function", None), "name", None)
+            return tools.tool_grammar(specs, named or choice or "auto", text_schema=schema)
+        return None if schema is None else structured.json_grammar(schema)
+    except structured.GrammarError as err:
+        raise ApiError(400, str(err), param="tools" if specs else "response_format") from None
+
+
+async def _units(engine: Any, prompts: list[Prompt], params: SamplingParams, n: int) -> list[GenUnit]:
+    """n units per prompt; choice i samples from seed + i and may share choice 0's prefill."""
+
+    def build() -> list[GenUnit]:
+        units = []
+        for prompt in prompts:
+            first = None
+            for i in range(n):
+                unit = GenUnit(prompt=prompt, params=params, fork_of=first)
+                unit.sampler = _sampler(engine, params, prompt, i)
+                first = first or unit
+                units.append(unit)
+        return units
+
+    try:
+        return await prepare(build, offload=params.grammar is not None)
+    except ApiError as err:
+        if err.status == 422 and params.grammar is not None:  # the grammar did not compile
+            raise ApiError(400, err.message, param="response_format") from None
+        raise
+
+
+def _sampler(engine: Any, params: SamplingParams, prompt: Prompt, index: int) -> Any:
+    make = getattr(engine, "sampler", None)
+    if make is None:
+        return None
+    grammar = None
+    if params.grammar is not None:
+        grammar = structured.Matcher(engine.grammar_tokenizer(), params.grammar)
+    return make(params, prompt, grammar=grammar, seed_offset=index)
 
 
 def _fit(engine: Any, prompt: Prompt, params: SamplingParams, truncate: bool) -> Prompt:
@@ -68,14 +169,36 @@ def _fit(engine: Any, prompt: Prompt, params: SamplingParams, truncate: bool) ->
     return prompt if fit is None else fit(prompt, params.max_tokens, truncate=truncate)
 
 
-async def _generate(state: ServerState, engine: Any, prompts: list[Prompt], params: SamplingParams,
-                    body: _Sampling, env: fmt.Envelope, arrival: float, request: Request) -> Any:
-    events: asyncio.Queue[tuple[int, str] | None] = asyncio.Queue()
+# -- running and answering -----------------------------------------------------------------
+@dataclasses.dataclass(kw_only=True, slots=True)
+class _Answer:
+    """What shapes the answer: echoed prompts, tool-call parsing, the decoder for logprobs."""
+
+    env: fmt.Envelope
+    decode: Any
+    echoes: list[str] | None = None
+    tool_calls: bool = False
+
+    def choice(self, index: int, done: Completion) -> fmt.Choice:
+        if self.echoes is not None:
+            done = dataclasses.replace(done, prompt_text=self.echoes[index])
+        if self.tool_calls:
+            content, calls = tools.parse_calls(done.text)
+            return fmt.Choice(completion=done, content=content, tool_calls=[c.to_openai() for c in calls])
+        return fmt.Choice(completion=done, content=done.text, echo=self.echoes is not None)
+
+
+async def _generate(state: ServerState, engine: Any, units: list[GenUnit], body: _Sampling, env: fmt.Envelope,
+                    arrival: float, request: Request, *, echoes: list[str] | None = None,
+                    tool_calls: bool = False) -> Any:
+    events: asyncio.Queue[tuple[int, str, int] | None] = asyncio.Queue()
     loop = asyncio.get_running_loop()
-    units = [GenUnit(prompt=p, params=params, on_text=_pusher(loop, events, i) if body.stream else _ignore)
-             for i, p in enumerate(prompts)]
+    if body.stream:
+        for i, unit in enumerate(units):
+            unit.on_text = _pusher(loop, events, i, unit)
+    answer = _Answer(env=env, decode=engine.decode, echoes=echoes, tool_calls=tool_calls)
     # one request's prompts share a key: chat has one prompt, completions' prompts are text only
-    submission = Submission(state, key=prompts[0].batch_key, units=units, run=engine.generate, arrival=arrival,
+    submission = Submission(state, key=units[0].prompt.batch_key, units=units, run=engine.generate, arrival=arrival,
                             scope=request.scope)
     if not body.stream:
         try:
@@ -86,27 +209,31 @@ async def _generate(state: ServerState, engine: Any, prompts: list[Prompt], para
                     unit.cancelled = True
             raise
         _observe(state, outcome.outputs, arrival)
-        return JSONResponse(fmt.full_response(env, outcome.outputs))
+        return JSONResponse(fmt.full_response(env, [answer.choice(i, c) for i, c in enumerate(outcome.outputs)]))
     try:
         await submission.wait_started()
     except BaseException:
         submission.abandon()
         raise
     submission.outcome.add_done_callback(lambda _: events.put_nowait(None))
-    return StreamingResponse(_stream(state, submission, units, events, body, env, arrival),
+    return StreamingResponse(_stream(state, submission, units, events, body, answer, arrival),
                              media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
 
 async def _stream(state: ServerState, submission: Submission, units: list[GenUnit],
-                  events: asyncio.Queue[tuple[int, str] | None], body: _Sampling, env: fmt.Envelope,
+                  events: asyncio.Queue[tuple[int, str, int] | None], body: _Sampling, answer: _Answer,
                   arrival: float) -> AsyncIterator[str]:
+    env = answer.env
     finished = False
+    streams = [_ChoiceStream(index=i, unit=u, answer=answer, body=body) for i, u in enumerate(units)]
     try:
         if env.kind == "chat":
-            yield fmt.sse(fmt.chunk(env, 0, role=True))
+            for s in streams:
+                yield fmt.sse(fmt.chunk(env, s.index, role=True))
         while (event := await events.get()) is not None:
-            index, text = event
-            yield fmt.sse(fmt.chunk(env, index, text))
+            index, text, sampled = event
+            for chunk in streams[index].text(text, sampled):
+                yield fmt.sse(chunk)
         try:
             outcome = await submission.result()
         except ApiError as err:  # the status line went out already: the error travels in the stream
@@ -115,8 +242,9 @@ async def _stream(state: ServerState, submission: Submission, units: list[GenUni
         else:
             completions: list[Completion] = outcome.outputs
             _observe(state, completions, arrival)
-            for index, done in enumerate(completions):
-                yield fmt.sse(fmt.chunk(env, index, finish_reason=done.finish_reason, usage_=fmt.usage([done])))
+            for s, done in zip(streams, completions):
+                for chunk in s.finish(done):
+                    yield fmt.sse(chunk)
             if body.include_usage:
                 yield fmt.sse(fmt.usage_chunk(env, completions))
         yield fmt.sse("[DONE]")
@@ -127,6 +255,65 @@ async def _stream(state: ServerState, submission: Submission, units: list[GenUni
                 unit.cancelled = True
             submission.abandon()
             state.metrics.errors.labels(kind="client_gone").inc()
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class _ChoiceStream:
+    """One choice's chunks: text with its tokens' logprobs, the echoed prompt first, tool calls
+    (held back, then one delta) and usage in every chunk when continuous_usage_stats is set."""
+
+    index: int
+    unit: GenUnit
+    answer: _Answer
+    body: _Sampling
+    sent_logprobs: int = 0
+    echoed: bool = False
+    calls: tools.CallFilter | None = None
+
+    def __post_init__(self) -> None:
+        if self.answer.tool_calls:
+            self.calls = tools.CallFilter()
+
+    def text(self, text: str, sampled: int) -> list[dict[str, Any]]:
+        out = self._echo()
+        entries = None
+        if self.unit.params.logprobs is not None:
+            entries = describe(self.unit.sampled[self.sent_logprobs:sampled], self.answer.decode)
+            self.sent_logprobs = max(self.sent_logprobs, sampled)
+        piece = self.calls.push(text) if self.calls is not None else text
+        if piece or entries:
+            out.append(fmt.chunk(self.answer.env, self.index, piece, logprobs=entries, usage_=self._usage()))
+        return out
+
+    def finish(self, done: Completion) -> list[dict[str, Any]]:
+        env, out = self.answer.env, self._echo()
+        entries = None
+        if done.logprobs is not None and len(done.logprobs) > self.sent_logprobs:
+            entries = done.logprobs[self.sent_logprobs:]
+        choice = self.answer.choice(self.index, done)
+        rest = None
+        if self.calls is not None and not choice.tool_calls and self.calls.sent < len(self.calls.text):
+            rest = self.calls.text[self.calls.sent:]  # held back as a possible call; it was not one
+        if entries or rest or choice.tool_calls:
+            out.append(fmt.chunk(env, self.index, rest, logprobs=entries,
+                                 tool_calls=[{**c, "index": i} for i, c in enumerate(choice.tool_calls)] or None))
+        out.append(fmt.chunk(env, self.index, finish_reason=choice.finish_reason, usage_=fmt.usage([done])))
+        return out
+
+    def _echo(self) -> list[dict[str, Any]]:
+        if self.answer.echoes is None or self.echoed:
+            return []
+        self.echoed = True
+        entries = None
+        if self.unit.prompt_sampled is not None:
+            entries = describe(self.unit.prompt_sampled, self.answer.decode)
+        return [fmt.chunk(self.answer.env, self.index, self.answer.echoes[self.index], logprobs=entries)]
+
+    def _usage(self) -> dict[str, int] | None:
+        if not self.body.continuous_usage:
+            return None
+        prompt, generated = self.unit.prompt.prompt_tokens, self.unit.tokens
+        return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
 
 
 def _observe(state: ServerState, completions: list[Completion], arrival: float) -> None:
@@ -140,15 +327,12 @@ def _observe(state: ServerState, completions: list[Completion], arrival: float) 
                 m.tpot.observe((done.finished_at - done.first_token_at) / (done.completion_tokens - 1))
 
 
-def _pusher(loop: asyncio.AbstractEventLoop, events: asyncio.Queue, index: int):
-    def push(text: str) -> None:  # called in the worker thread
+def _pusher(loop: asyncio.AbstractEventLoop, events: asyncio.Queue, index: int, unit: GenUnit):
+    def push(text: str) -> None:  # called in the worker thread, right after the token that made `text`
+        sampled = len(unit.sampled)  # the logprobs of the tokens behind this text
         try:
-            loop.call_soon_threadsafe(events.put_nowait, (index, text))
+            loop.call_soon_threadsafe(events.put_nowait, (index, text, sampled))
         except RuntimeError:  # loop closed
             pass
 
     return push
-
-
-def _ignore(text: str) -> None:
-    pass

@@ -1,18 +1,60 @@
 """Request bodies of the OpenAI-compatible routes (pydantic). A body that does not fit gets
-422 with a message naming the field (see `errors.validation_message`). Fields OpenAI clients
-send that this server does not use (user, logprobs=false, ...) are accepted and ignored. `seed`
-makes a sampled request repeatable under the continuous scheduler (the per-batch one samples
-all rows of a batch from one generator, so there it cannot)."""
+422 with a message naming the field (see `errors.validation_message`). A top-level field of a
+generation request that this server does not know, or knows and does not honour, is a 400
+that names it and says what to send instead (`unsupported_fields`): nothing is silently
+ignored. `user` is accepted (an end-user tag: it changes nothing generated). `seed` makes a
+sampled request repeatable (per choice: choice i draws from seed + i)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+MAX_CHOICES = 16  # n
+MAX_TOP_LOGPROBS = 20
+
+# fields peers take that this server does not honour, and what to send instead
+_NOT_HONOURED = {
+    "functions": "send tools (the functions API is deprecated)",
+    "function_call": "send tool_choice with tools (the functions API is deprecated)",
+    "best_of": "beam search and best-of are not supported; send n for several choices",
+    "use_beam_search": "beam search is not supported; remove it",
+    "length_penalty": "beam search is not supported; remove it",
+    "guided_json": 'send response_format {"type": "json_schema", ...}',
+    "guided_regex": "regular-expression constraints are not supported; send response_format with a JSON schema",
+    "guided_choice": 'send response_format {"type": "json_schema"} with an "enum" schema',
+    "guided_grammar": "grammars are not supported; send response_format with a JSON schema",
+    "structured_outputs": 'send response_format {"type": "json_schema", ...}',
+    "suffix": "fill-in-the-middle (suffix) is not supported; remove it",
+    "prompt_logprobs": "send echo: true with logprobs on /v1/completions",
+    "echo": "echo is a field of /v1/completions, not of chat",
+    "store": "this server stores no completions; remove it",
+    "metadata": "this server stores no completions (metadata goes with store); remove it",
+}
+
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class _Request(BaseModel):
+    """A top-level generation body: unknown fields are kept, to be refused by name."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+
+def unsupported_fields(body: BaseModel) -> list[tuple[str, str]]:
+    """(field, what to do) for every top-level field the server will not honour."""
+    extra = body.model_extra or {}
+    out = []
+    for name, value in extra.items():
+        if value is None or (name in ("store", "echo") and value is False):
+            continue  # an explicit null (or store: false) asks for nothing
+        if name == "best_of" and value in (1, getattr(body, "n", 1)):
+            continue  # best_of == n is the plain case
+        out.append((name, _NOT_HONOURED.get(name, "this server does not support it; remove it")))
+    return out
 
 
 class TextPart(_Body):
@@ -33,41 +75,104 @@ class ImagePart(_Body):
 ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
 
 
+class FunctionCall(_Body):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Body):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool's answer: to which call
 
     def to_engine(self) -> dict:
+        out: dict[str, Any]
         if self.content is None or isinstance(self.content, str):
-            return {"role": self.role, "content": self.content or ""}
-        parts = [{"type": "text", "text": p.text} if isinstance(p, TextPart)
-                 else {"type": "image", "url": p.image_url.url} for p in self.content]
-        return {"role": self.role, "content": parts}
+            out = {"role": self.role, "content": self.content or ""}
+        else:
+            parts = [{"type": "text", "text": p.text} if isinstance(p, TextPart)
+                     else {"type": "image", "url": p.image_url.url} for p in self.content]
+            out = {"role": self.role, "content": parts}
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
 class StreamOptions(_Body):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # usage so far in every chunk (vLLM's field; guidellm sends it)
 
 
-class _Sampling(_Body):
+class JSONSchemaFormat(_Body):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None  # the schema is always enforced (strict or not)
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> "ResponseFormat":
+        if self.type == "json_schema" and (self.json_schema is None or self.json_schema.schema_ is None):
+            raise ValueError('response_format of type "json_schema" needs json_schema: {"name": ..., "schema": {...}}')
+        return self
+
+
+class FunctionDef(_Body):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class _Sampling(_Request):
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    n: int = 1
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
     stop: str | list[str] | None = None
     seed: int | None = None
     truncate: bool = False  # a prompt too long for the context keeps its last tokens instead of a 400
     stream: bool = False
     stream_options: StreamOptions | None = None
-
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError(f"n={n} is not supported: this server returns one choice per prompt; send n=1 "
-                             "(or several requests)")
-        return n
+    user: str | None = None  # an end-user tag (OpenAI's): accepted, it changes nothing generated
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None  # token id (as text) -> -100 .. 100
+    # vLLM's sampling fields
+    top_k: int = Field(0, ge=-1)  # 0 or -1: off
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    stop_token_ids: list[int] | None = None
+    min_tokens: int = Field(0, ge=0)
+    ignore_eos: bool = False
 
     @field_validator("stop")
     @classmethod
@@ -75,6 +180,20 @@ class _Sampling(_Body):
         if isinstance(stop, list) and len(stop) > 4:
             raise ValueError(f"at most 4 stop sequences (got {len(stop)})")
         return stop
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for key, value in (bias or {}).items():
+            if not key.lstrip("-").isdigit():
+                raise ValueError(f"logit_bias keys are token ids (got {key!r}); send {{\"1234\": -100}}")
+            if not -100 <= value <= 100:
+                raise ValueError(f"logit_bias values run from -100 to 100 (got {value} for token {key})")
+        return bias
+
+    @property
+    def bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        return tuple((int(k), float(v)) for k, v in (self.logit_bias or {}).items())
 
     @property
     def stop_list(self) -> tuple[str, ...]:
@@ -86,19 +205,48 @@ class _Sampling(_Body):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # allowed; the server makes at most one call per answer
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ChatRequest":
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError(f"top_logprobs={self.top_logprobs} needs logprobs: true")
+        if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
+            raise ValueError("tool_choice needs tools; send tools: [{\"type\": \"function\", ...}]")
+        if isinstance(self.tool_choice, NamedToolChoice):
+            names = [t.function.name for t in self.tools or []]
+            if self.tool_choice.function.name not in names:
+                raise ValueError(f"tool_choice names {self.tool_choice.function.name!r}, which is not among the "
+                                 f"tools ({', '.join(names)})")
+        return self
 
     @property
     def requested_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    @property
+    def logprob_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
     @model_validator(mode="after")
     def _not_empty(self) -> "CompletionRequest":
@@ -117,6 +265,10 @@ class CompletionRequest(_Sampling):
     @property
     def requested_tokens(self) -> int | None:
         return self.max_tokens
+
+    @property
+    def logprob_count(self) -> int | None:
+        return self.logprobs
 
 
 class EmbeddingRequest(_Body):

@@ -1,6 +1,7 @@
 """Token ids to streamed text for one sequence: incremental detokenisation, stop strings,
-max_tokens and end-of-sequence. Pure: the decoder is injected (`tokenizer.decode` in the
-server, a dict lookup in tests).
+max_tokens, min_tokens and end-of-sequence (stop token ids count as end-of-sequence; with
+ignore_eos the end-of-sequence ids do not: `stream_for`). Pure: the decoder is injected
+(`tokenizer.decode` in the server, a dict lookup in tests).
 
 Incremental decoding keeps two offsets (the approach of text-generation-inference): the text
 of tokens [prefix:read) already went out; decoding [prefix:) and taking what lies past it
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 FinishReason = Literal["stop", "length"]
 
@@ -24,6 +25,13 @@ class Step:
     finished: FinishReason | None  # set on the step that ends the sequence
 
 
+def stream_for(params: Any, decode: Callable[[Sequence[int]], str], eos_ids: Sequence[int]) -> "TextStream":
+    """The stream of one sequence with SamplingParams `params`."""
+    ends = (() if params.ignore_eos else tuple(eos_ids)) + tuple(params.stop_token_ids)
+    return TextStream(decode, max_tokens=params.max_tokens, stop=params.stop, eos_ids=ends,
+                      min_tokens=params.min_tokens)
+
+
 class TextStream:
     def __init__(
         self,
@@ -32,6 +40,7 @@ class TextStream:
         max_tokens: int,
         stop: Sequence[str] = (),
         eos_ids: Sequence[int] = (),
+        min_tokens: int = 0,
     ):
         if max_tokens < 1:
             raise ValueError(f"max_tokens={max_tokens} must be 1 or more")
@@ -39,6 +48,7 @@ class TextStream:
         self.max_tokens = max_tokens
         self._stop = [s for s in stop if s]
         self._eos = set(eos_ids)
+        self._min_tokens = min_tokens  # before this many tokens, no stop string ends the stream
         self.ids: list[int] = []
         self._prefix = 0
         self._read = 0
@@ -52,6 +62,11 @@ class TextStream:
         return len(self.ids)
 
     @property
+    def ended_on_stop_token(self) -> bool:
+        """The last token is an end-of-sequence or stop token (not part of the text)."""
+        return bool(self.ids) and self.ids[-1] in self._eos and self.finish_reason == "stop"
+
+    @property
     def output(self) -> str:
         return self.text[: self.sent]
 
@@ -59,12 +74,12 @@ class TextStream:
         if self.finish_reason is not None:
             raise RuntimeError("push after the stream finished")
         self.ids.append(token)
-        if token in self._eos:
+        if token in self._eos and len(self.ids) > self._min_tokens:
             self.text += self._decode_rest()
             hit = self._find_stop()
             return self._finish("stop", flush_to=len(self.text) if hit is None else hit)
         self.text += self._new_text()
-        hit = self._find_stop()
+        hit = self._find_stop() if len(self.ids) >= self._min_tokens else None
         if hit is not None:
             return self._finish("stop", flush_to=hit)
         if len(self.ids) >= self.max_tokens:

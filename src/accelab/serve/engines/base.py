@@ -41,11 +41,31 @@ def check_token_ids(ids: Sequence[int], vocab_size: int | None, *, name: str) ->
 # -- generation ---------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SamplingParams:
+    """One sequence's sampling and stopping rules (what `engines.sampling` applies per row)."""
+
     max_tokens: int
     temperature: float = 1.0  # 0: greedy
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None  # a sampled request with a seed repeats itself (continuous scheduler)
+    top_k: int = 0  # keep the k most likely tokens; 0: all
+    min_p: float = 0.0  # drop tokens less likely than min_p x the most likely one
+    repetition_penalty: float = 1.0  # > 1 discourages tokens of the prompt and the output (HF/CTRL rule)
+    presence_penalty: float = 0.0  # subtracted once from every token already generated
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the output
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    stop_token_ids: tuple[int, ...] = ()  # more tokens that end the sequence (beside end-of-sequence)
+    min_tokens: int = 0  # end-of-sequence, stop tokens and stop strings only after this many tokens
+    ignore_eos: bool = False  # end-of-sequence never ends it (nor is sampled): exactly max_tokens come
+    logprobs: int | None = None  # the chosen token's log-probability and this many alternatives
+    prompt_logprobs: int | None = None  # the same for every prompt token (completions' echo)
+    grammar: str | None = None  # an llguidance grammar the output must follow (JSON schema, tool calls)
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens={self.max_tokens} must be 1 or more")
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens={self.min_tokens} is more than max_tokens={self.max_tokens}; lower it")
 
     @property
     def greedy(self) -> bool:
@@ -72,11 +92,17 @@ class Prompt:
 @dataclass(kw_only=True, slots=True, eq=False)
 class GenUnit:
     """One sequence to generate. `on_text` receives each new piece of text, in the worker
-    thread; the handler sets `cancelled` when its client went away (the row then stops)."""
+    thread; the handler sets `cancelled` when its client went away (the row then stops).
+    `sampler` (an `engines.sampling.SequenceSampler`) holds its per-sequence sampling state;
+    `fork_of`: another choice of the same prompt (n > 1), whose prefilled KV this one may share."""
 
     prompt: Prompt
     params: SamplingParams
     on_text: Callable[[str], None] = lambda text: None
+    sampler: Any = None
+    fork_of: "GenUnit | None" = None
+    sampled: list[Any] = field(default_factory=list)  # its SampledTokens so far, when params.logprobs is set
+    prompt_sampled: list[Any] | None = None  # the prompt's SampledTokens, when params.prompt_logprobs is set
     cancelled: bool = False
     emitted: bool = False  # some text went out: the worker must not replay this unit
     first_token_at: float | None = None  # time.monotonic()
@@ -94,6 +120,16 @@ class GenUnit:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class TokenLogprob:
+    """One token's log-probability under the model (log_softmax of its raw logits), with the
+    most likely alternatives at that position, best first."""
+
+    token: str
+    logprob: float | None  # None: the first prompt token (nothing before it to predict it)
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Completion:
     text: str
     finish_reason: Literal["stop", "length"]
@@ -101,6 +137,9 @@ class Completion:
     completion_tokens: int
     first_token_at: float | None
     finished_at: float = field(default_factory=time.monotonic)
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per output token (params.logprobs)
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None  # per prompt token (echo)
+    prompt_text: str | None = None  # the prompt as text (echo)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -113,6 +152,8 @@ class StepInput:
     tokens: tuple[int, ...]
     sample: bool
     params: SamplingParams
+    sampler: Any = None  # the sequence's SequenceSampler (None: a fresh one from params, e.g. in checks)
+    blocks: tuple[int, ...] = ()  # its KV blocks, position order (engines that keep KV in the scheduler's pool)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -132,12 +173,21 @@ class StepEngine(Protocol):
     name: str  # what it is, for the start-up log
     kv_bytes_per_token: int  # KV cache bytes one token of one sequence holds
 
-    def step(self, inputs: list[StepInput]) -> list[int]: ...  # one token per input with `sample`, in order
+    # One SampledToken (engines.sampling) per input with `sample`, in order: the engine hands
+    # the [N, V] logits rows of those inputs to `engines.sampling.sample_step(logits, inputs)`,
+    # which applies each sequence's own rules (StepInput.sampler) and returns them.
+    def step(self, inputs: list[StepInput]) -> list[Any]: ...
 
     def release(self, seq_id: int) -> None: ...  # the sequence ended: free its cache entries
 
     # optional: reuse_prefix(seq_id, tokens) -> n: a new sequence takes the KV of its first n
     # tokens from a finished sequence that began the same way (a prefix cache)
+
+    # optional: fork(parent_seq_id, child_seq_id, n_tokens): the new sequence child starts with
+    # the KV of the parent's first n_tokens positions (n > 1 choices of one prompt: the prompt is
+    # prefilled once). The parent is running; the child's next chunk starts at n_tokens.
+
+    # optional: score(tokens) -> logits [len(tokens), V] of every position (prompt logprobs)
 
     def close(self) -> None: ...
 

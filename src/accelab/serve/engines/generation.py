@@ -5,9 +5,12 @@ Each row of a batch has its own max_tokens, stop strings and temperature:
 - `_RowTracker` (a StoppingCriteria, called once per decoding step with every row's new
   token) feeds each row's TextStream, hands new text to the row's unit and tells generate
   which rows are done; generate runs until all are (max_new_tokens is the largest request's).
-- `_RowSampling` (a LogitsProcessor) applies each row's temperature and top_p; a greedy row
-  keeps only its argmax, so greedy and sampled requests share a batch. A batch of greedy rows
-  only runs plain greedy search.
+- `_RowSampler` (a LogitsProcessor) has each row's SequenceSampler pick its token with the
+  rules every engine shares (`engines.sampling`: penalties, logit_bias, grammar masks,
+  logprobs, ...) and leaves only that token finite, so generate's own pick takes it. A batch
+  of plain greedy rows without logprobs runs plain greedy search.
+Echo's prompt log-probabilities come from one forward of each prompt that asks for them; n > 1
+choices run as rows of their own here (the continuous scheduler shares the prompt's KV).
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from accelab.serve.engines.base import (
     check_token_ids,
     fit_prompt,
 )
+from accelab.serve.engines.sampling import SampledToken, SequenceSampler, describe, prompt_logprobs, sample
 from accelab.serve.images import decode_image
-from accelab.serve.textstream import TextStream
+from accelab.serve.textstream import TextStream, stream_for
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +54,13 @@ class HFGenerationEngine:
         self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
         self.max_context = max_context or max_sequence_length(runnable.model)
         self.vocab_size = _vocab_size(runnable.model)
+        self._template_tools: bool | None = None  # the chat template writes tools itself (probed once)
 
     # -- preparing (thread pool) ----------------------------------------------------------
-    def prepare_chat(self, messages: list[dict[str, Any]]) -> Prompt:
+    def prepare_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> Prompt:
         """messages: [{"role": ..., "content": str | [{"type": "text", "text": ...} |
-        {"type": "image", "url": data-URI}]}] (OpenAI's shape, image parts already unwrapped)."""
+        {"type": "image", "url": data-URI}], maybe "tool_calls"}] (OpenAI's shape, image parts
+        already unwrapped); `tools`: OpenAI tool specs (see `accelab.serve.tools`)."""
         images = [part["url"] for m in messages if isinstance(m["content"], list)
                   for part in m["content"] if part["type"] == "image"]
         if images and self.processor is None:
@@ -62,14 +68,28 @@ class HFGenerationEngine:
                              "an image-text-to-text model (e.g. smolvlm-tiny)")
         if self.processor is not None:
             return self._prepare_vision(messages, images)
-        flat = [{"role": m["role"], "content": _text_of(m["content"])} for m in messages]
+        flat = [{**m, "content": _text_of(m["content"])} for m in messages]
+        extra: dict[str, Any] = {}
+        if tools or any(m.get("tool_calls") for m in flat):
+            flat, extra = self._with_tools(flat, tools)
         if getattr(self.tokenizer, "chat_template", None):
-            text = self.tokenizer.apply_chat_template(flat, add_generation_prompt=True, tokenize=False)
+            text = self.tokenizer.apply_chat_template(flat, add_generation_prompt=True, tokenize=False, **extra)
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         else:  # a base model: plain "role: text" lines
             text = "".join(f"{m['role']}: {m['content']}\n" for m in flat) + "assistant:"
             ids = self.tokenizer(text)["input_ids"]
         return self._checked(Prompt(ids=tuple(ids), prompt_tokens=len(ids)))
+
+    def _with_tools(self, messages: list[dict[str, Any]],
+                    tools: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """The messages (and template arguments) that put the tools and earlier calls in the prompt."""
+        from accelab.serve import tools as tool_format
+
+        if self._template_tools is None:
+            self._template_tools = tool_format.template_renders_tools(self.tokenizer)
+        if self._template_tools:
+            return tool_format.messages_for_template(messages), ({"tools": tools} if tools else {})
+        return tool_format.messages_without_tool_format(messages, tools), {}
 
     def prepare_text(self, prompt: str | list[int]) -> Prompt:
         if isinstance(prompt, list):
@@ -100,9 +120,12 @@ class HFGenerationEngine:
     # -- running (worker thread) ------------------------------------------------------------
     def generate(self, units: list[GenUnit]) -> list[Completion]:
         batch = self._collate(units)
-        streams = [TextStream(self.decode, max_tokens=u.params.max_tokens, stop=u.params.stop,
-                              eos_ids=self.eos_ids) for u in units]
-        tracker = _RowTracker(units, streams)
+        streams = [stream_for(u.params, self.decode, self.eos_ids) for u in units]
+        samplers = [u.sampler or self.sampler(u.params, u.prompt) for u in units]
+        for unit in units:
+            if unit.prompt_sampled is None:
+                unit.prompt_sampled = self._prompt_logprobs(unit)
+        tracker = _RowTracker(units, streams, decode=self.decode)
         from transformers import StoppingCriteriaList
 
         device = input_device(self.runnable.model, self.runnable.device)
@@ -111,9 +134,33 @@ class HFGenerationEngine:
             max_new_tokens=max(u.params.max_tokens for u in units),
             stopping_criteria=StoppingCriteriaList([tracker]),
             pad_token_id=self.pad_id,
-            **_sampling_kwargs([u.params for u in units]),
+            **_sampling_kwargs(samplers, tracker),
         )
         return tracker.completions()
+
+    def sampler(self, params: SamplingParams, prompt: Prompt, *, grammar: Any = None,
+                seed_offset: int = 0) -> SequenceSampler:
+        """The sampling state of one sequence of this model (`grammar`: a structured.Matcher)."""
+        return SequenceSampler(params, prompt=prompt.ids, eos_ids=self.eos_ids, grammar=grammar,
+                               seed_offset=seed_offset)
+
+    def grammar_tokenizer(self) -> Any:
+        """The tokenizer as llguidance sees it (built once), for structured outputs."""
+        from accelab.serve.structured import llg_tokenizer
+
+        return llg_tokenizer(self.tokenizer, self.eos_ids[0] if self.eos_ids else None)
+
+    def _prompt_logprobs(self, unit: GenUnit) -> list[SampledToken | None] | None:
+        top = unit.params.prompt_logprobs
+        if top is None:
+            return None
+        if not unit.prompt.ids:
+            raise ValueError("prompt log-probabilities (echo with logprobs) need a text prompt, not images")
+        ids = torch.tensor([unit.prompt.ids], dtype=torch.long,
+                           device=input_device(self.runnable.model, self.runnable.device))
+        with torch.inference_mode(), self.runnable.context():
+            logits = self.runnable.model(input_ids=ids).logits[0]  # [L, V]
+        return prompt_logprobs(logits, unit.prompt.ids, top)
 
     def _collate(self, units: list[GenUnit]) -> dict[str, torch.Tensor]:
         prompts = [u.prompt for u in units]
@@ -149,7 +196,7 @@ class HFGenerationEngine:
                                    kv_tokens=limits.kv_tokens, max_step_tokens=limits.max_step_tokens)
         from accelab.serve.engines.ragged import RaggedTorchEngine
 
-        engine = RaggedTorchEngine(self.runnable)
+        engine = RaggedTorchEngine(self.runnable, limits)
         problem = engine.self_check(list(self.prepare_chat([{"role": "user", "content": "Hello"}]).ids))
         if problem is not None:
             engine.close()
@@ -169,10 +216,15 @@ class _RowTracker:
     """Per-row bookkeeping during one generate call (a StoppingCriteria in all but name: it
     follows the protocol, __call__(input_ids, scores) -> bool tensor [B])."""
 
-    def __init__(self, units: list[GenUnit], streams: list[TextStream]):
+    def __init__(self, units: list[GenUnit], streams: list[TextStream], *, decode: Any = None):
         self.units = units
         self.streams = streams
+        self.decode = decode
         self.finished_at: list[float | None] = [None] * len(units)
+        self.sampled: list[SampledToken | None] = [None] * len(units)  # the row's token of this step
+
+    def live(self, row: int) -> bool:
+        return self.streams[row].finish_reason is None and not self.units[row].cancelled
 
     def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
         tokens = input_ids[:, -1].tolist()  # note: a CPU-GPU sync point, once per step
@@ -182,6 +234,9 @@ class _RowTracker:
             if stream.finish_reason is None and not unit.cancelled:
                 unit.note_token(now)
                 step = stream.push(token)
+                if unit.params.logprobs is not None and self.sampled[row] is not None \
+                        and not stream.ended_on_stop_token:  # a stop token is no text
+                    unit.sampled.append(self.sampled[row])
                 unit.emit(step.text)
                 if step.finished:
                     self.finished_at[row] = now
@@ -193,51 +248,47 @@ class _RowTracker:
         for row, (unit, stream) in enumerate(zip(self.units, self.streams)):
             if stream.finish_reason is None:  # generate stopped on its own (cancelled, max length)
                 unit.emit(stream.end().text)
+            logprobs = None if unit.params.logprobs is None else describe(unit.sampled, self.decode)
+            echo = unit.prompt_sampled
             out.append(Completion(
                 text=stream.output, finish_reason=stream.finish_reason or "length",
                 prompt_tokens=unit.prompt.prompt_tokens, completion_tokens=stream.tokens,
                 first_token_at=unit.first_token_at, finished_at=self.finished_at[row] or time.monotonic(),
+                logprobs=logprobs, prompt_logprobs=None if echo is None else describe(echo, self.decode),
             ))
         return out
 
 
-class _RowSampling:
-    """A LogitsProcessor: each row's temperature and top_p; greedy rows keep their argmax only."""
+class _RowSampler:
+    """A LogitsProcessor: every live row's SequenceSampler picks its token (engines.sampling);
+    the scores that go back are -inf but at that token, so generate's pick (argmax, or a draw
+    from one finite score) takes exactly it. Finished rows keep their argmax (padding follows)."""
 
-    def __init__(self, params: list[SamplingParams]):
-        self.temperature = torch.tensor([p.temperature for p in params], dtype=torch.float32)
-        self.top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32)
-        self.greedy = self.temperature == 0
+    def __init__(self, samplers: list[SequenceSampler], tracker: _RowTracker):
+        self.samplers = samplers
+        self.tracker = tracker
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        # scores: [B, V] float32
-        device = scores.device
-        greedy = self.greedy.to(device)
-        temperature = torch.where(greedy, 1.0, self.temperature).to(device)[:, None]
-        scores = scores / temperature
-        top_p = self.top_p.to(device)[:, None]
-        if (top_p < 1).any():
-            sorted_scores, order = scores.sort(dim=-1, descending=True)
-            probs = sorted_scores.softmax(dim=-1)
-            # drop a token when the tokens ranked above it already hold top_p of the mass
-            drop_sorted = ((probs.cumsum(dim=-1) - probs) >= top_p) & (top_p < 1)
-            drop = drop_sorted.scatter(1, order, drop_sorted)
-            scores = scores.masked_fill(drop, float("-inf"))
-        if greedy.any():
-            keep = torch.zeros_like(scores, dtype=torch.bool)
-            keep.scatter_(1, scores.argmax(dim=-1, keepdim=True), True)
-            scores = torch.where(greedy[:, None] & ~keep, torch.full_like(scores, float("-inf")), scores)
-        return scores
+        # scores: [B, V] float32, the raw logits of this step (no processor ran before this one)
+        live = [row for row in range(scores.shape[0]) if self.tracker.live(row)]
+        tokens = scores.argmax(dim=-1)
+        picked = sample(scores[live], [self.samplers[row] for row in live]) if live else []
+        for row, token in zip(live, picked):
+            tokens[row] = token.token
+            self.tracker.sampled[row] = token
+        forced = torch.full_like(scores, float("-inf"))
+        forced.scatter_(1, tokens[:, None], 0.0)
+        return forced
 
 
-def _sampling_kwargs(params: list[SamplingParams]) -> dict[str, Any]:
-    if all(p.greedy for p in params):
+def _sampling_kwargs(samplers: list[SequenceSampler], tracker: _RowTracker) -> dict[str, Any]:
+    if all(s.plain for s in samplers):
         return {"do_sample": False}
     from transformers import LogitsProcessorList
 
-    # generate's own warpers are switched off: _RowSampling does temperature and top_p per row
+    # generate's own warpers are switched off: _RowSampler applies every rule per row
     return {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
-            "logits_processor": LogitsProcessorList([_RowSampling(params)])}
+            "logits_processor": LogitsProcessorList([_RowSampler(samplers, tracker)])}
 
 
 def _text_of(content: str | list[dict[str, Any]]) -> str:

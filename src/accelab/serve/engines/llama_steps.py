@@ -15,7 +15,7 @@ import torch
 
 from accelab.backends.llamacpp import LlamaEngine, decode_entries
 from accelab.serve.engines.base import common_prefix
-from accelab.serve.engines.sampling import Generators, pick_tokens
+from accelab.serve.engines.sampling import SampledToken, sample_step
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,6 @@ class LlamaStepEngine:
         self._slots: dict[int, int] = {}  # sequence -> slot (llama.cpp's seq_id)
         self._free_slots = list(range(max_sequences))  # least recently used first
         self._held: dict[int, list[int]] = {slot: [] for slot in range(max_sequences)}  # tokens in each slot
-        self._generators = Generators()
         head_dim = llama_cpp.llama_model_n_embd(model) // llama_cpp.llama_model_n_head(model)
         # f16 keys and values (llama.cpp's default cache type)
         self.kv_bytes_per_token = (2 * llama_cpp.llama_model_n_layer(model) * llama_cpp.llama_model_n_head_kv(model)
@@ -62,7 +61,7 @@ class LlamaStepEngine:
         log.info("llama.cpp continuous context: %d positions, %d sequences", llama_cpp.llama_n_ctx(self._ctx),
                  max_sequences)
 
-    def step(self, inputs: list[Any]) -> list[int]:
+    def step(self, inputs: list[Any]) -> list[SampledToken]:
         import llama_cpp
 
         entries = []
@@ -79,8 +78,22 @@ class LlamaStepEngine:
         if not rows:
             return []
         logits = torch.from_numpy(np.stack([self.engine.logits(self._ctx, i) for i in rows]))  # [N, V], a copy
-        sampling = [item for item in inputs if item.sample]
-        return pick_tokens(logits, [i.params for i in sampling], [i.seq_id for i in sampling], self._generators)
+        return sample_step(logits, [item for item in inputs if item.sample])
+
+    def fork(self, parent_seq_id: int, child_seq_id: int, n_tokens: int) -> None:
+        """The child's slot shares the parent's first n_tokens cells (llama.cpp copies no KV: a
+        cell of a unified cache belongs to several sequences)."""
+        import llama_cpp
+
+        parent = self._slots[parent_seq_id]
+        child = self._slot(child_seq_id)
+        self._truncate(child, 0)
+        llama_cpp.llama_memory_seq_cp(self._memory, parent, child, 0, n_tokens)
+        self._held[child] = list(self._held[parent][:n_tokens])
+
+    def score(self, tokens: Any) -> torch.Tensor:
+        """Logits [len(tokens), V] of every position (prompt logprobs), in a context of their own."""
+        return self.engine.score(torch.tensor([list(tokens)], dtype=torch.long), None)[0]
 
     def reuse_prefix(self, seq_id: int, tokens: Any) -> int:
         """Give a new sequence the free slot holding the longest prefix of `tokens`; returns its length."""
@@ -113,7 +126,6 @@ class LlamaStepEngine:
             del held[keep:]
 
     def release(self, seq_id: int) -> None:
-        self._generators.release(seq_id)
         slot = self._slots.pop(seq_id, None)
         if slot is not None:
             self._truncate(slot, PREFIX_KEEP)

@@ -1,60 +1,188 @@
-"""Picking each sequence's next token from its logits, with its own sampling parameters and
-random generator (the continuous engines; a static batch samples inside `generate`).
+"""The sampling contract: every engine (continuous torch and llama.cpp steps, the per-batch
+generate) hands the [N, V] logits rows of the sequences that pick a token now, with each
+sequence's `SequenceSampler`, to `sample`, which returns one `SampledToken` per row.
 
-Greedy rows take the argmax. Sampled rows divide by their temperature, keep the smallest set
-of tokens holding `top_p` of the probability, and draw with their own `torch.Generator`, so a
-request with a seed gets the same tokens whatever else shares its steps.
+Per row, in this order (vLLM's and transformers' order):
+1. log-probabilities, when asked, from the raw logits (log_softmax before any rule below: what
+   the model says, as vLLM's default and transformers' `output_logits` report);
+2. logit_bias is added; end-of-sequence and stop tokens are banned before min_tokens (and
+   end-of-sequence for ever with ignore_eos);
+3. repetition_penalty over the prompt's and the output's tokens (positive logits divided,
+   negative multiplied), presence and frequency penalties over the output's counts;
+4. the grammar's mask (structured outputs, tool calls): tokens it does not allow are dropped;
+   should the bans of 2. leave nothing, the grammar wins (it then only allows end-of-sequence);
+5. greedy: the argmax. Sampled: temperature, top_k, top_p, min_p, then a draw with the
+   sequence's own torch.Generator, so a seeded request repeats whatever shares its steps.
+Rows with plain greedy rules and no log-probabilities take one batched argmax.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
-from accelab.serve.engines.base import SamplingParams
+from accelab.serve.engines.base import SamplingParams, StepInput, TokenLogprob
+
+MAX_TOP_LOGPROBS = 20
 
 
-class Generators:
-    """One torch.Generator per sampled sequence, seeded from its request (or at random)."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SampledToken:
+    """The token a sequence picked, and (when asked) its log-probability and the alternatives."""
 
-    def __init__(self) -> None:
-        self._by_seq: dict[int, torch.Generator] = {}
+    token: int
+    logprob: float | None = None
+    top: tuple[tuple[int, float], ...] = ()  # (token, log-probability), most likely first
 
-    def get(self, seq_id: int, params: SamplingParams) -> torch.Generator:
-        generator = self._by_seq.get(seq_id)
-        if generator is None:
-            generator = torch.Generator()
+
+class SequenceSampler:
+    """One sequence's sampling state: its rules, random generator, the counts the penalties
+    read, and its grammar matcher (an llguidance LLMatcher or anything with the same
+    `consume_token` and `allowed(vocab)`; see `accelab.serve.structured`)."""
+
+    def __init__(self, params: SamplingParams, *, prompt: Sequence[int] = (), eos_ids: Sequence[int] = (),
+                 grammar: Any = None, seed_offset: int = 0):
+        self.params = params
+        self.grammar = grammar
+        self.generated = 0
+        self.counts: dict[int, int] = {}
+        self._prompt = tuple(prompt) if params.repetition_penalty != 1.0 else ()
+        self._eos = tuple(eos_ids)
+        self._stop_ids = tuple(dict.fromkeys((*self._eos, *params.stop_token_ids)))
+        self.generator: torch.Generator | None = None
+        if not params.greedy:
+            self.generator = torch.Generator()
             if params.seed is not None:
-                generator.manual_seed(params.seed)
+                self.generator.manual_seed(params.seed + seed_offset)
             else:
-                generator.seed()
-            self._by_seq[seq_id] = generator
-        return generator
+                self.generator.seed()
+        p = params
+        self.plain = (p.greedy and grammar is None and p.logprobs is None and not p.logit_bias and not p.ignore_eos
+                      and p.min_tokens == 0 and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0
+                      and p.frequency_penalty == 0.0)
 
-    def release(self, seq_id: int) -> None:
-        self._by_seq.pop(seq_id, None)
+    def banned(self) -> tuple[int, ...]:
+        """Tokens this sequence may not pick now."""
+        if self.generated < self.params.min_tokens:
+            return self._stop_ids
+        return self._eos if self.params.ignore_eos else ()
+
+    def accept(self, token: int) -> None:
+        self.generated += 1
+        self.counts[token] = self.counts.get(token, 0) + 1
+        if self.grammar is not None:
+            self.grammar.consume_token(token)
+
+    def scores(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits: [V] -> the processed scores of steps 2-4 (a new float32 tensor)."""
+        p = self.params
+        scores = logits.float().clone()
+        vocab = scores.shape[0]
+        if p.logit_bias:
+            ids = torch.tensor([t for t, _ in p.logit_bias if t < vocab], dtype=torch.long)
+            scores.index_add_(0, ids, torch.tensor([b for t, b in p.logit_bias if t < vocab], dtype=scores.dtype))
+        banned = [t for t in self.banned() if t < vocab]
+        if banned:
+            scores[banned] = float("-inf")
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(self._prompt) | set(self.counts)), dtype=torch.long)
+            if seen.numel():
+                picked = scores[seen]
+                scores[seen] = torch.where(picked > 0, picked / p.repetition_penalty, picked * p.repetition_penalty)
+        if (p.presence_penalty or p.frequency_penalty) and self.counts:
+            ids = torch.tensor(list(self.counts), dtype=torch.long)
+            counts = torch.tensor(list(self.counts.values()), dtype=scores.dtype)
+            scores[ids] -= p.presence_penalty + p.frequency_penalty * counts
+        if self.grammar is not None:
+            allowed = self.grammar.allowed(vocab)  # [V] bool
+            masked = scores.masked_fill(~allowed, float("-inf"))
+            if not bool(torch.isfinite(masked).any()):  # the bans left nothing: the grammar wins
+                masked = logits.float().masked_fill(~allowed, float("-inf"))
+            scores = masked
+        return scores
+
+    def pick(self, scores: torch.Tensor) -> int:
+        """scores: [V] processed -> the token (step 5)."""
+        p = self.params
+        if p.greedy:
+            return int(scores.argmax())
+        scores = scores / p.temperature
+        if 0 < p.top_k < scores.shape[0]:
+            kth = scores.topk(p.top_k).values[-1]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        if p.top_p < 1.0:
+            sorted_probs, order = probs.sort(descending=True)
+            # drop a token when the tokens ranked above it already hold top_p of the mass
+            drop = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= p.top_p
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs.masked_fill(drop, 0.0))
+        if p.min_p > 0.0:
+            probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
+        return int(torch.multinomial(probs, 1, generator=self.generator))
 
 
-def pick_tokens(logits: torch.Tensor, params: list[SamplingParams], seq_ids: list[int],
-                generators: Generators) -> list[int]:
-    """logits: [N, V] (one row per sequence that samples now) -> N token ids."""
-    greedy = [p.greedy for p in params]
-    if all(greedy):
-        return logits.argmax(dim=-1).tolist()
-    tokens = logits.argmax(dim=-1).tolist()
-    for row, (p, seq_id) in enumerate(zip(params, seq_ids)):
-        if not p.greedy:
-            tokens[row] = _sample(logits[row].float(), p, generators.get(seq_id, p))
-    return tokens
+def sample(logits: torch.Tensor, samplers: Sequence[SequenceSampler]) -> list[SampledToken]:
+    """logits: [N, V], one row per sequence that picks a token now -> N SampledTokens; each
+    sampler has taken its token (counts, grammar) when this returns."""
+    if all(s.plain for s in samplers):
+        tokens = logits.argmax(dim=-1).tolist()  # note: a device-to-host sync point
+        for s, token in zip(samplers, tokens):
+            s.accept(token)
+        return [SampledToken(token=t) for t in tokens]
+    rows = logits.float().cpu() if logits.device.type != "cpu" else logits
+    out = []
+    for row, s in enumerate(samplers):
+        token = s.pick(s.scores(rows[row]))
+        out.append(_with_logprobs(rows[row], token, s.params.logprobs))
+        s.accept(token)
+    return out
 
 
-def _sample(scores: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> int:
-    """scores: [V] float32."""
-    probs = torch.softmax(scores / params.temperature, dim=-1)
-    if params.top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        # drop a token when the tokens ranked above it already hold top_p of the mass
-        drop = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= params.top_p
-        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
-        choice = torch.multinomial(sorted_probs, 1, generator=generator)
-        return int(order[choice])
-    return int(torch.multinomial(probs, 1, generator=generator))
+def sample_step(logits: torch.Tensor, inputs: Sequence[StepInput], eos_ids: Sequence[int] = ()) -> list[SampledToken]:
+    """What a StepEngine's step calls: logits [N, V] of its inputs that sample, in order. An
+    input without a sampler (a start-up check) gets a fresh one from its params."""
+    samplers = [item.sampler if item.sampler is not None else SequenceSampler(item.params, eos_ids=eos_ids)
+                for item in inputs]
+    return sample(logits, samplers)
+
+
+def _with_logprobs(logits: torch.Tensor, token: int, top: int | None) -> SampledToken:
+    if top is None:
+        return SampledToken(token=token)
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    best = logprobs.topk(top) if top else None
+    alternatives = () if best is None else tuple(zip(best.indices.tolist(), best.values.tolist()))
+    return SampledToken(token=token, logprob=float(logprobs[token]), top=alternatives)
+
+
+def prompt_logprobs(logits: torch.Tensor, tokens: Sequence[int], top: int) -> list[SampledToken | None]:
+    """logits: [L, V] of every prompt position -> per prompt token its log-probability given
+    the tokens before it (the first has none: logprob None) and the `top` alternatives."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)  # [L, V]
+    out: list[SampledToken | None] = [SampledToken(token=tokens[0])]  # no logprob: nothing comes before it
+    ids = torch.tensor(tokens[1:], dtype=torch.long)
+    if not len(ids):
+        return out
+    chosen = logprobs[:-1].gather(1, ids[:, None])[:, 0].tolist()
+    best = logprobs[:-1].topk(top, dim=-1) if top else None
+    for i, (token, value) in enumerate(zip(ids.tolist(), chosen)):
+        alternatives = () if best is None else tuple(zip(best.indices[i].tolist(), best.values[i].tolist()))
+        out.append(SampledToken(token=token, logprob=value, top=alternatives))
+    return out
+
+
+def describe(tokens: Sequence[SampledToken | None], decode: Callable[[list[int]], str]) -> tuple[TokenLogprob | None, ...]:
+    """SampledTokens as text for the response (each token and alternative decoded alone)."""
+    cache: dict[int, str] = {}
+
+    def text(token: int) -> str:
+        if token not in cache:
+            cache[token] = decode([token])
+        return cache[token]
+
+    return tuple(None if t is None else
+                 TokenLogprob(token=text(t.token), logprob=t.logprob, top=tuple((text(a), v) for a, v in t.top))
+                 for t in tokens)
