@@ -11,6 +11,9 @@ Backend options (`Plan.backend_options`, see `accelab.plan.backend_options.OPTIO
                  ort_provider auto|cpu|cuda
     openvino     ov_precision f32|bf16, ov_hint LATENCY|THROUGHPUT
     llamacpp     llama_threads N, n_ctx N, n_batch N, llama_quant gguf|q4_0|q4_0-pure|q8_0
+    vllm         vllm_dtype, vllm_mode eager|compiled, vllm_max_num_seqs N, vllm_max_num_batched_tokens N,
+                 vllm_block_size, vllm_prefix_caching on|off, vllm_kv_cache_gib N, vllm_max_model_len N
+                 (vLLM runs in its own venv and process: see accelab.backends.vllm)
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["BACKENDS", "INSTALL", "is_installed", "load_backend", "threads_for"]
 
-BackendName = Literal["onnxruntime", "openvino", "llamacpp"]
+BackendName = Literal["onnxruntime", "openvino", "llamacpp", "vllm"]
 
 # backend -> (import name, how to install it)
 INSTALL: dict[BackendName, tuple[str, str]] = {
@@ -42,6 +45,7 @@ INSTALL: dict[BackendName, tuple[str, str]] = {
         'CMAKE_ARGS="-DGGML_NATIVE=ON" pip install llama-cpp-python (or pip install -e ".[llamacpp]"); '
         "it compiles llama.cpp, about 7 min on 2 cores",
     ),
+    "vllm": ("vllm", "make vllm (vLLM gets its own venv, .venv-vllm: see accelab.backends.vllm_launch)"),
 }
 
 
@@ -73,6 +77,24 @@ def _llamacpp_check(spec: ModelSpec, plan: Plan, device: torch.device) -> None:
     from accelab.backends.llamacpp import check_model
 
     check_model(spec)
+
+
+def _vllm_check(spec: ModelSpec, plan: Plan, device: torch.device) -> None:
+    from accelab.backends.vllm import check_model
+
+    check_model(spec, device)
+
+
+def _vllm_installed(spec: ModelSpec, plan: Plan, device: torch.device) -> None:
+    from accelab.backends.vllm import check_install
+
+    check_install(device)
+
+
+def _vllm(spec: ModelSpec, plan: Plan, device: torch.device) -> Runnable:
+    from accelab.backends import vllm
+
+    return vllm.load(spec, plan, device)
 
 
 def _onnxruntime(spec: ModelSpec, plan: Plan, device: torch.device) -> Runnable:
@@ -107,11 +129,15 @@ class Backend:
     name: BackendName
     model_check: Check  # can it serve this model and device? without importing the runtime
     loader: Load
+    # is it installed? raises Unsupported with the reason; None: its package imports in this venv
+    install_check: Check | None = None
 
     def check(self, spec: ModelSpec, plan: Plan, device: torch.device) -> None:
         # what the model and device allow first: that reason holds whether or not the runtime is installed
         self.model_check(spec, plan, device)
-        if not is_installed(self.name):
+        if self.install_check is not None:
+            self.install_check(spec, plan, device)
+        elif not is_installed(self.name):
             module, command = INSTALL[self.name]
             raise Unsupported(f"backend {self.name} needs the {module} package, which is not installed: {command}")
         torch_only = [f for f in plan.differs_from_baseline() if f not in _BACKEND_FIELDS]
@@ -130,6 +156,7 @@ BACKENDS: dict[BackendName, Backend] = {
     "onnxruntime": Backend(name="onnxruntime", model_check=_graph_check, loader=_onnxruntime),
     "openvino": Backend(name="openvino", model_check=_openvino_check, loader=_openvino),
     "llamacpp": Backend(name="llamacpp", model_check=_llamacpp_check, loader=_llamacpp),
+    "vllm": Backend(name="vllm", model_check=_vllm_check, loader=_vllm, install_check=_vllm_installed),
 }
 
 

@@ -21,6 +21,9 @@ OvHint = Literal["LATENCY", "THROUGHPUT"]
 # gguf: the file as it is; q4_0 / q8_0: requantised by llama.cpp (q4_0 has AVX2/AVX512 repacked
 # kernels); "-pure" also requantises the token embedding (tied to the output layer), else Q8_0
 LlamaQuant = Literal["gguf", "q4_0", "q4_0-pure", "q8_0"]
+VllmDtype = Literal["float32", "bfloat16", "float16"]
+VllmMode = Literal["eager", "compiled"]  # enforce_eager, or vLLM's torch.compile + graph capture
+VllmBlockSize = Literal["16", "32", "64", "128", "256"]  # tokens per KV block (vLLM CPU prefers multiples of 32)
 
 # option key -> (backend, Literal of allowed values or int); the one table the CLI help, the
 # validation and the README draw from
@@ -38,6 +41,14 @@ OPTION_KEYS: dict[str, tuple[str, object]] = {
     "n_ctx": ("llamacpp", int),
     "n_batch": ("llamacpp", int),
     "llama_quant": ("llamacpp", LlamaQuant),
+    "vllm_dtype": ("vllm", VllmDtype),
+    "vllm_mode": ("vllm", VllmMode),
+    "vllm_max_num_seqs": ("vllm", int),
+    "vllm_max_num_batched_tokens": ("vllm", int),
+    "vllm_block_size": ("vllm", VllmBlockSize),
+    "vllm_prefix_caching": ("vllm", OnOff),
+    "vllm_kv_cache_gib": ("vllm", int),
+    "vllm_max_model_len": ("vllm", int),
 }
 
 
@@ -45,7 +56,7 @@ def check_options(backend: str, options: dict[str, str]) -> None:
     """Every key belongs to `backend` and every value is allowed (and the combination, for the
     backends whose options depend on each other); ValueError names the culprit."""
     _check(backend, options)
-    parsers = {"onnxruntime": OrtOptions, "openvino": OvOptions, "llamacpp": LlamaOptions}
+    parsers = {"onnxruntime": OrtOptions, "openvino": OvOptions, "llamacpp": LlamaOptions, "vllm": VllmOptions}
     if backend in parsers:
         parsers[backend].parse(options)
 
@@ -133,3 +144,39 @@ class LlamaOptions:
             else:
                 values["threads" if key == "llama_threads" else key] = int(value)
         return cls(**values)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class VllmOptions:
+    """vLLM's engine arguments a plan sets (`vllm_<field>`); None: vLLM's own default."""
+
+    dtype: VllmDtype = "float32"  # the baseline's precision; vLLM's "auto" would follow the checkpoint
+    mode: VllmMode = "eager"  # compiled: vLLM's torch.compile at start (measured: see README, vLLM runtime)
+    max_num_seqs: int | None = None  # sequences scheduled at once (serve: --max-batch-size when unset)
+    max_num_batched_tokens: int | None = None  # tokens per engine step (prefill chunks + decodes)
+    block_size: int | None = None  # KV-cache block, tokens
+    # off by default: a bench repeats one batch, and a prefix cache would skip every prefill after
+    # the first call (TTFT of nothing); on is what a chat server with shared system prompts wants
+    prefix_caching: OnOff = "off"
+    kv_cache_gib: int | None = None  # KV-cache size (CPU: VLLM_CPU_KVCACHE_SPACE, GiB); None: 2 GiB on CPU
+    max_model_len: int | None = None  # longest prompt + output; None: the model's context
+
+    def __post_init__(self) -> None:
+        if (self.max_num_seqs and self.max_num_batched_tokens
+                and self.max_num_batched_tokens < self.max_num_seqs):
+            raise ValueError(
+                f"backend option vllm_max_num_batched_tokens={self.max_num_batched_tokens} is below "
+                f"vllm_max_num_seqs={self.max_num_seqs}: every running sequence needs a token per step; "
+                f"raise it to {self.max_num_seqs} or more")
+
+    @classmethod
+    def parse(cls, options: dict[str, str]) -> "VllmOptions":
+        _check("vllm", options)
+        values: dict[str, int | str] = {}
+        for key, value in options.items():
+            name = key.removeprefix("vllm_")
+            values[name] = int(value) if OPTION_KEYS[key][1] is int or name == "block_size" else value
+        return cls(**values)  # type: ignore[arg-type]
+
+    def describe(self) -> str:
+        return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self) if getattr(self, f.name) is not None)

@@ -24,7 +24,7 @@ Quantization = Literal["none", "int8-weight", "int8-dynamic", "int4-weight"]
 KVCache = Literal["dynamic", "static"]
 Placement = Literal["auto", "cpu", "cuda", "device-map", "cpu-offload", "disk-offload"]
 MemoryFormat = Literal["contiguous", "channels_last"]
-Backend = Literal["torch", "onnxruntime", "openvino", "llamacpp"]
+Backend = Literal["torch", "onnxruntime", "openvino", "llamacpp", "vllm"]
 Tristate = Literal["auto", "on", "off"]
 
 

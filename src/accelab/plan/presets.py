@@ -37,6 +37,9 @@ _PRESETS = [
          backend_options=(("ort_fusion", "on"), ("ort_quant", "int8-dynamic"), ("ort_reduce_range", "off"))),
     Plan(name="openvino", backend="openvino"),
     Plan(name="llamacpp", backend="llamacpp"),
+    # vLLM's engine (its own venv, see accelab.backends.vllm): fp32 like the baseline, and bf16
+    Plan(name="vllm", backend="vllm"),
+    Plan(name="vllm-bf16", backend="vllm", backend_options=(("vllm_dtype", "bfloat16"),)),
 ]
 
 PRESETS: dict[str, Plan] = {plan.name: plan for plan in _PRESETS}

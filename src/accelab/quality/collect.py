@@ -124,10 +124,15 @@ def _heldout_nll(runnable: Runnable, max_tokens: int) -> tuple[float, int]:
     ids = tokenizer(inputs.heldout_text(), return_tensors="pt").input_ids[0][:max_tokens]
     window = min(512, max_sequence_length(runnable.model) or 512)
     total, count = 0.0, 0
+    summed_nll = getattr(runnable.model, "summed_nll", None)  # runtimes that score without logits (vLLM)
     for start in range(0, len(ids) - 1, window):
         chunk = ids[start : start + window].unsqueeze(0).to(_device(runnable))
         if chunk.shape[1] < 2:
             break
+        if summed_nll is not None:
+            total += float(summed_nll(chunk[0]))
+            count += chunk.shape[1] - 1
+            continue
         with torch.inference_mode(), runnable.context():
             logits = runnable.model(input_ids=chunk).logits.float()
         loss = torch.nn.functional.cross_entropy(logits[0, :-1], chunk[0, 1:], reduction="sum")

@@ -36,6 +36,11 @@ def engine_factory(spec: Any, plan: Any, device: Any, *, name: str) -> Callable[
         from accelab.runtimes import load_runnable
         from accelab.serve.engines import build_engine
 
+        if plan.backend == "vllm":  # its engine process belongs to this server and leaves with it
+            from accelab.serve.engines.vllm import build_vllm_engine
+
+            return build_vllm_engine(spec, plan, device, name=name)
+
         return build_engine(load_runnable(spec, plan, device), name=name)
 
     return build

@@ -81,6 +81,15 @@ class ServerState:
         if engine.task not in GENERATE_TASKS:
             return None
         name = self.config.model_name
+        own_scheduler = getattr(engine, "continuous_worker", None)  # an engine that schedules itself (vLLM)
+        if own_scheduler is not None:
+            worker = own_scheduler(self.config, self._continuous_hooks())
+            worker.start()
+            self.metrics.kv_blocks.labels(state="free").set(worker.kv_blocks)
+            self.metrics.kv_blocks.labels(state="used").set(0)
+            log.info("continuous batching: %s's own scheduler (up to %d sequences, KV cache of %d tokens)",
+                     engine.name, worker.batch_limit, worker.kv_tokens)
+            return worker
         if self.config.scheduler == "static":
             log.info("generation: per-batch scheduler (--scheduler static): one generate call per batch")
             return None

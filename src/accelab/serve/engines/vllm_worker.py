@@ -1,0 +1,279 @@
+"""The executor of `accelab serve --plan vllm`: jobs go to vLLM's engine, which schedules them.
+
+It takes the server's `Job`s like the continuous worker (`accelab.serve.continuous`) and keeps
+the same contract (every job gets exactly one `done`; 429 / 413 / 503 at submit; a job that waited
+past its deadline without a token gets "timeout"; a cancelled unit stops), but the scheduling is
+vLLM's: continuous batching, chunked prefill and its paged KV cache, inside the engine process.
+accelab keeps what the client sees: the tokenizer, each row's TextStream (stop strings, end of
+sequence, max_tokens, the streamed text), the limits and the metrics. A row that accelab ends
+before vLLM does (a stop string) is aborted in vLLM.
+
+"Admitted" here means the row's first token arrived: vLLM does not report a request leaving its
+queue, and until its prefill is done a request has cost the client nothing but waiting.
+Threads: `submit`/`cancel` come from the event loop, tokens from the client's reader thread, and a
+sweeper thread (every 50 ms) ends rows whose client went away and jobs past their deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from accelab.backends import vllm_wire as W
+from accelab.serve.continuous import ClientGone, ContinuousHooks, StepReport
+from accelab.serve.engines.base import Completion, GenUnit, PayloadTooLarge
+from accelab.serve.scheduler import QueueFull
+from accelab.serve.textstream import TextStream
+from accelab.serve.worker import DeadlineExceeded, Job, JobOutcome, ShuttingDown
+
+log = logging.getLogger(__name__)
+
+SWEEP_S = 0.05
+
+
+@dataclass(kw_only=True, slots=True, eq=False)
+class _Row:
+    unit: GenUnit
+    stream: TextStream
+    run: "_Run"
+    index: int
+    request_id: str
+    last_token_at: float | None = None
+    done: bool = False
+
+
+@dataclass(kw_only=True, slots=True, eq=False)
+class _Run:
+    job: Job
+    arrival: float
+    rows: list[_Row] = field(default_factory=list)
+    completions: dict[int, Completion] = field(default_factory=dict)
+    admitted_at: float | None = None
+    done: bool = False
+
+
+class VllmWorker:
+    def __init__(self, client: Any, *, max_queue: int, decode: Callable[[Sequence[int]], str], eos_ids: Sequence[int],
+                 hooks: ContinuousHooks | None = None, clock: Callable[[], float] = time.monotonic):
+        self.client = client
+        self.engine = client  # the state closes `worker.engine` after the worker stopped
+        self.max_queue = max_queue
+        self._decode, self._eos_ids, self._clock = decode, tuple(eos_ids), clock
+        self.hooks = hooks or ContinuousHooks()
+        info = client.info
+        self.kv_tokens = info.kv_blocks * info.block_size
+        self.max_running = info.max_num_seqs
+        self._lock = threading.RLock()
+        self._runs: set[_Run] = set()
+        self._waiting = 0  # rows without a first token
+        self._stopping = False
+        self._seconds_per_sequence = 0.0
+        self._sampled = 0  # tokens since the last Stats
+        self._last_stats = clock()
+        self._prefix_hits = 0
+        self._sweeper = threading.Thread(target=self._sweep, name="accelab-vllm-sweeper", daemon=True)
+
+    # -- called from the event loop -------------------------------------------------------------
+    def start(self) -> None:
+        self.client.watch(self._on_stats)
+        self._sweeper.start()
+
+    def submit(self, job: Job) -> _Run:
+        """Send a job's rows to vLLM; QueueFull (429), ShuttingDown (503) or PayloadTooLarge (413:
+        a row that could not fit vLLM's KV cache even alone)."""
+        for unit in job.units:
+            need = len(unit.prompt.ids) + unit.params.max_tokens
+            if need > self.kv_tokens:
+                raise PayloadTooLarge(f"prompt ({len(unit.prompt.ids)} tokens) + max_tokens ({unit.params.max_tokens}) "
+                                      f"needs {need} tokens of KV cache; vLLM's holds {self.kv_tokens} "
+                                      "(vllm_kv_cache_gib): lower max_tokens or shorten the prompt")
+        run = _Run(job=job, arrival=self._clock())
+        with self._lock:
+            if self._stopping:
+                raise ShuttingDown("the server is shutting down")
+            if self._waiting + len(job.units) > self.max_queue:  # all of the job or none
+                raise QueueFull(f"{self._waiting} sequences are waiting (max_queue={self.max_queue})")
+            run.rows = [_Row(unit=unit, stream=TextStream(self._decode, max_tokens=unit.params.max_tokens,
+                                                          stop=unit.params.stop, eos_ids=self._eos_ids),
+                             run=run, index=i, request_id=self.client.new_id()) for i, unit in enumerate(job.units)]
+            self._runs.add(run)
+            self._waiting += len(run.rows)
+        for row in run.rows:
+            p = row.unit.params
+            message = W.Submit(id=row.request_id, prompt_ids=list(row.unit.prompt.ids), max_tokens=p.max_tokens,
+                               temperature=p.temperature, top_p=p.top_p, seed=p.seed)
+            try:
+                self.client.submit(message, lambda m, row=row: self._on_message(row, m))
+            except Exception as err:  # noqa: BLE001 - the engine is gone: this job fails, the server answers 500
+                self._fail(run, err, "model_error")
+                break
+        return run
+
+    def cancel(self, run: _Run) -> bool:
+        """Drop a job that has no token yet (deadline passed, client gone): True; else False."""
+        with self._lock:
+            if run.done or run.admitted_at is not None:
+                return False
+            self._finish_run(run)
+        self._abort(run)
+        return True
+
+    @property
+    def kv_blocks(self) -> int:
+        return self.client.info.kv_blocks
+
+    @property
+    def depth(self) -> int:
+        return self._waiting
+
+    @property
+    def batch_limit(self) -> int:
+        return self.max_running
+
+    @property
+    def alive(self) -> bool:
+        return self.client.alive
+
+    @property
+    def idle(self) -> bool:
+        with self._lock:
+            return not self._runs
+
+    def retry_after_s(self) -> int:
+        rounds = self._waiting / max(1, self.max_running) + 1
+        return max(1, math.ceil(rounds * self._seconds_per_sequence))
+
+    def stop(self, *, timeout_s: float | None = None) -> bool:
+        """Let what is queued and running finish, then stop taking work; True when it did in time."""
+        with self._lock:
+            self._stopping = True
+        deadline = None if timeout_s is None else self._clock() + timeout_s
+        while not self.idle and (deadline is None or self._clock() < deadline):
+            time.sleep(0.02)
+        return self.idle
+
+    # -- the client's reader thread -------------------------------------------------------------
+    def _on_message(self, row: _Row, message: Any) -> None:
+        if isinstance(message, W.Failed):
+            self._fail(row.run, RuntimeError(message.error), "model_error")
+            return
+        now = self._clock()
+        for token in message.tokens:
+            if row.done:
+                break
+            self._take_token(row, token, now)
+        if message.finished is not None and not row.done:  # vLLM ended it first (its own end of sequence)
+            if message.finished == "abort":
+                self._fail(row.run, ClientGone("the request was aborted"), "cancelled")
+                return
+            piece = row.stream.end()
+            row.unit.emit(piece.text)
+            self._complete(row, now)
+
+    def _take_token(self, row: _Row, token: int, now: float) -> None:
+        unit = row.unit
+        if row.last_token_at is None:
+            self._admit(row, now)
+        else:
+            _call(self.hooks.on_token_gap, now - row.last_token_at)
+        row.last_token_at = now
+        self._sampled += 1
+        unit.note_token(now)
+        piece = row.stream.push(token)
+        unit.emit(piece.text)
+        if piece.finished is not None:
+            self.client.abort(row.request_id)  # accelab ended it (stop string, max_tokens): vLLM stops too
+            self._complete(row, now)
+
+    def _admit(self, row: _Row, now: float) -> None:
+        run = row.run
+        with self._lock:  # with _finish_run: a row stops counting as waiting exactly once
+            if row.done:
+                return
+            row.last_token_at = now
+            self._waiting -= 1
+            first = run.admitted_at is None
+            if first:
+                run.admitted_at = now
+        if first:
+            _call(run.job.started)
+
+    def _complete(self, row: _Row, now: float) -> None:
+        run = row.run
+        row.done = True
+        run.completions[row.index] = Completion(
+            text=row.stream.output, finish_reason=row.stream.finish_reason or "length",
+            prompt_tokens=row.unit.prompt.prompt_tokens, completion_tokens=row.stream.tokens,
+            first_token_at=row.unit.first_token_at, finished_at=now)
+        if len(run.completions) < len(run.rows):
+            return
+        with self._lock:
+            if run.done:
+                return
+            self._finish_run(run)
+        admitted = run.admitted_at if run.admitted_at is not None else now
+        seconds = now - admitted
+        self._seconds_per_sequence = seconds if not self._seconds_per_sequence else (
+            0.8 * self._seconds_per_sequence + 0.2 * seconds)
+        _call(run.job.done, JobOutcome(outputs=[run.completions[i] for i in range(len(run.rows))],
+                                       queue_s=admitted - run.arrival, compute_s=seconds,
+                                       batch_units=len(run.rows)))
+
+    def _on_stats(self, stats: Any) -> None:
+        """One vLLM step: the continuous-batching metrics, in vLLM's own figures."""
+        now = self._clock()
+        used = round(stats.kv_usage * self.client.info.kv_blocks)
+        hits, self._prefix_hits = stats.prefix_hit_tokens, 0
+        report = StepReport(running=stats.running, waiting=stats.waiting, kv_used=used,
+                            kv_free=self.client.info.kv_blocks - used, tokens=0, sampled=self._sampled,
+                            preempted=stats.preempted, seconds=now - self._last_stats, reused_tokens=hits)
+        self._sampled, self._last_stats = 0, now
+        _call(self.hooks.on_step, report)
+
+    # -- failing and sweeping -------------------------------------------------------------------
+    def _finish_run(self, run: _Run) -> None:
+        """Under the lock: the run leaves; its rows without a token stop counting as waiting."""
+        run.done = True
+        self._runs.discard(run)
+        self._waiting -= sum(1 for row in run.rows if row.last_token_at is None and not row.done)
+        for row in run.rows:
+            row.done = True
+
+    def _abort(self, run: _Run) -> None:
+        for row in run.rows:
+            self.client.abort(row.request_id)
+
+    def _fail(self, run: _Run, error: BaseException, kind: str) -> None:
+        with self._lock:
+            if run.done:
+                return
+            self._finish_run(run)
+        self._abort(run)
+        queue_s = (run.admitted_at or self._clock()) - run.arrival
+        _call(run.job.done, JobOutcome(error=error, error_kind=kind, queue_s=queue_s))  # type: ignore[arg-type]
+
+    def _sweep(self) -> None:
+        while True:
+            time.sleep(SWEEP_S)
+            now = self._clock()
+            with self._lock:
+                runs = list(self._runs)
+            for run in runs:
+                if any(row.unit.cancelled for row in run.rows):
+                    self._fail(run, ClientGone("the client went away"), "cancelled")
+                elif run.admitted_at is None and run.job.timeout_s is not None and now - run.arrival > run.job.timeout_s:
+                    self._fail(run, DeadlineExceeded(
+                        f"request waited {now - run.arrival:.1f} s in vLLM's queue, past its deadline of "
+                        f"{run.job.timeout_s:g} s; raise --request-timeout or send fewer requests at once"), "timeout")
+
+
+def _call(callback: Callable[..., Any], *args: Any) -> None:
+    try:
+        callback(*args)
+    except Exception:  # noqa: BLE001 - one broken callback must not stop the reader
+        log.exception("callback failed")
