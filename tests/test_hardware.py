@@ -11,7 +11,7 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from accelab.measure import hardware, kernels, probes
+from accelab.measure import hardware, kernels, noise, probes
 from accelab.measure.environment import environment, fingerprint
 from accelab.measure.capabilities import capabilities
 from accelab.measure.hardware import HardwareLimits, hardware_limits
@@ -90,6 +90,7 @@ def test_measured_limits_are_plausible(measured):
 
 def test_second_call_reads_the_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("ACCELAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(noise, "snapshot", lambda pids=(): None)  # no noise readings: every probe is trusted
     calls = []
 
     def fake_best_seconds(fn, device, *, repeats, inner=1):
@@ -112,8 +113,40 @@ def test_second_call_reads_the_cache(monkeypatch, tmp_path):
     assert len(calls) == 2 * measured_calls
 
 
+def test_limits_measured_under_noise_are_measured_again_only_when_it_is_quiet(monkeypatch, tmp_path):
+    monkeypatch.setenv("ACCELAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(kernels, "best_seconds", lambda fn, device, *, repeats, inner=1: 0.5)
+    loud = noise.Window(seconds=1.0, steal=0.31, others_cores=0.0, throttled=0.0, load1=3.0)
+    quiet = noise.Window(seconds=1.0, steal=0.0, others_cores=0.0, throttled=0.0, load1=0.1)
+    now = {"window": loud}
+
+    class FakeMeter:  # every window the measurement sees is as loud as `now` says
+        def __init__(self, pids=()):
+            self.window = None
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.window = now["window"]
+
+    monkeypatch.setattr(noise, "Meter", FakeMeter)
+    monkeypatch.setattr(noise, "sample_now", lambda seconds=1.0: now["window"])
+    first = hardware_limits("cpu")
+    assert not first.trusted and first.noise["level"] == "unreliable" and first.noise["reason"] == "31% CPU steal"
+    assert all(not d["trusted"] and d["low"] is None for d in first.probe_details.values())
+    assert first.probes  # the untrusted factors are kept, for the record
+    assert hardware_limits("cpu").measured_at == first.measured_at  # still loud: the marked entry is kept
+    now["window"] = quiet
+    again = hardware_limits("cpu")  # quiet now: measured again, and trusted this time
+    assert again.trusted and again.noise["level"] == "quiet"
+    assert all(d["trusted"] and d["low"] == d["high"] == 1.0 for d in again.probe_details.values())
+    assert hardware.cached_limits("cpu") == again
+
+
 def test_cache_is_keyed_by_thread_count(monkeypatch, tmp_path):
     monkeypatch.setenv("ACCELAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(noise, "snapshot", lambda pids=(): None)
     monkeypatch.setattr(kernels, "best_seconds", lambda fn, device, *, repeats, inner=1: 0.5)
     threads = torch.get_num_threads()
     hardware_limits("cpu")
@@ -179,7 +212,19 @@ def test_probes_time_each_technique_against_fp32(measured, env):
     caps = _by_name(capabilities(env, limits))
     factor = limits.probes["bf16-autocast"]
     assert f"measured {factor:.2f}x fp32 eager" in caps["bf16-autocast"].reason
-    assert caps["bf16-autocast"].status == ("slow" if factor < probes.SLOW_BELOW else "ok")
+    _assert_follows_the_probe(caps["bf16-autocast"], limits.probe_details["bf16-autocast"])
+
+
+def _assert_follows_the_probe(cap, detail: dict) -> None:
+    """The documented rule: a trusted probe is the verdict ("slow" only with its whole interval
+    below SLOW_BELOW); one measured under noise is reported and never used as the verdict."""
+    if detail["trusted"]:
+        assert detail["low"] <= detail["factor"] <= detail["high"]
+        assert cap.status == ("slow" if detail["high"] < probes.SLOW_BELOW else "ok")
+        assert ("expect it slower" in cap.reason) == (detail["high"] < probes.SLOW_BELOW)
+        assert f"({detail['low']:.2f}-{detail['high']:.2f}, {detail['rounds']} rounds" in cap.reason
+    else:
+        assert "but under noise" in cap.reason and "not used as a verdict" in cap.reason
 
 
 def test_cuda_on_a_cpu_machine_is_a_clear_error():
@@ -212,8 +257,7 @@ def test_capabilities_on_this_cpu(env, measured):
     for technique in ("bf16-autocast", "bf16-weights", "int8-dynamic", "int8-weight"):
         factor = limits.probes[technique]
         assert f"measured {factor:.2f}x fp32" in caps[technique].reason
-        assert caps[technique].status == ("slow" if factor < probes.SLOW_BELOW else "ok")
-        assert ("expect it slower" in caps[technique].reason) == (factor < probes.SLOW_BELOW)
+        _assert_follows_the_probe(caps[technique], limits.probe_details[technique])
 
 
 def _cpu_env(**cpu) -> dict:
@@ -230,6 +274,28 @@ def test_bf16_without_native_support_is_slow_with_the_reason():
     assert caps["bf16-autocast"].status == "slow"
     assert "no native bf16" in caps["bf16-autocast"].reason
     assert _by_name(capabilities(_cpu_env(native_bf16=True, torch_amx_tile=True)))["bf16-autocast"].status == "ok"
+
+
+def test_a_probe_is_a_verdict_only_when_trusted_and_its_whole_interval_decides():
+    env = _cpu_env(native_bf16=True, torch_amx_tile=True)  # the flags alone would say "ok"
+
+    def cap(**detail):
+        limits = HardwareLimits(device="cpu", fp32_flops=300e9, bf16_flops=None, tf32_flops=None,
+                                bandwidth_bytes_per_s=20e9, threads=2, measured_at="", fingerprint="x",
+                                probes={"bf16-autocast": detail["factor"]}, probe_details={"bf16-autocast": detail})
+        return _by_name(capabilities(env, limits))["bf16-autocast"]
+
+    slow = cap(factor=0.5, low=0.45, high=0.55, rounds=6, noise="quiet", trusted=True)
+    assert slow.status == "slow"
+    assert slow.reason == ("measured 0.50x fp32 eager (0.45-0.55, 6 rounds, quiet) on a transformer MLP here: "
+                           "expect it slower than fp32")
+    straddles = cap(factor=0.75, low=0.6, high=0.9, rounds=16, noise="noisy", trusted=True)
+    assert straddles.status == "ok"  # not known to be slow: tune measures it rather than pruning it
+    noisy = cap(factor=0.66, low=None, high=None, rounds=1, noise="unreliable", trusted=False,
+                reason="unreliable: 1 of 16 rounds were quiet enough to compare")
+    assert noisy.status == "ok" and noisy.reason.startswith(
+        "measured 0.66x fp32 eager on a transformer MLP here, but under noise (unreliable: 1 of 16 rounds")
+    assert noisy.reason.endswith("torch sees AMX tiles on this CPU: native bf16 matmuls")
 
 
 def test_measurement_overrides_the_flags():

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from rich.console import Console
 
 from accelab.bench.engine import bench
+from accelab.bench.rounds import measure_plans
 from accelab.catalog.spec import ModelSpec
 from accelab.plan.presets import PRESETS
 from accelab.quality.collect import QualityConfig
@@ -77,18 +78,49 @@ class BenchMeasurer:
         cost = time.perf_counter() - t0
         if check_quality and result.ok:
             self._quality_by_variant[candidate.variant] = (result.quality or {}).get("verdict")
+        m = self._keep(result, candidate, phase, cost)
+        summary = f"{m.throughput:.4g} {result.metrics.get(K.THROUGHPUT_UNIT, '')}" if m.throughput else (m.reason or m.status)
+        self.console.print(f"[dim] {summary[:100]} ({cost:.0f} s)[/]")
+        return m
+
+    def together(self, candidates: list[Candidate], phase: Phase) -> list[Measurement]:
+        """The final: candidates side by side in alternating rounds (accelab.bench.rounds), each
+        in its own warm child, so the search decides on paired rounds (Search.measure_together)."""
+        queues = [self.replay.get((c.key, phase)) for c in candidates]
+        if all(queues):
+            self.reused += len(candidates)
+            stored = [q.pop(0) for q in queues if q]
+            self.results.extend(stored)
+            return [self._to_measurement(r, c, phase, seconds=0.0) for r, c in zip(stored, candidates)]
+        plans = [PRESETS[c.variant].with_changes(batch_size=c.batch_size) for c in candidates]
+        workloads = [replace(self.workload, batch_size=c.batch_size, min_seconds=self.final_seconds,
+                             min_iters=max(self.workload.min_iters, 5)) for c in candidates]
+        check_quality = self.quality is not None and any(c.variant not in self._quality_by_variant for c in candidates)
+        self.console.print(f"[dim]  {phase:8s} {' vs '.join(c.key for c in candidates)}, side by side ...[/]")
+        t0 = time.perf_counter()
+        results = measure_plans(self.spec, plans, workloads, device=self.device,
+                                quality=self.quality if check_quality else None, tolerance=self.tolerance,
+                                timeout_s=self.timeout_s, kind="tune", tag=None, group_id=self.group_id,
+                                console=self.console)
+        cost = (time.perf_counter() - t0) / len(candidates)
+        out = []
+        for candidate, result in zip(candidates, results):
+            if check_quality and result.ok and result.quality is not None:
+                self._quality_by_variant.setdefault(candidate.variant, result.quality.get("verdict"))
+            out.append(self._keep(result, candidate, phase, cost))
+        return out
+
+    def _keep(self, result: Result, candidate: Candidate, phase: Phase, cost: float) -> Measurement:
         result.metrics.update({K.TUNE_CANDIDATE: candidate.key, K.TUNE_PHASE: phase, K.TUNE_SEQ: len(self.results),
                                K.TUNE_COST_S: cost, K.TUNE_QUALITY: self._quality_by_variant.get(candidate.variant)})
         if self.store is not None:
             self.store.add(result)
         self.results.append(result)
-        m = self._to_measurement(result, candidate, phase, seconds=cost)
-        summary = f"{m.throughput:.4g} {result.metrics.get(K.THROUGHPUT_UNIT, '')}" if m.throughput else (m.reason or m.status)
-        self.console.print(f"[dim] {summary[:100]} ({cost:.0f} s)[/]")
-        return m
+        return self._to_measurement(result, candidate, phase, seconds=cost)
 
     def _to_measurement(self, result: Result, candidate: Candidate, phase: Phase, seconds: float) -> Measurement:
         m = result.metrics
+        rounds = [r for r in m.get(K.ROUNDS) or [] if isinstance(r, dict)]
         latency = m.get(K.E2E_MS if result.workload.get("scenario") == "generate" else K.LATENCY_MS) or {}
         return Measurement(
             candidate=candidate,
@@ -103,4 +135,6 @@ class BenchMeasurer:
             seconds=seconds or m.get(K.TUNE_COST_S, 0.0),
             reason=result.reason,
             run_id=result.run_id,
+            rates=tuple(float(r["rate"]) for r in rounds) if phase == "final" else (),
+            usable=tuple(bool(r.get("used", True)) for r in rounds) if phase == "final" else (),
         )

@@ -169,6 +169,7 @@ def run_tune(
             console.print(f"resuming tune {group}: {found} earlier measurements in the store will be reused")
     search = Search(
         variants=setup.space.variants, batch_sizes=setup.space.batch_sizes, measure=measurer,
+        measure_together=measurer.together,
         constraints=setup.constraints, goal=setup.goal, screen_batch=setup.screen_batch, budget_s=setup.budget_s,
     )
     return search.run(), measurer, group
@@ -215,7 +216,7 @@ def tune(request: TuneRequest, console: Console | None = None) -> TuneOutcome:
         return outcome
     w = log.winner
     assert w is not None
-    tie = f" (a tie with {log.runner_up.candidate.key}: within noise)" if log.tie and log.runner_up else ""
+    tie = f" (a tie with {log.runner_up.candidate.key}: {_tie_words(log)})" if log.tie and log.runner_up else ""
     if request.out:
         write_plan(outcome.plan, request.out, plan_header(request, outcome))
         console.print(f"[bold green]best plan: {w.candidate.key}{tie}[/] -> {request.out}")
@@ -226,11 +227,16 @@ def tune(request: TuneRequest, console: Console | None = None) -> TuneOutcome:
     return outcome
 
 
+def _tie_words(log: SearchLog) -> str:
+    """Why the final is a tie: the paired ratio's reason when measured side by side."""
+    return log.final_ratio.split(": ", 1)[1] if log.final_ratio else "within noise"
+
+
 def summary_json(outcome: TuneOutcome) -> dict:
     log = outcome.log
     return {
         "tune_id": outcome.group, "winner": log.winner and log.winner.candidate.key,
-        "runner_up": log.runner_up and log.runner_up.candidate.key, "tie": log.tie,
+        "runner_up": log.runner_up and log.runner_up.candidate.key, "tie": log.tie, "final_ratio": log.final_ratio,
         "measured_seconds": log.measured_seconds, "reused": outcome.measurer.reused,
         "verdicts": log.verdicts, "pruned": outcome.setup.space.pruned, "no_feasible_reason": log.no_feasible_reason,
         "run_ids": [r.run_id for r in outcome.measurer.results],
@@ -247,6 +253,6 @@ def plan_header(request: TuneRequest, outcome: TuneOutcome) -> str:
         f"accelab tune {name} --goal {request.goal} ({setup.goal}), tune id {outcome.group}\n"
         f"winner {w.candidate.key}: {w.throughput:.4g} {setup.unit}, p50 {w.p50_ms:.4g} ms, p99 {w.p99_ms:.4g} ms, "
         f"peak {w.memory_mb:.0f} MB, quality {w.quality or 'not checked'}\n"
-        + (f"tie with {log.runner_up.candidate.key} (within noise)\n" if log.tie and log.runner_up else "")
+        + (f"tie with {log.runner_up.candidate.key} ({_tie_words(log)})\n" if log.tie and log.runner_up else "")
         + f"reproduce: accelab bench {name} --plan {request.out} --scenario {setup.workload.scenario}"
     )

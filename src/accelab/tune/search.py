@@ -7,13 +7,14 @@ Phases, cheapest first:
    throughput improves by at least `min_gain` and the limits hold; when a limit stops the
    growth, the gap between the last good and the first bad batch is bisected. A bigger batch
    that was faster by less than `min_gain` stays a contender for the final.
-3. final: the two best candidates measured again with full-length runs, back to back: the
-   winner against the runner-up. A lead beyond the noise of these runs (the runs' own spread,
-   at least `noise_floor`) decides; a smaller one is reported as a tie, and the faster of the
-   two is written. The short screening runs only chose who reaches the final; when they
-   ranked the two the other way, the full-length runs are the better evidence, so they decide.
-   (A second pair of full-length runs to split a tie cannot shrink the noise floor, so it
-   would rarely change the call, and it would cost the longest runs again.)
+3. final: the two best candidates measured again with full-length runs: the winner against the
+   runner-up. With `measure_together` (accelab's tune) the two run side by side in alternating
+   rounds, and the paired ratio of their rounds decides, by the same statistics as compare and
+   regress (`accelab.measure.paired`): an interval that includes 1.0, a lead within the noise
+   threshold, or too few quiet rounds is a tie, and the faster of the two is written. Without
+   it (one full-length run each, back to back), a lead beyond the runs' own spread (at least
+   `noise_floor`) decides. The short screening runs only chose who reaches the final; when
+   they ranked the two the other way, the final is the better evidence, so it decides.
 Every measurement is kept with the reason it lost, for the table and the store.
 """
 
@@ -23,6 +24,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
+
+from accelab.measure.paired import Ratio, paired_ratio
 
 Phase = Literal["screen", "grow", "final"]
 # Later phases measure longer: a candidate's figure is its latest-phase run. "confirm" is
@@ -56,6 +59,8 @@ class Measurement:
     seconds: float = 0.0  # what the measurement cost, wall time
     reason: str | None = None
     run_id: str | None = None
+    rates: tuple[float, ...] = ()  # measured side by side: the rate of each round (items or tokens / s)
+    usable: tuple[bool, ...] = ()  # ... and whether that round's noise window was quiet enough
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -112,6 +117,7 @@ class SearchLog:
     winner: Measurement | None = None
     runner_up: Measurement | None = None
     tie: bool = False  # the final's lead was within the noise
+    final_ratio: str | None = None  # the final's paired ratio, in words (measured side by side)
     verdicts: dict[str, str] = field(default_factory=dict)  # candidate key -> why it lost / "winner"
     no_feasible_reason: str | None = None
     budget_spent: bool = False
@@ -122,6 +128,8 @@ class SearchLog:
 
 
 Measure = Callable[[Candidate, Phase], Measurement]
+# several candidates measured side by side in alternating rounds, one Measurement each, in order
+MeasureTogether = Callable[[list[Candidate], Phase], list[Measurement]]
 
 
 class _BudgetSpent(Exception):
@@ -134,6 +142,7 @@ class Search:
     batch_sizes: list[int]  # allowed batch sizes, ascending (the geometric ladder)
     measure: Measure
     constraints: Constraints
+    measure_together: MeasureTogether | None = None
     goal: Goal = "throughput"
     screen_batch: int = 1
     keep: int = 2
@@ -151,6 +160,11 @@ class Search:
         if self.budget_s is not None and self.clock() - self._start > self.budget_s:
             raise _BudgetSpent
         m = self.measure(candidate, phase)
+        self._record(m, phase)
+        return m
+
+    def _record(self, m: Measurement, phase: Phase) -> None:
+        candidate = m.candidate
         self.log.measurements.append(m)
         why = self.constraints.violation(m)
         if why is None:
@@ -159,7 +173,6 @@ class Search:
                 self._best_ok[candidate.key] = m
         else:
             self.log.verdicts[candidate.key] = why
-        return m
 
     def _ok(self, m: Measurement) -> bool:
         return self.constraints.violation(m) is None
@@ -227,12 +240,35 @@ class Search:
         return best
 
     def final(self, finalists: list[Measurement]) -> list[Measurement]:
-        results = []
-        for m in finalists:
-            again = self._run(m.candidate, "final")
-            if self._ok(again):
-                results.append(again)
+        if self.measure_together is not None and len(finalists) > 1:
+            if self.budget_s is not None and self.clock() - self._start > self.budget_s:
+                raise _BudgetSpent
+            again = self.measure_together([m.candidate for m in finalists], "final")
+            for m in again:
+                self._record(m, "final")
+        else:
+            again = [self._run(m.candidate, "final") for m in finalists]
+        results = [m for m in again if self._ok(m)]
         return sorted(results, key=lambda m: score(m, self.goal), reverse=True)
+
+    def _decide(self, first: Measurement, second: Measurement) -> tuple[Measurement, Measurement, bool]:
+        """(winner, runner-up, tie) of the final. Measured side by side: by the paired ratio of
+        their rounds (the rounds' order wins over the pooled figures when they disagree); else
+        by the lead against the runs' noise."""
+        if not (first.rates and second.rates):
+            return first, second, self._lead(first, second) < self._noise(first, second)
+        ratio = self._paired(first, second)
+        if ratio.verdict == "slower":
+            first, second = second, first
+            ratio = self._paired(first, second)
+        self.log.final_ratio = f"{first.candidate.key} over {second.candidate.key}: {ratio.reason}"
+        return first, second, not ratio.decided
+
+    def _paired(self, a: Measurement, b: Measurement) -> Ratio:
+        n = min(len(a.rates), len(b.rates))
+        ua, ub = list(a.usable) or [True] * n, list(b.usable) or [True] * n
+        return paired_ratio(a.rates[:n], b.rates[:n], [x and y for x, y in zip(ua[:n], ub[:n])],
+                            threshold=self.noise_floor)
 
     def _lead(self, a: Measurement, b: Measurement) -> float:
         """How far a is ahead of b, relative (negative when behind)."""
@@ -275,8 +311,9 @@ class Search:
         if not finals:
             self.log.no_feasible_reason = self._nothing_met()
             return self.log
-        winner, runner_up = finals[0], (finals[1] if len(finals) > 1 else None)
-        tie = runner_up is not None and self._lead(winner, runner_up) < self._noise(winner, runner_up)
+        winner, runner_up, tie = finals[0], (finals[1] if len(finals) > 1 else None), False
+        if runner_up is not None:
+            winner, runner_up, tie = self._decide(winner, runner_up)
         self.log.winner, self.log.runner_up, self.log.tie = winner, runner_up, tie
         self._explain_losers()
         return self.log
@@ -287,7 +324,9 @@ class Search:
         self.log.verdicts[winner.candidate.key] = "winner"
         if self.log.runner_up is not None:
             ru = self.log.runner_up.candidate.key
-            self.log.verdicts[ru] = "tie with the winner (within noise)" if self.log.tie else "runner-up"
+            why = f" ({self.log.final_ratio.split(': ', 1)[1]})" if self.log.final_ratio else " (within noise)"
+            self.log.verdicts[ru] = ("tie with the winner" if self.log.tie else "runner-up") + (
+                why if self.log.final_ratio or self.log.tie else "")
         best = score(winner, self.goal)
         unit = "items/s" if self.goal == "throughput" else "ms"
         for key, m in self._best_ok.items():
