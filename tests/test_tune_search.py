@@ -197,3 +197,53 @@ def test_a_bigger_batch_faster_within_noise_reaches_the_final():
     assert not log.tie
     assert log.winner.candidate.key == "c@16" and log.runner_up.candidate.key == "c@8"
     assert log.verdicts["b@32"].startswith("slower")
+
+
+# -- the final side by side: paired rounds decide (the statistics of compare and regress) -----------
+def side_by_side(rounds: dict[str, list[float]], usable: dict[str, list[bool]] | None = None, calls=None):
+    """A fake measure_together: each finalist's per-round rates as given; its pooled throughput
+    is their mean."""
+
+    def together(candidates, phase):
+        if calls is not None:
+            calls.append(([c.key for c in candidates], phase))
+        out = []
+        for c in candidates:
+            rates = rounds[c.variant]
+            out.append(Measurement(candidate=c, phase=phase, status="ok", throughput=sum(rates) / len(rates),
+                                   p50_ms=10.0, p99_ms=12.0, memory_mb=500.0, quality="pass", cv=0.01, seconds=6.0,
+                                   rates=tuple(rates), usable=tuple((usable or {}).get(c.variant, [True] * len(rates)))))
+        return out
+
+    return together
+
+
+def search_with(together) -> Search:
+    return Search(variants=["baseline", "fast"], batch_sizes=[1], measure=fake_measure([]), measure_together=together,
+                  constraints=Constraints(quality="off"), goal="latency-p50")
+
+
+def test_the_final_runs_both_finalists_together_and_a_clear_paired_lead_decides():
+    calls = []
+    log = search_with(side_by_side({"fast": [14.0, 14.2, 13.9, 14.1], "baseline": [10.0, 10.1, 9.9, 10.0]},
+                                   calls=calls)).run()
+    assert calls == [(["fast@1", "baseline@1"], "final")]
+    assert log.winner.candidate.key == "fast@1" and not log.tie
+    assert log.final_ratio.startswith("fast@1 over baseline@1: 1.40x (faster; 95% CI 1.40-1.41, 4 rounds)")
+    assert log.verdicts["baseline@1"] == "runner-up (1.40x (faster; 95% CI 1.40-1.41, 4 rounds))"
+
+
+def test_an_interval_that_includes_one_is_a_tie_that_says_so():
+    log = search_with(side_by_side({"fast": [10.5, 9.6, 10.4, 9.7], "baseline": [10.0, 10.1, 9.9, 10.0]})).run()
+    assert log.tie
+    assert log.verdicts[log.runner_up.candidate.key].startswith("tie with the winner (no measurable difference:")
+
+
+def test_too_few_quiet_rounds_is_a_tie_and_the_rounds_order_wins_over_pooled_figures():
+    # the pooled means say fast (a busy round inflated it), the quiet rounds say baseline
+    rates = {"fast": [30.0, 9.0, 9.1, 8.9], "baseline": [10.0, 10.1, 10.0, 9.9]}
+    log = search_with(side_by_side(rates, usable={"fast": [False, True, True, True]})).run()
+    assert log.winner.candidate.key == "baseline@1" and not log.tie
+    assert log.final_ratio.startswith("baseline@1 over fast@1: 1.11x (faster")
+    noisy = search_with(side_by_side(rates, usable={"fast": [False, False, True, True]})).run()
+    assert noisy.tie and "unreliable: 2 of 4 rounds were quiet enough" in noisy.final_ratio
