@@ -206,3 +206,47 @@ def test_train_runs_check_step_time_samples_per_s_epoch_time_and_memory():
     v = verdicts(compare([train(speed=1.0)], [train(speed=0.7)]))
     assert v == {"step p50": "REGRESSION", "samples/s": "REGRESSION", "epoch time": "REGRESSION", "peak memory": "ok"}
     assert not compare([train(speed=1.0)], [train(speed=1.02)]).regressed
+
+
+# -- the machine's noise: the statistics of compare and tune ------------------------------------------
+def with_rounds(result, rates, used=None, level="quiet", reason=""):
+    """SYNTHETIC: the rounds and noise record a bench child and its driver write."""
+    used = used or [True] * len(rates)
+    result.metrics["rounds"] = [{"rate": r, "seconds": 1.0, "calls": 10, "cv": 0.02, "used": u,
+                                 "level": "quiet" if u else "unreliable"} for r, u in zip(rates, used)]
+    result.metrics["noise"] = {"level": level, "reason": reason, "rounds": len(rates), "rounds_used": sum(used)}
+    return result
+
+
+def check(comparison, metric):
+    return next(c for c in comparison.pairs[0].checks if c.metric == metric)
+
+
+def test_a_run_measured_under_noise_is_unreliable_never_a_regression():
+    base = with_rounds(bench(p50=100), [80.0, 80.5, 79.5])
+    cand = with_rounds(bench(p50=200), [40.0, 80.0, 41.0], used=[False, False, False], level="unreliable",
+                       reason="31% CPU steal")
+    comparison = compare([base], [cand])
+    assert not comparison.regressed
+    assert {verdicts(comparison)[m] for m in ("p50", "p99", "throughput")} == {"unreliable"}
+    assert verdicts(comparison)["peak memory"] == "ok"  # memory does not depend on the neighbours
+    assert check(comparison, "p50").why == ("the candidate ran under noise (31% CPU steal; 0 of 3 rounds quiet "
+                                            "enough): rerun it on a quieter machine")
+
+
+def test_throughput_by_the_quiet_rounds_of_both_runs():
+    base = with_rounds(bench(p50=100), [80.0, 80.5, 79.5, 80.2])
+    # the pooled figure says 18% slower (a busy round); the quiet rounds say the same speed
+    same = with_rounds(bench(p50=100, batch=8), [40.0, 80.1, 79.9, 80.4], used=[False, True, True, True],
+                       level="quiet")
+    same.metrics["throughput"] = 80.0 * 0.82
+    t = check(compare([base], [same]), "throughput")
+    assert t.verdict == "ok" and t.why.startswith("rounds: no measurable difference")
+    slower = with_rounds(bench(p50=100), [60.0, 61.0, 59.5, 60.5])
+    t = check(compare([base], [slower]), "throughput")
+    assert t.verdict == "REGRESSION" and t.change == pytest.approx(60.25 / 80.05 - 1, abs=2e-3)
+    assert t.why.startswith("rounds: 0.75x (slower; 95% CI")
+    faster = with_rounds(bench(p50=100), [100.0, 101.0, 99.0, 100.5])
+    assert check(compare([base], [faster]), "throughput").verdict == "improved"
+    wide = with_rounds(bench(p50=100), [55.0, 95.0, 57.0, 93.0])  # 0.91x, but its interval is 0.56-1.46
+    assert check(compare([base], [wide]), "throughput").verdict == "noise"

@@ -16,7 +16,7 @@ from accelab.results.result import Result
 from accelab.results.table import fmt
 
 VERDICT_TONES = {"pass": "good", "warn": "warn", "fail": "bad", "ok": "good", "improved": "good",
-                 "noise": "muted", "REGRESSION": "bad", "-": "muted"}
+                 "noise": "muted", "unreliable": "warn", "REGRESSION": "bad", "-": "muted"}
 
 
 def build_document(

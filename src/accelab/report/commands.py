@@ -179,7 +179,7 @@ def print_comparison(comparison: "Comparison", console: "Console") -> None:
     """The regress table per pair: metric | baseline | candidate | change | limit | verdict | why."""
     from rich.table import Table
 
-    colours = {"ok": "green", "improved": "green", "noise": "dim", "REGRESSION": "bold red", "-": "dim"}
+    colours = {"ok": "green", "improved": "green", "noise": "dim", "unreliable": "yellow", "REGRESSION": "bold red", "-": "dim"}
     for warning in comparison.warnings:
         console.print(f"[yellow]{warning}[/]")
     for pair in comparison.pairs:

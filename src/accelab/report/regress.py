@@ -28,7 +28,14 @@ REGRESSION only when it exceeds BOTH
     apart by much more than stdev/sqrt(n); the per-call spread is the honest yardstick.
 The limit shown is max(threshold, noise). A move beyond the threshold but within the noise is
 reported as "noise" and passes; a move beyond the limit in the good direction is "improved".
-Peak memory has no spread in a Result, so it is judged on its threshold alone. Training runs
+Peak memory has no spread in a Result, so it is judged on its threshold alone.
+
+With the machine's noise (Results measured in rounds, `accelab.measure.noise`): a run whose
+noise record is "unreliable" (too few quiet rounds) makes every timing check of its pair
+"unreliable": it is reported, never called a regression (rerun it on a quieter machine). When
+both runs kept their per-round rates, throughput is judged by the statistics compare and tune
+use (`accelab.measure.paired`): Welch's interval on the two runs' quiet rounds, a REGRESSION
+only when the whole interval is below 1.0 and the estimate is beyond the threshold. Training runs
 (kind "train") are checked on step time p50, samples/s and epoch time, each against the cv of
 the per-step times, and on peak memory.
 Quality: a verdict worse than the baseline's (pass -> warn, pass -> fail, warn -> fail) is a
@@ -51,13 +58,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from accelab.measure.environment import FINGERPRINT_KEYS, FINGERPRINT_VERSIONS
+from accelab.measure.paired import unpaired_ratio
 from accelab.report import metrics as M
 from accelab.results import contract as K
 from accelab.results.result import Result
 
 Better = Literal["lower", "higher"]
 Family = Literal["latency", "throughput", "memory"]
-Verdict = Literal["ok", "improved", "noise", "REGRESSION", "-"]
+Verdict = Literal["ok", "improved", "noise", "unreliable", "REGRESSION", "-"]
 QUALITY_RANK = {"pass": 0, "warn": 1, "fail": 2}
 MACHINES_DIFFER = "results from different machines are not compared as equals"
 MIN_CALLS = 5  # fewer timed calls than this: the spread itself is a guess
@@ -227,6 +235,39 @@ def judge(
     return change, limit, "ok", why
 
 
+def unreliable_side(base: Result, cand: Result) -> str | None:
+    """Why a pair's timings cannot be judged: a run measured under too much noise."""
+    for run, side in ((base, "baseline"), (cand, "candidate")):
+        noise = run.metrics.get(K.NOISE) or {}
+        if noise.get("level") == "unreliable":
+            return (f"the {side} ran under noise ({noise.get('reason')}; {noise.get('rounds_used')} of "
+                    f"{noise.get('rounds')} rounds quiet enough): rerun it on a quieter machine")
+    return None
+
+
+def quiet_rates(result: Result) -> list[float]:
+    """The per-round rates of the rounds a Result's figures come from."""
+    return [float(r["rate"]) for r in result.metrics.get(K.ROUNDS) or []
+            if isinstance(r, dict) and r.get("used", True) and r.get("rate")]
+
+
+def judge_rounds(base: Result, cand: Result, threshold: float) -> tuple[float | None, float | None, Verdict, str] | None:
+    """Throughput by the two runs' quiet rounds (module docstring), or None without them."""
+    b, c = quiet_rates(base), quiet_rates(cand)
+    if len(b) < 2 or len(c) < 2:
+        return None
+    ratio = unpaired_ratio(c, b, threshold=threshold)
+    if ratio.value is None or ratio.low is None:
+        return None
+    change = ratio.value - 1
+    why = f"rounds: {ratio.reason}"
+    if ratio.verdict == "slower":
+        return change, threshold, "REGRESSION", why
+    if ratio.verdict == "faster":
+        return change, threshold, "improved", why
+    return change, threshold, ("noise" if abs(change) > threshold else "ok"), why
+
+
 def check_metric(spec: MetricSpec, base: Result, cand: Result, thresholds: Thresholds) -> Check | None:
     b, c = spec.read(base), spec.read(cand)
     if b is None:
@@ -234,6 +275,13 @@ def check_metric(spec: MetricSpec, base: Result, cand: Result, thresholds: Thres
     if c is None:
         return Check(metric=spec.label, unit=spec.unit, baseline=b, candidate=None, change=None, limit=None,
                      verdict="-", why="not measured in the candidate")
+    if spec.family != "memory" and (why_not := unreliable_side(base, cand)):
+        return Check(metric=spec.label, unit=spec.unit, baseline=b, candidate=c, change=c / b - 1 if b else None,
+                     limit=None, verdict="unreliable", why=why_not)
+    if spec.label == "throughput" and (by_rounds := judge_rounds(base, cand, thresholds.throughput)) is not None:
+        change, limit, verdict, why = by_rounds
+        return Check(metric=spec.label, unit=spec.unit, baseline=b, candidate=c, change=change, limit=limit,
+                     verdict=verdict, why=why)
     change, limit, verdict, why = judge(
         b, c, better=spec.better, threshold=thresholds.for_family(spec.family),
         spreads=(spec.spread(base), spec.spread(cand)), noise_factor=thresholds.noise_factor,
