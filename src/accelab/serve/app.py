@@ -26,7 +26,9 @@ from accelab.serve.state import ServerState
 
 def create_app(config: ServeConfig, engine_factory: Callable[[], Engine], *,
                metrics: ServeMetrics | None = None, stop_timeout_s: float = 5.0) -> FastAPI:
-    state = ServerState(config, engine_factory, metrics or ServeMetrics())
+    metrics = metrics or ServeMetrics()
+    metrics.configure(max_queue=config.max_queue, model_name=config.model_name, aliases=config.metric_aliases)
+    state = ServerState(config, engine_factory, metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

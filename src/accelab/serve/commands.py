@@ -56,6 +56,9 @@ def serve_command(
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="ACCELAB_API_KEY", show_envvar=True,
                                           help="Require 'Authorization: Bearer KEY' on the API routes."),
     access_log: bool = typer.Option(False, "--access-log", help="Log every request."),
+    metric_aliases: str = typer.Option("none", "--metric-aliases", help="vllm: /metrics also exports vLLM's "
+                                       "metric names (vllm:..., with model_name), so vLLM's Grafana dashboards work "
+                                       "unchanged (see deploy/README.md)."),
     replicas: int = typer.Option(1, "--replicas", help="Serve N copies of the model on Ray Serve behind one address "
                                  "(needs accelab[ray]); with --ray-address, across a Ray cluster's machines."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Join this Ray cluster (HOST:6379, or "
@@ -78,7 +81,7 @@ def serve_command(
         max_wait_ms=max_wait_ms, max_queue=max_queue, request_timeout_s=request_timeout,
         grace_period_s=grace_period, max_body_bytes=max_body_bytes, max_tokens=max_tokens,
         default_max_tokens=default_max_tokens, max_inputs=max_inputs, api_key=api_key, scheduler=scheduler,
-        max_step_tokens=max_step_tokens, kv_cache_tokens=kv_cache_tokens,
+        max_step_tokens=max_step_tokens, kv_cache_tokens=kv_cache_tokens, metric_aliases=metric_aliases,
     )
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         typer.secho(f"warning: listening on {host} without --api-key: anyone who reaches it can use it",

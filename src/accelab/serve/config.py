@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from accelab.serve.batcher import BatchPolicy
+from accelab.serve.metrics import METRIC_ALIASES, MetricAliases
 from accelab.serve.scheduler import SchedulerConfig
 
 Scheduling = Literal["continuous", "static"]
@@ -35,6 +36,7 @@ class ServeConfig:
     scheduler: Scheduling = "continuous"
     max_step_tokens: int | None = None  # tokens per step (decodes + prefill chunks); None: max(256, 2 x batch)
     kv_cache_tokens: int | None = None  # KV-cache capacity; None: 2048 per sequence, at least the model's context
+    metric_aliases: MetricAliases = "none"  # "vllm": /metrics also carries vLLM's names (for its dashboards)
 
     def __post_init__(self) -> None:
         positive = ("port", "max_batch_size", "max_queue", "max_body_bytes", "max_tokens", "default_max_tokens",
@@ -48,6 +50,9 @@ class ServeConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be 0 or more")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key is empty; give a key or leave it unset")
+        if self.metric_aliases not in METRIC_ALIASES:
+            raise ValueError(f"metric_aliases={self.metric_aliases!r} is not one of {', '.join(METRIC_ALIASES)} "
+                             "(--metric-aliases vllm adds vLLM's metric names)")
         if self.scheduler not in SCHEDULINGS:
             raise ValueError(f"scheduler={self.scheduler!r} is not one of {', '.join(SCHEDULINGS)}")
         for name in ("max_step_tokens", "kv_cache_tokens"):

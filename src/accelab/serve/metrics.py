@@ -3,8 +3,17 @@ two servers in one process, as in tests, never collide).
 
 Latency is split the way it is spent: queue time (waiting for a batch), compute time (the
 batch running), end-to-end; generation adds time to first token, time per output token and
-the gap between two tokens of one sequence. Continuous batching adds the running and waiting
-sequences, the KV-cache blocks used and free, preemptions and the tokens/s of the last 10 s.
+the gap between two tokens of one sequence, and per sequence its prompt and output lengths,
+the max_tokens it asked for, its prefill and decode times and why it finished. Continuous
+batching adds the running and waiting sequences, the KV-cache blocks used and free,
+preemptions (and the tokens they make the model compute again) and the tokens/s of the last
+10 s. Retries are counted where they happen: a batch split after an error (per-batch worker,
+and a continuous step run again sequence by sequence), a preempted sequence, and, on Ray, a
+request retried on another replica (`FrontMetrics`).
+
+`--metric-aliases vllm` adds vLLM's metric names (`vllm:...`, with a `model_name` label) next to
+accelab's, computed from the same series at scrape time, so vLLM's own Grafana dashboards work
+against accelab unchanged (`VllmAliases`; deploy/README.md lists what maps to what).
 """
 
 from __future__ import annotations
@@ -13,6 +22,9 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,  # noqa: F401  (re-exported for the /metrics route)
@@ -22,15 +34,21 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import Metric
 
 # seconds: 1 ms to 2 min, denser where interactive latencies live
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.35, 0.5, 0.75, 1.0,
                    1.5, 2.5, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0, 120.0)
 TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256)
+LENGTH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000, 20_000, 50_000, 100_000)
 
 ERROR_KINDS = ("queue_full", "timeout", "too_large", "too_long", "invalid", "unauthorized", "shutting_down", "not_ready",
                "oom", "model_error", "client_gone")
+RETRY_REASONS = ("oom", "batch_error")  # why a batch (or a continuous step) was split and run again
+FINISH_REASONS = ("stop", "length")
+MetricAliases = Literal["none", "vllm"]
+METRIC_ALIASES: tuple[MetricAliases, ...] = ("none", "vllm")
 
 
 class ServeMetrics:
@@ -52,18 +70,21 @@ class ServeMetrics:
                               buckets=TOKEN_BUCKETS, registry=r)
         self.prompt_tokens = Counter("accelab_prompt_tokens", "Prompt tokens processed.", registry=r)
         self.generated_tokens = Counter("accelab_generated_tokens", "Completion tokens generated.", registry=r)
-        self.batch_size = Histogram("accelab_batch_size", "Inputs per model call (batch size).",
-                                    buckets=BATCH_BUCKETS, registry=r)
+        self.batch_size = Histogram("accelab_batch_size", "Inputs per model call (batch size; with continuous "
+                                    "batching, sequences per step).", buckets=BATCH_BUCKETS, registry=r)
         self.batch_time = Histogram("accelab_batch_seconds", "Run time of one batch.", buckets=LATENCY_BUCKETS,
                                     registry=r)
         self.batch_limit = Gauge("accelab_batch_size_limit", "Largest batch the worker tries now "
                                  "(lowered after out-of-memory).", registry=r)
         self.queue_depth = Gauge("accelab_queue_depth", "Requests waiting for a batch.", registry=r)
+        self.queue_limit = Gauge("accelab_queue_limit", "Most requests (sequences, with continuous batching) that "
+                                 "may wait; more get 429 (--max-queue).", registry=r)
         self.in_flight = Gauge("accelab_requests_in_flight", "Requests being handled (queued, running or "
                                "streaming).", registry=r)
         self.errors = Counter("accelab_errors", "Requests that failed, by kind.", ["kind"], registry=r)
-        self.retries = Counter("accelab_batch_retries", "Batches split and retried, by reason (oom, batch_error).",
-                               ["reason"], registry=r)
+        self.retries = Counter("accelab_batch_retries", "Batches split and retried, by reason (oom, batch_error); "
+                               "with continuous batching, steps run again sequence by sequence.", ["reason"],
+                               registry=r)
         self.ready = Gauge("accelab_ready", "1 once the model is loaded and warmed up.", registry=r)
         self.info = Gauge("accelab_model_info", "The model and plan served (value 1).", ["model", "plan", "device"],
                           registry=r)
@@ -75,10 +96,13 @@ class ServeMetrics:
                                ["state"], registry=r)
         self.preemptions = Counter("accelab_preemptions", "Sequences preempted to free KV-cache blocks (recomputed "
                                    "later).", registry=r)
+        self.preempted_tokens = Counter("accelab_preempted_tokens", "Tokens whose KV a preemption dropped: the "
+                                        "model computes them again when the sequence is readmitted.", registry=r)
         self.prefix_tokens = Counter("accelab_prefix_cache_tokens", "Prompt tokens whose KV came from the prefix "
                                      "cache instead of being computed again (continuous batching).", registry=r)
         self.itl = Histogram("accelab_inter_token_latency_seconds", "Time between two tokens of one sequence.",
                              buckets=TOKEN_BUCKETS, registry=r)
+        self._generation_metrics(r)
         self.token_rate = TokenRate()
         self.tokens_per_second = Gauge("accelab_generation_tokens_per_second",
                                        f"Tokens generated per second over the last {TokenRate.WINDOW_S:g} s.", registry=r)
@@ -88,12 +112,80 @@ class ServeMetrics:
         self.rss.set_function(_rss_bytes)
         for kind in ERROR_KINDS:  # export zeros, so a dashboard's rate() has a series from the start
             self.errors.labels(kind=kind)
-        for reason in ("oom", "batch_error"):
+        for reason in RETRY_REASONS:
             self.retries.labels(reason=reason)
+        self._aliases: VllmAliases | None = None
         self._gpu = _gpu_gauges(r)
+
+    def _generation_metrics(self, r: CollectorRegistry) -> None:
+        """Per generated sequence (what vLLM's dashboards chart, too)."""
+        self.request_prompt_tokens = Histogram("accelab_request_prompt_tokens", "Prompt tokens per generated "
+                                               "sequence.", buckets=LENGTH_BUCKETS, registry=r)
+        self.request_generation_tokens = Histogram("accelab_request_generation_tokens", "Tokens generated per "
+                                                   "sequence.", buckets=LENGTH_BUCKETS, registry=r)
+        self.request_max_tokens = Histogram("accelab_request_max_tokens", "max_tokens a generated sequence asked "
+                                            "for.", buckets=LENGTH_BUCKETS, registry=r)
+        self.prefill_time = Histogram("accelab_request_prefill_seconds", "Time to first token less the time in the "
+                                      "queue, per sequence (prefill).", buckets=LATENCY_BUCKETS, registry=r)
+        self.decode_time = Histogram("accelab_request_decode_seconds", "First token to the last, per sequence "
+                                     "(decode).", buckets=LATENCY_BUCKETS, registry=r)
+        self.finished = Counter("accelab_finished_sequences", "Generated sequences that finished, by finish reason "
+                                "(stop: end of sequence or a stop string; length: max_tokens).", ["finish_reason"],
+                                registry=r)
+        for reason in FINISH_REASONS:
+            self.finished.labels(finish_reason=reason)
+
+    def configure(self, *, max_queue: int, model_name: str, aliases: MetricAliases = "none") -> None:
+        """What the server's configuration says: the queue limit, and vLLM's names when asked for."""
+        if aliases not in METRIC_ALIASES:
+            raise ValueError(f"metric aliases {aliases!r} are not one of {', '.join(METRIC_ALIASES)}")
+        self.queue_limit.set(max_queue)
+        if aliases == "vllm" and self._aliases is None:
+            self._aliases = VllmAliases(self, model_name=model_name)
+            self.registry.register(self._aliases)
+
+    def observe_generation(self, completions: Sequence[Any], *, arrival: float, queue_s: float,
+                           max_tokens: int) -> None:
+        """One answered generation request: its sequences (`Completion`s), the route's arrival
+        time (time.monotonic), its time in the queue and the max_tokens it asked for."""
+        for done in completions:
+            self.prompt_tokens.inc(done.prompt_tokens)
+            self.generated_tokens.inc(done.completion_tokens)
+            self.request_prompt_tokens.observe(done.prompt_tokens)
+            self.request_generation_tokens.observe(done.completion_tokens)
+            self.request_max_tokens.observe(max_tokens)
+            if done.finish_reason in FINISH_REASONS:
+                self.finished.labels(finish_reason=done.finish_reason).inc()
+            if done.first_token_at is None:
+                continue
+            ttft = done.first_token_at - arrival
+            self.ttft.observe(ttft)
+            self.prefill_time.observe(max(0.0, ttft - queue_s))
+            self.decode_time.observe(max(0.0, done.finished_at - done.first_token_at))
+            if done.completion_tokens > 1:
+                self.tpot.observe((done.finished_at - done.first_token_at) / (done.completion_tokens - 1))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class FrontMetrics:
+    """The Ray front's own series (the replicas' come merged beside them): requests it retried
+    on another replica, requests lost with a replica, and the replicas it was asked to run."""
+
+    def __init__(self, configured: int = 0):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.replica_retries = Counter("accelab_replica_retries", "Requests retried on another replica because "
+                                       "theirs died before answering.", registry=r)
+        self.replica_lost = Counter("accelab_replica_lost_requests", "Requests answered 503 because their replica "
+                                    "died: before answering (and again on the retry) or mid-stream.", ["when"],
+                                    registry=r)
+        for when in ("before_answer", "mid_stream"):
+            self.replica_lost.labels(when=when)
+        self.replicas_configured = Gauge("accelab_replicas_configured", "Replicas the server was started with "
+                                         "(--replicas).", registry=r)
+        self.replicas_configured.set(configured)
 
 
 class TokenRate:
@@ -119,6 +211,88 @@ class TokenRate:
             return sum(n for _, n in self._events) / self.WINDOW_S
 
 
+# -- vLLM's names ---------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Alias:
+    """vLLM's family `name` from accelab's `source` family (both without `_total`): samples keep
+    their suffix (`_bucket`, `_sum`, `_count`, `_total`); `only` keeps samples whose label has one
+    of the values, `drop` removes labels (samples that then coincide are summed), `rename` renames."""
+
+    name: str
+    source: str
+    only: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    drop: tuple[str, ...] = ()
+    rename: dict[str, str] = field(default_factory=dict)
+
+
+VLLM_ALIASES = (
+    Alias(name="vllm:num_requests_running", source="accelab_running_sequences"),
+    Alias(name="vllm:num_requests_waiting", source="accelab_waiting_sequences"),
+    Alias(name="vllm:prompt_tokens", source="accelab_prompt_tokens"),
+    Alias(name="vllm:generation_tokens", source="accelab_generated_tokens"),
+    Alias(name="vllm:num_preemptions", source="accelab_preemptions"),
+    Alias(name="vllm:e2e_request_latency_seconds", source="accelab_request_latency_seconds",
+          only={"route": ("chat", "completions")}, drop=("route",)),
+    Alias(name="vllm:time_to_first_token_seconds", source="accelab_time_to_first_token_seconds"),
+    Alias(name="vllm:inter_token_latency_seconds", source="accelab_inter_token_latency_seconds"),
+    # vLLM's older name of the same per-token gap (its dashboards before v0.11 chart it)
+    Alias(name="vllm:time_per_output_token_seconds", source="accelab_inter_token_latency_seconds"),
+    Alias(name="vllm:request_time_per_output_token_seconds", source="accelab_time_per_output_token_seconds"),
+    Alias(name="vllm:request_queue_time_seconds", source="accelab_queue_time_seconds"),
+    Alias(name="vllm:request_inference_time_seconds", source="accelab_compute_time_seconds"),
+    Alias(name="vllm:request_prefill_time_seconds", source="accelab_request_prefill_seconds"),
+    Alias(name="vllm:request_decode_time_seconds", source="accelab_request_decode_seconds"),
+    Alias(name="vllm:request_prompt_tokens", source="accelab_request_prompt_tokens"),
+    Alias(name="vllm:request_generation_tokens", source="accelab_request_generation_tokens"),
+    Alias(name="vllm:request_max_num_generation_tokens", source="accelab_request_max_tokens"),
+    Alias(name="vllm:request_success", source="accelab_finished_sequences", rename={"finish_reason": "finished_reason"}),
+)
+KV_USAGE_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # a fraction 0..1, despite "perc"
+
+
+class VllmAliases:
+    """A collector: vLLM's families, computed from the server's own at each scrape."""
+
+    def __init__(self, metrics: ServeMetrics, *, model_name: str):
+        self._metrics = metrics
+        self._model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        families = {family.name: family for family in self._source_families()}
+        for alias in VLLM_ALIASES:
+            source = families.get(alias.source)
+            if source is not None:
+                yield self._renamed(alias, source)
+        blocks = {s.labels.get("state"): s.value for s in families["accelab_kv_cache_blocks"].samples}
+        total = blocks.get("used", 0.0) + blocks.get("free", 0.0)
+        for name in KV_USAGE_NAMES:
+            usage = Metric(name, "KV-cache usage, a fraction of 1 (accelab_kv_cache_blocks used / all).", "gauge")
+            usage.add_sample(name, {"model_name": self._model_name}, blocks.get("used", 0.0) / total if total else 0.0)
+            yield usage
+
+    def _source_families(self) -> Iterator[Metric]:
+        for value in vars(self._metrics).values():
+            if isinstance(value, (Counter, Gauge, Histogram)):
+                yield from value.collect()
+
+    def _renamed(self, alias: Alias, source: Metric) -> Metric:
+        out = Metric(alias.name, f"{source.documentation} (accelab's {source.name})", source.type)
+        summed: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        for sample in source.samples:
+            if sample.name.endswith("_created"):
+                continue
+            if any(sample.labels.get(label) not in values for label, values in alias.only.items()):
+                continue
+            labels = {alias.rename.get(k, k): v for k, v in sample.labels.items() if k not in alias.drop}
+            labels["model_name"] = self._model_name
+            key = (alias.name + sample.name[len(source.name):], tuple(sorted(labels.items())))
+            summed[key] = summed.get(key, 0.0) + sample.value
+        for (name, labels), value in summed.items():
+            out.add_sample(name, dict(labels), value)
+        return out
+
+
+# -- process and GPU --------------------------------------------------------------------------------
 def _rss_bytes() -> float:
     try:
         import psutil
@@ -128,13 +302,16 @@ def _rss_bytes() -> float:
         return float("nan")
 
 
-def _gpu_gauges(registry: CollectorRegistry) -> Gauge | None:
-    """GPU memory, per device, only where torch sees a CUDA GPU."""
-    try:
-        import torch
-    except ImportError:  # pragma: no cover
-        return None
-    if not torch.cuda.is_available():
+def _gpu_gauges(registry: CollectorRegistry, cuda: Any = None) -> Gauge | None:
+    """GPU memory, per device, only where torch sees a CUDA GPU (`cuda`: torch.cuda, or what
+    answers like it)."""
+    if cuda is None:
+        try:
+            import torch
+        except ImportError:  # pragma: no cover
+            return None
+        cuda = torch.cuda
+    if not cuda.is_available():
         return None
     allocated = Gauge("accelab_gpu_memory_allocated_bytes", "torch.cuda.memory_allocated per device.", ["device"],
                       registry=registry)
@@ -142,8 +319,8 @@ def _gpu_gauges(registry: CollectorRegistry) -> Gauge | None:
                      registry=registry)
     peak = Gauge("accelab_gpu_memory_peak_bytes", "torch.cuda.max_memory_allocated per device.", ["device"],
                  registry=registry)
-    for index in range(torch.cuda.device_count()):
-        allocated.labels(device=str(index)).set_function(lambda i=index: torch.cuda.memory_allocated(i))
-        reserved.labels(device=str(index)).set_function(lambda i=index: torch.cuda.memory_reserved(i))
-        peak.labels(device=str(index)).set_function(lambda i=index: torch.cuda.max_memory_allocated(i))
+    for index in range(cuda.device_count()):
+        allocated.labels(device=str(index)).set_function(lambda i=index: cuda.memory_allocated(i))
+        reserved.labels(device=str(index)).set_function(lambda i=index: cuda.memory_reserved(i))
+        peak.labels(device=str(index)).set_function(lambda i=index: cuda.max_memory_allocated(i))
     return allocated

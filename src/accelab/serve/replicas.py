@@ -170,8 +170,12 @@ class ModelReplica:
 class MetricsBoard:
     """A small Ray actor: the latest Prometheus text each replica posted, and when."""
 
-    def __init__(self) -> None:
+    def __init__(self, configured: int = 0) -> None:
         self.posts: dict[str, tuple[float, str, int, bool]] = {}
+        self._configured = configured  # --replicas
+
+    def replicas_configured(self) -> int:
+        return self._configured
 
     def post(self, replica: str, text: str, pid: int, ready: bool) -> None:
         self.posts[replica] = (time.time(), text, pid, ready)
@@ -185,9 +189,9 @@ class MetricsBoard:
         return sum(1 for at, _, _, ready in self.posts.values() if ready and now - at <= max_age_s)
 
 
-def merge_metrics(posts: dict[str, tuple[str, int]]) -> bytes:
+def merge_metrics(posts: dict[str, tuple[str, int]], front: Any = None) -> bytes:
     """Every replica's series under one schema, each with a `replica` label (and the replica's
-    process id in `accelab_replica_info`)."""
+    process id in `accelab_replica_info`), then the front's own (`FrontMetrics`: retries)."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.core import GaugeMetricFamily, Metric
     from prometheus_client.parser import text_string_to_metric_families
@@ -206,7 +210,7 @@ def merge_metrics(posts: dict[str, tuple[str, int]]) -> bytes:
 
     class _Merged:
         def collect(self) -> list[Metric]:
-            return [*families.values(), info]
+            return [*families.values(), info, *(front.registry.collect() if front is not None else ())]
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Merged())
@@ -229,9 +233,10 @@ def build_front() -> Any:
     from ray import serve
 
     from accelab.serve.errors import error_body
-    from accelab.serve.metrics import CONTENT_TYPE_LATEST
+    from accelab.serve.metrics import CONTENT_TYPE_LATEST, FrontMetrics
 
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    counts = FrontMetrics()
     replicas = serve.get_deployment_handle("ModelReplica", app_name=APP_NAME)
 
     @app.get("/livez")
@@ -252,7 +257,8 @@ def build_front() -> Any:
 
         board = ray.get_actor(BOARD_NAME, namespace=APP_NAME)
         posts = await board.live.remote(STALE_AFTER_S)
-        return Response(merge_metrics(posts), media_type=CONTENT_TYPE_LATEST)
+        counts.replicas_configured.set(await board.replicas_configured.remote())
+        return Response(merge_metrics(posts, counts), media_type=CONTENT_TYPE_LATEST)
 
     @app.api_route("/{path:path}", methods=["GET", "POST"])
     async def forward(path: str, request: Request) -> Response:
@@ -268,10 +274,13 @@ def build_front() -> Any:
                     raise
                 log.warning("a replica died before answering (%s); %s", type(err).__name__,
                             "retrying on another" if attempt == 1 else "answering 503")
+                if attempt == 1:
+                    counts.replica_retries.inc()
                 continue
             headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in head.headers
                        if k.lower() not in (b"content-length", b"transfer-encoding")}
-            return StreamingResponse(_rest(first, stream), status_code=head.status, headers=headers)
+            return StreamingResponse(_rest(first, stream, counts), status_code=head.status, headers=headers)
+        counts.replica_lost.labels(when="before_answer").inc()
         return Response(_json(error_body(503, "the replica serving this request died, and so did a retry; send it "
                                          "again (Ray restarts replicas)", code="replica_died")),
                         status_code=503, media_type="application/json", headers={"Retry-After": "1"})
@@ -286,7 +295,7 @@ async def _next_or_none(stream: Any) -> bytes | None:
         return None
 
 
-async def _rest(first: bytes | None, stream: Any) -> AsyncIterator[bytes]:
+async def _rest(first: bytes | None, stream: Any, counts: Any) -> AsyncIterator[bytes]:
     """The body after its first chunk; a replica that dies mid-stream ends it with a 503 event."""
     from accelab.serve.errors import error_body
 
@@ -298,6 +307,7 @@ async def _rest(first: bytes | None, stream: Any) -> AsyncIterator[bytes]:
     except Exception as err:  # noqa: BLE001 - the status line went out: the error travels in the body
         if type(err).__name__ not in RETRYABLE and "died" not in str(err).lower():
             raise
+        counts.replica_lost.labels(when="mid_stream").inc()
         body = error_body(503, "the replica serving this stream died mid-answer; send the request again",
                           code="replica_died")
         yield f"data: {_json(body)}\n\ndata: [DONE]\n\n".encode()
@@ -322,7 +332,7 @@ def run_replicas(config: ServeConfig, factory: Callable[[], Any], *, replicas: i
              **({} if ray_address else {"object_store_memory": 256 * 1024 * 1024}))
     try:
         serve.start(http_options={"host": config.host, "port": port})
-        board = ray.remote(MetricsBoard).options(name=BOARD_NAME, get_if_exists=True, num_cpus=0).remote()
+        board = ray.remote(MetricsBoard).options(name=BOARD_NAME, get_if_exists=True, num_cpus=0).remote(replicas)
         model = serve.deployment(ModelReplica, name="ModelReplica", num_replicas=replicas,
                                  max_ongoing_requests=max(config.max_queue + config.max_batch_size, 8),
                                  graceful_shutdown_timeout_s=config.grace_period_s, health_check_period_s=2.0,

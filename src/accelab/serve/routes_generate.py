@@ -26,6 +26,7 @@ from accelab.serve.engines.sampling import describe
 from accelab.serve.errors import ApiError
 from accelab.serve.schemas import ChatRequest, CompletionRequest, _Sampling, unsupported_fields
 from accelab.serve.state import ServerState
+from accelab.serve.worker import JobOutcome
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +209,7 @@ async def _generate(state: ServerState, engine: Any, units: list[GenUnit], body:
                 for unit in units:
                     unit.cancelled = True
             raise
-        _observe(state, outcome.outputs, arrival)
+        _observe(state, outcome, units, arrival)
         return JSONResponse(fmt.full_response(env, [answer.choice(i, c) for i, c in enumerate(outcome.outputs)]))
     try:
         await submission.wait_started()
@@ -241,7 +242,7 @@ async def _stream(state: ServerState, submission: Submission, units: list[GenUni
             yield fmt.sse(err.body())
         else:
             completions: list[Completion] = outcome.outputs
-            _observe(state, completions, arrival)
+            _observe(state, outcome, units, arrival)
             for s, done in zip(streams, completions):
                 for chunk in s.finish(done):
                     yield fmt.sse(chunk)
@@ -316,15 +317,9 @@ class _ChoiceStream:
         return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
 
 
-def _observe(state: ServerState, completions: list[Completion], arrival: float) -> None:
-    m = state.metrics
-    for done in completions:
-        m.prompt_tokens.inc(done.prompt_tokens)
-        m.generated_tokens.inc(done.completion_tokens)
-        if done.first_token_at is not None:
-            m.ttft.observe(done.first_token_at - arrival)
-            if done.completion_tokens > 1:
-                m.tpot.observe((done.finished_at - done.first_token_at) / (done.completion_tokens - 1))
+def _observe(state: ServerState, outcome: JobOutcome, units: list[GenUnit], arrival: float) -> None:
+    state.metrics.observe_generation(outcome.outputs, arrival=arrival, queue_s=outcome.queue_s,
+                                     max_tokens=units[0].params.max_tokens)
 
 
 def _pusher(loop: asyncio.AbstractEventLoop, events: asyncio.Queue, index: int, unit: GenUnit):

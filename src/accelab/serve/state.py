@@ -216,12 +216,16 @@ class ServerState:
             kv_free.set(report.kv_free)
             if report.preempted:
                 m.preemptions.inc(report.preempted)
+                m.preempted_tokens.inc(report.preempted_tokens)
+            if report.batch:
+                m.batch_size.observe(report.batch)
             m.token_rate.add(report.sampled)
             if report.reused_tokens:
                 m.prefix_tokens.inc(report.reused_tokens)
             m.batch_time.observe(report.seconds)
 
-        return ContinuousHooks(on_step=on_step, on_token_gap=m.itl.observe)
+        return ContinuousHooks(on_step=on_step, on_token_gap=m.itl.observe,
+                               on_retry=lambda reason: m.retries.labels(reason=reason).inc())
 
 
 def _freeze_loaded_objects() -> None:
