@@ -18,7 +18,7 @@ VLLM_TORCH_SPEC ?= $(TORCH_SPEC)
 # CPU torch; text generation needs none of them.
 VLLM_DROP ?= torchvision torchaudio torchcodec
 
-.PHONY: install models browser demo test clean vllm
+.PHONY: install models browser monitoring demo test clean vllm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -63,7 +63,15 @@ browser:
 	  (apt-get install -y -qq chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium)) || \
 	  echo "note: could not install chromium (apt-get install -y chromium, as root): the screenshot test will fail"
 
-test: models browser vllm
+# the monitoring tests run a real Prometheus (Debian's package, with promtool) against `accelab serve`
+# and drive `accelab top` in tmux: Debian's packages, when missing (no recommends: no node exporter)
+monitoring:
+	@(command -v prometheus && command -v promtool && command -v tmux) >/dev/null 2>&1 || \
+	  (apt-get install -y -qq --no-install-recommends prometheus tmux >/dev/null 2>&1 || \
+	   (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus tmux)) || \
+	  echo "note: could not install prometheus and tmux (apt-get install -y prometheus tmux, as root): the monitoring tests will fail"
+
+test: models browser vllm monitoring
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean:

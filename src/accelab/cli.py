@@ -27,6 +27,7 @@ COMMAND_MODULES = [
     "accelab.train.commands",  # train
     "accelab.serve.commands",  # serve
     "accelab.loadtest.commands",  # loadtest
+    "accelab.monitor.commands",  # top
 ]
 
 

@@ -1,23 +1,29 @@
 """FAULT INJECTION for tests, never shipped in the package: with this directory on PYTHONPATH and
-ACCELAB_TEST_FAULT=perturb-weights:<relative size>, every Python process (the spawned bench and
-verify children included) adds seeded Gaussian noise of that relative size to the floating-point
-weights of every model accelab loads for a plan, i.e. a deliberately broken plan. The fp32
-reference the quality guard compares against is left alone; the Result's notes say the fault
-was injected. Used by tests/test_quality_e2e.py and tests/test_bench_e2e.py."""
+ACCELAB_TEST_FAULT set, every Python process (the spawned bench and verify children included)
+gets the faults it names, comma-separated:
+
+- perturb-weights:<relative size>: seeded Gaussian noise of that relative size is added to the
+  floating-point weights of every model accelab loads for a plan, i.e. a deliberately broken
+  plan. The fp32 reference the quality guard compares against is left alone; the Result's notes
+  say the fault was injected. Used by tests/test_quality_e2e.py and tests/test_bench_e2e.py.
+- serve-errors:<flag file>: while the flag file exists, every forward of the loaded model raises
+  (an error burst for a running server; tests/test_monitoring.py).
+- fake-gpu:<bytes>: FAKE GPU memory readings for the server's GPU gauges (this machine has no
+  GPU): one device reporting <bytes> allocated, twice that reserved, 1.5x peak. Only the metrics
+  see it; the model still runs on the CPU (tests/test_monitoring.py)."""
 
 import os
 
 FAULT = os.environ.get("ACCELAB_TEST_FAULT")
+KINDS = ("perturb-weights", "serve-errors", "fake-gpu")
 
-if FAULT:
+
+def _perturb_weights(size: str) -> None:
     import torch
 
     import accelab.runtimes as runtimes
     from accelab.quality.verify import REFERENCE_PLAN
 
-    kind, _, size = FAULT.partition(":")
-    if kind != "perturb-weights":
-        raise ValueError(f"ACCELAB_TEST_FAULT={FAULT!r}: the only fault is perturb-weights:<relative size>")
     scale = float(size or 0.5)
     original = runtimes.load_runnable
 
@@ -31,7 +37,64 @@ if FAULT:
                 if param.is_floating_point():
                     noise = torch.randn(param.shape, generator=generator).to(param.device, param.dtype)
                     param.add_(noise * param.float().std().nan_to_num(0).to(param.dtype) * scale)
-        runnable.notes.append(f"FAULT INJECTED for testing: {FAULT}")
+        runnable.notes.append(f"FAULT INJECTED for testing: perturb-weights:{size}")
         return runnable
 
     runtimes.load_runnable = faulty_load_runnable
+
+
+def _serve_errors(flag: str) -> None:
+    import accelab.runtimes as runtimes
+
+    if not flag:
+        raise ValueError("ACCELAB_TEST_FAULT=serve-errors:<flag file>: name the file that switches the errors on")
+    original = runtimes.load_runnable
+
+    def fail_while_flagged(module, args):
+        if os.path.exists(flag):
+            raise RuntimeError(f"FAULT INJECTED for testing: the model fails while {flag} exists")
+
+    def faulty_load_runnable(spec, plan, device):
+        runnable = original(spec, plan, device)
+        runnable.model.register_forward_pre_hook(fail_while_flagged)
+        return runnable
+
+    runtimes.load_runnable = faulty_load_runnable
+
+
+class _FakeCuda:
+    """Answers like torch.cuda for the memory gauges: one FAKE device."""
+
+    def __init__(self, allocated: int):
+        self.allocated = allocated
+
+    def is_available(self) -> bool:
+        return True
+
+    def device_count(self) -> int:
+        return 1
+
+    def memory_allocated(self, index: int) -> int:
+        return self.allocated
+
+    def memory_reserved(self, index: int) -> int:
+        return 2 * self.allocated
+
+    def max_memory_allocated(self, index: int) -> int:
+        return self.allocated * 3 // 2
+
+
+def _fake_gpu(allocated: str) -> None:
+    import functools
+
+    import accelab.serve.metrics as metrics
+
+    metrics._gpu_gauges = functools.partial(metrics._gpu_gauges, cuda=_FakeCuda(int(allocated or 1 << 30)))
+
+
+if FAULT:
+    for fault in FAULT.split(","):
+        kind, _, arg = fault.partition(":")
+        if kind not in KINDS:
+            raise ValueError(f"ACCELAB_TEST_FAULT={FAULT!r}: {kind!r} is not one of {', '.join(KINDS)}")
+        {"perturb-weights": _perturb_weights, "serve-errors": _serve_errors, "fake-gpu": _fake_gpu}[kind](arg)
