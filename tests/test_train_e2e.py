@@ -198,6 +198,15 @@ def test_bench_rows_and_one_vs_two_processes(cache, tmp_path):
     assert two["final_accuracy"] == pytest.approx(baseline["final_accuracy"], abs=1 / 360)
     stored = open_store(db).query(kind="train")
     assert len(stored) == 5 and len({r.group_id for r in stored}) == 1
+    # the rows took turns: each has its rounds and their noise, the others a paired speed-up
+    for name in ("baseline (fp32)", "bf16 autocast", "grad accum x4", "2 processes"):
+        metrics = full[name]["metrics"]
+        assert 1 <= len(metrics["rounds"]) <= 4 and metrics["noise"]["rounds"] == len(metrics["rounds"])
+        assert sum(r["calls"] for r in metrics["rounds"]) == 4  # every timed step ran in some turn
+    for name in ("bf16 autocast", "grad accum x4", "2 processes"):
+        speedup = full[name]["metrics"]["speedup"]
+        assert speedup["reference"] == "baseline (fp32)" and speedup["verdict"] in (
+            "faster", "slower", "no measurable difference", "unreliable")
 
 
 # other data sources ----------------------------------------------------------------------------

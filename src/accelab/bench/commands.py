@@ -64,6 +64,7 @@ def bench_command(
         min_iters=min_iters,
         min_seconds=min_seconds,
     )
+    _warn_if_busy()
     result = bench(request.spec, request.plan, request.workload, device=device, timeout_s=timeout, tag=tag)
     print_bench(result)
     keep(result, json_out=json_out, store=store, db=db)
@@ -130,6 +131,7 @@ def compare_command(
     qconfig = quality_config_for(request.workload, samples, batch_size) if quality else None
     budget = PlanBudget(explicit_s=max_seconds_per_plan,
                         slow=slow_techniques(resolve_device(plan_objs[0], device), measure=True))
+    _warn_if_busy()
     results = run_compare(
         request.spec, plan_objs, request.workload, device=device, quality=qconfig,
         tolerance=tolerance, timeout_s=timeout, tag=tag, budget=budget,
@@ -151,6 +153,12 @@ def compare_command(
         typer.secho(f"{len(failed)} of {len(results)} plans did not run to the end: {', '.join(map(str, failed))} "
                     "(the reasons are in the notes above)", fg=typer.colors.RED, err=True)
         raise typer.Exit(1)
+
+
+def _warn_if_busy() -> None:
+    from accelab.measure.noise import warn_if_busy
+
+    warn_if_busy(lambda text: typer.secho(f"warning: {text}", fg=typer.colors.YELLOW, err=True))
 
 
 def verify_command(

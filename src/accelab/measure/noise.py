@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -278,3 +278,20 @@ def sample_now(seconds: float = 1.0) -> Window | None:
     with Meter() as meter:
         time.sleep(seconds)
     return meter.window
+
+
+def busy_warning(now: Window | None) -> str | None:
+    """What a command says before it measures, when the machine is already loud (None: quiet)."""
+    if now is None or now.level == "quiet":
+        return None
+    return (f"the machine is {'busy' if now.level == 'unreliable' else 'noisy'} before the run: {now.reason} "
+            f"(load {now.load1:.1f}). Every round's noise is measured and rounds past the thresholds are left "
+            "out; rows without enough quiet rounds will say 'unreliable'")
+
+
+def warn_if_busy(echo: Callable[[str], None], seconds: float = 0.5) -> Window | None:
+    """Sample the machine for `seconds` and `echo` the warning when it is already loud."""
+    now = sample_now(seconds)
+    if (text := busy_warning(now)) is not None:
+        echo(text)
+    return now

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from accelab.results.result import Result
-from accelab.results.table import fmt, make_console, noise_line
+from accelab.results.table import fmt, make_console, noise_line, speedup_text
 
 
 def _quality_cell(result: Result) -> str:
@@ -104,13 +104,7 @@ def _x(value: float | None) -> str:
 
 
 def _speedup_cell(row: dict[str, Any]) -> str:
-    """1.42x (1.38-1.47) when the interval decides; the words when it does not."""
-    verdict = row.get("speedup_verdict")
-    if verdict in ("unreliable", "no measurable difference"):
-        return verdict
-    if row.get("speedup_low") is not None and row.get("speedup_high") is not None:
-        return f"{row['speedup']:.2f}x ({row['speedup_low']:.2f}-{row['speedup_high']:.2f})"
-    return _x(row["speedup"])
+    return speedup_text(row["speedup"], row.get("speedup_low"), row.get("speedup_high"), row.get("speedup_verdict"))
 
 
 def render(results: list[Result], title: str, console: Console | None = None) -> None:

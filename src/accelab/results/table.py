@@ -61,6 +61,19 @@ def noise_cell(noise: dict[str, Any] | None) -> str:
     return str(noise.get("level")) if noise else "-"
 
 
+def speedup_text(value: float | None, low: float | None = None, high: float | None = None,
+                 verdict: str | None = None) -> str:
+    """A paired speed-up cell (accelab.measure.paired): 1.42x (1.38-1.47) when its interval
+    decides, the words when it does not, the bare ratio for a row without rounds."""
+    if verdict in ("unreliable", "no measurable difference"):
+        return verdict
+    if value is None:
+        return "-"
+    if low is not None and high is not None:
+        return f"{value:.2f}x ({low:.2f}-{high:.2f})"
+    return f"{value:.2f}x"
+
+
 def bench_rows(result: Result) -> list[tuple[str, str]]:
     """(label, value) rows describing one bench Result, most important first."""
     m = result.metrics

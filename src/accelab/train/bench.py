@@ -4,23 +4,32 @@ Rows (each in its own worker process(es): accelerate's state is a process single
 baseline (fp32, one process), bf16 autocast, fp16 autocast (with GradScaler; "unsupported"
 on CPU), gradient accumulation xA at the same global batch, N processes at the same global
 batch (torchrun). Every row trains the same steps on the same data order; the rows share one
-`group_id` in the results store.
+`group_id` in the results store. The rows run at once and take turns (accelab.train.turns), so
+their speed-ups are paired rounds with an interval, as compare's are.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from accelab.bench.rounds import turn_order
 from accelab.launch import LaunchOptions
+from accelab.measure import noise
 from accelab.measure.budget import PlanBudget
+from accelab.measure.paired import paired_ratio
+from accelab.results import contract as K
 from accelab.results.result import Result, new_run_id
 from accelab.train.accel import precision_problem
 from accelab.train import launch as launcher
 from accelab.train.config import TrainConfig
 from accelab.train.report import result_of
+from accelab.train import turns
 from accelab.train.threads import threads_per_process
 
 
@@ -64,42 +73,162 @@ def _slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
+@dataclass(kw_only=True)
+class _Running:
+    """One bench row while the rows take turns."""
+
+    row: BenchRow
+    slug: str
+    config: TrainConfig
+    launch: LaunchOptions
+    techniques: list[str]
+    thread: threading.Thread | None = None
+    outcome: Any = None  # accelab.launch.Outcome, once its launch ended
+    own_s: float = 0.0  # the wall time of its turns
+    stopped: str | None = None
+    rounds: list[list[float]] = field(default_factory=list)  # step durations of each turn
+    windows: list[noise.Window | None] = field(default_factory=list)
+
+    @property
+    def alive(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def rate(self, index: int) -> float:
+        durations = self.rounds[index]
+        return len(durations) * self.config.batch_size / sum(durations)
+
+    def usable(self, index: int) -> bool:
+        w = self.windows[index]
+        return w is None or w.level != "unreliable"
+
+
 def run_bench(config: TrainConfig, spec: Any, rows: list[BenchRow], *, timeout_s: float, idle: float | None,
-              tag: str | None = None, on_row: Any = None, budget: PlanBudget | None = None) -> list[Result]:
-    """Run every supported row, one after another; a Result per row (shared group_id).
-    idle: CPUs idle at launch (CPU runs), measured once so every row shares one thread policy.
-    A row past its `budget` (see accelab.measure.budget; the baseline row is the yardstick) is
-    stopped, and its Result says so."""
+              tag: str | None = None, on_row: Any = None, budget: PlanBudget | None = None,
+              seconds_per_turn: float = 0.5, settle_s: float = 0.05) -> list[Result]:
+    """Every supported row trains at once and they take turns (accelab.train.turns): one row's
+    optimizer steps at a time, in alternating rounds, the machine's noise measured around each
+    turn. A Result per row (shared group_id) with its rounds, its noise and, after the first row
+    that ran, its paired speed-up over it. idle: CPUs idle at launch (CPU runs), measured once so
+    every row shares one thread policy. A row past its `budget` (see accelab.measure.budget; the
+    first row that finishes is the yardstick) is stopped, and its Result says so."""
     from accelab.measure.environment import environment
 
     env = environment()
     group = new_run_id()
     budget = budget or PlanBudget()
-    reference_s: float | None = None
+    table = turns.Table(Path(config.output_dir) / "turns")
+    running = [_start_row(row, config, idle, table, seconds_per_turn) for row in rows if row.unsupported is None]
+    launch_timeout = timeout_s * max(1, len(running))  # a row also waits while the others take their turns
+    for r in running:
+        r.thread = threading.Thread(target=_launch, args=(r, launch_timeout), name=f"accelab-train-{r.slug}", daemon=True)
+        r.thread.start()
+    try:
+        _take_turns(running, table, timeout_s=timeout_s, budget=budget, settle_s=settle_s)
+    finally:
+        for r in running:
+            if r.alive:
+                table.stop(r.slug)
+            if r.thread is not None:
+                r.thread.join()
+    by_row = {r.row.name: r for r in running}
+    reference = next((r for r in running if r.outcome is not None and r.outcome.status == "ok" and r.rounds), None)
     results = []
     for row in rows:
-        used = _techniques(row)
-        seconds = budget.seconds_for(used, reference_s)
-        launch = LaunchOptions(nproc=row.nproc)
-        row_config = config.with_changes(
-            **row.changes, world_size=row.nproc, output_dir=str(Path(config.output_dir) / _slug(row.name)),
-            result_path=None, checkpoints=False, save_final=False, save_as=None, progress=False, log_with="none",
-            resume_from=None)
-        if idle is not None:
-            row_config = row_config.with_changes(threads=threads_per_process(row.nproc, config.threads, idle))
-        outcome = None
-        if row.unsupported is None:
-            outcome = launcher.run(row_config, launch, timeout_s=min(timeout_s, seconds or timeout_s))
-        result = result_of(name=row.name, spec=spec, config=row_config, launch=launch, outcome=outcome,
+        r = by_row.get(row.name)
+        result = result_of(name=row.name, spec=spec, config=r.config if r else _row_config(row, config, idle),
+                           launch=r.launch if r else LaunchOptions(nproc=row.nproc), outcome=r.outcome if r else None,
                            unsupported=row.unsupported, group_id=group, tag=tag, env=env)
-        if result.status == "timeout" and seconds and seconds < timeout_s:
-            result.status, result.reason = "stopped", budget.stopped_reason(seconds, used)
-        if reference_s is None and result.ok and outcome is not None:
-            reference_s = outcome.wall_s
+        if r is not None:
+            _add_rounds(result, r, reference)
+            if r.stopped:
+                result.status, result.reason = "stopped", r.stopped  # type: ignore[assignment]
         results.append(result)
         if on_row is not None:
             on_row(result)
     return results
+
+
+def _row_config(row: BenchRow, config: TrainConfig, idle: float | None) -> TrainConfig:
+    row_config = config.with_changes(
+        **row.changes, world_size=row.nproc, output_dir=str(Path(config.output_dir) / _slug(row.name)),
+        result_path=None, checkpoints=False, save_final=False, save_as=None, progress=False, log_with="none",
+        resume_from=None)
+    if idle is not None:
+        row_config = row_config.with_changes(threads=threads_per_process(row.nproc, config.threads, idle))
+    return row_config
+
+
+def _start_row(row: BenchRow, config: TrainConfig, idle: float | None, table: turns.Table,
+               seconds_per_turn: float) -> _Running:
+    slug = _slug(row.name)
+    row_config = _row_config(row, config, idle).with_changes(
+        turns_dir=str(table.dir), turns_row=slug, seconds_per_turn=seconds_per_turn)
+    return _Running(row=row, slug=slug, config=row_config, launch=LaunchOptions(nproc=row.nproc),
+                    techniques=_techniques(row))
+
+
+def _launch(r: _Running, timeout_s: float) -> None:
+    r.outcome = launcher.run(r.config, r.launch, timeout_s=timeout_s)
+
+
+def _take_turns(running: list[_Running], table: turns.Table, *, timeout_s: float, budget: PlanBudget,
+                settle_s: float) -> None:
+    """Wait until every row is warm, then give turns in alternating rounds until all finished."""
+    for r in running:
+        table.wait_for(lambda r=r: table.ready(r.slug) or table.finished(r.slug) or not r.alive, timeout_s=timeout_s)
+    reference_s: float | None = None
+    index = 0
+    while True:
+        active = [r for r in running if r.alive and table.ready(r.slug) and not table.finished(r.slug)]
+        if not active:
+            return
+        for position in turn_order(len(running), index):
+            r = running[position]
+            if r not in active:
+                continue
+            limit = budget.seconds_for(r.techniques, reference_s)
+            table.give(r.slug, index)
+            started = time.monotonic()
+            with noise.Meter([os.getpid()]) as meter:  # the rows are this process's descendants: all "own"
+                done = table.wait_for(lambda: table.report(r.slug, index) is not None or table.finished(r.slug)
+                                      or not r.alive, timeout_s=max(1.0, (limit or timeout_s) - r.own_s))
+            r.own_s += time.monotonic() - started
+            durations = table.report(r.slug, index)
+            if durations:
+                r.rounds.append(durations)
+                r.windows.append(meter.window.with_cv(_cv(durations)) if meter.window is not None else None)
+            if not done:
+                r.stopped = budget.stopped_reason(limit, r.own_s, r.techniques) if limit else \
+                    f"timeout: no turn finished within {timeout_s:.0f} s"
+                table.stop(r.slug)
+            time.sleep(settle_s)
+        if reference_s is None:
+            first = running[0]
+            if table.finished(first.slug) or not first.alive:
+                reference_s = first.own_s
+        index += 1
+
+
+def _cv(durations: list[float]) -> float:
+    from accelab.measure.stats import summarize
+
+    return summarize(durations).cv if len(durations) > 1 else 0.0
+
+
+def _add_rounds(result: Result, r: _Running, reference: _Running | None) -> None:
+    """The row's turns, their noise and its paired speed-up over the reference row."""
+    if not r.rounds:
+        return
+    windows = [w for w in r.windows if w is not None]
+    result.metrics[K.NOISE] = noise.summary(windows, [r.usable(i) for i, w in enumerate(r.windows) if w is not None])
+    result.metrics[K.ROUNDS] = [{"rate": r.rate(i), "seconds": sum(d), "calls": len(d), "used": r.usable(i),
+                                 **({"steal": w.steal, "others_cores": w.others_cores, "level": w.level} if w else {})}
+                                for i, (d, w) in enumerate(zip(r.rounds, r.windows))]
+    if reference is not None and reference is not r and result.ok:
+        n = min(len(r.rounds), len(reference.rounds))
+        ratio = paired_ratio([r.rate(i) for i in range(n)], [reference.rate(i) for i in range(n)],
+                             [r.usable(i) and reference.usable(i) for i in range(n)])
+        result.metrics[K.SPEEDUP] = {**ratio.to_dict(), "reference": reference.row.name}
 
 
 def rows_json(results: list[Result]) -> list[dict[str, Any]]:

@@ -94,6 +94,9 @@ class TrainConfig:
     save_as: str | None = None  # store the trained model under this name (None: do not store)
     progress: bool = True
     timing_warmup: int = 2  # optimizer steps left out of the throughput (first calls, compile)
+    turns_dir: str | None = None  # train --bench: take turns with the other rows (accelab.train.turns)
+    turns_row: str | None = None  # ... as this row
+    seconds_per_turn: float = 0.5  # ... for about this long (at least one optimizer step) per turn
     result_path: str | None = None  # rank 0 writes the run's summary here (JSON)
 
     def __post_init__(self) -> None:

@@ -29,6 +29,7 @@ from accelab.train.evaluate import evaluate
 from accelab.train.model import TrainModel, identity, load_for_training, read_model_config
 from accelab.train.sampler import EpochSampler
 from accelab.train.timing import StepTimer
+from accelab.train.turns import Gate
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class Session:
     steps_per_epoch: int
     total_steps: int
     identity: dict[str, Any]
+    gate: Any = None  # accelab.train.turns.Gate when this run takes turns with other bench rows
 
 
 @dataclass(kw_only=True, slots=True)
@@ -102,9 +104,13 @@ def setup(config: TrainConfig) -> Session:
         loaded.model, optimizer, train_dl, eval_dl, scheduler)
     num_labels = len(classes) if classes else None
     ident = identity(read_model_config(config.model_source), config.task, num_labels)
+    gate = None
+    if config.turns_dir and config.turns_row:
+        gate = Gate(config.turns_dir, config.turns_row, main=accelerator.is_main_process,
+                    seconds_per_turn=config.seconds_per_turn, timed_from=config.timing_warmup, last_step=total)
     return Session(config=config, accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler,
                    train_dl=train_dl, eval_dl=eval_dl, sampler=sampler, data=data, loaded=loaded,
-                   steps_per_epoch=steps_per_epoch, total_steps=total, identity=ident)
+                   steps_per_epoch=steps_per_epoch, total_steps=total, identity=ident, gate=gate)
 
 
 def resume(session: Session) -> Position:
@@ -166,6 +172,8 @@ def run_epochs(session: Session, start: Position, timer: StepTimer, progress: An
                     save_checkpoint(session, Position(global_step=position.global_step, epoch=epoch + 1))
         if position.global_step >= session.total_steps:
             break
+    if session.gate is not None:
+        session.gate.finish()  # before the final evaluation: the other rows need not wait for it
     if not record.evals or record.evals[-1]["step"] != position.global_step:  # stopped mid-epoch (--max-steps)
         _evaluate(session, position, record, progress)
     return record
@@ -208,7 +216,9 @@ def _after_step(session: Session, position: Position, record: Record, running: t
     record.skipped_steps += int(accelerator.optimizer_step_was_skipped)
     # mean over micro-steps and ranks = the global batch's mean loss (equal shards)
     loss = accelerator.reduce(running / config.grad_accum, reduction="mean").item()  # note: sync point
-    timer.step_done(position.epoch)
+    seconds = timer.step_done(position.epoch)
+    if session.gate is not None and session.gate.after_step(position.global_step, seconds):
+        timer.start()  # it waited for its turn: the next step's clock starts now
     lr = session.scheduler.get_last_lr()[0]
     record.losses.append(loss)
     record.lrs.append(lr)

@@ -10,6 +10,7 @@ from rich.table import Table
 from accelab.catalog.spec import ModelSpec
 from accelab.results import contract as K
 from accelab.results.result import Result, command_line
+from accelab.results.table import noise_cell, noise_line, speedup_text
 from accelab.train.config import TrainConfig
 from accelab.launch import LaunchOptions, Outcome
 
@@ -108,17 +109,22 @@ def quality_cell(metrics: dict[str, Any]) -> str:
 def row_cells(result: Result, baseline_sps: float | None) -> list[str]:
     m = result.metrics
     if not result.ok:
-        return [result.plan["name"], "-", "-", "-", "-", "-", f"{result.status} (below)"]
+        return [result.plan["name"], "-", "-", "-", "-", "-", "-", f"{result.status} (below)"]
     sps = m.get("samples_per_s")
-    speedup = f"{sps / baseline_sps:.2f}x" if sps and baseline_sps else "-"
+    paired = m.get(K.SPEEDUP)
+    if isinstance(paired, dict):  # rows that took turns: the paired ratio of their rounds
+        speedup = speedup_text(paired.get("value"), paired.get("low"), paired.get("high"), paired.get("verdict"))
+    else:
+        speedup = f"{sps / baseline_sps:.2f}x" if sps and baseline_sps else "-"
     note = f"{m['skipped_steps']} fp16 steps skipped" if m.get("skipped_steps") else ""
     return [result.plan["name"], _seconds(m.get("epoch_s"), m.get("epoch_s_estimated", False)), memory_cell(m),
-            f"{sps:.1f}" if sps else "-", speedup, quality_cell(m), note]
+            f"{sps:.1f}" if sps else "-", speedup, quality_cell(m), noise_cell(m.get(K.NOISE)), note]
 
 
 def bench_table(results: list[Result], title: str, console: Console | None = None) -> None:
     table = Table(title=title, title_justify="left")
-    for column in ("configuration", "epoch time", "peak memory", "samples/s", "vs baseline", "final quality", "notes"):
+    for column in ("configuration", "epoch time", "peak memory", "samples/s", "vs baseline", "final quality", "noise",
+                   "notes"):
         table.add_column(column, justify="left" if column in ("configuration", "notes") else "right",
                          no_wrap=column == "configuration")
     baseline = next((r.metrics.get("samples_per_s") for r in results if r.ok), None)
@@ -129,6 +135,11 @@ def bench_table(results: list[Result], title: str, console: Console | None = Non
     for result in results:
         if not result.ok:
             console.print(f"{result.plan['name']}: {result.status}: {result.reason}", style="yellow")
+        elif (result.metrics.get(K.NOISE) or {}).get("level") not in (None, "quiet"):
+            console.print(f"{result.plan['name']}: {noise_line(result.metrics[K.NOISE], 'row')}", style="yellow")
+        if isinstance(result.metrics.get(K.SPEEDUP), dict) and result.metrics[K.SPEEDUP].get("verdict") in (
+                "unreliable", "no measurable difference"):
+            console.print(f"{result.plan['name']}: speed-up {result.metrics[K.SPEEDUP]['reason']}", style="yellow")
     threads = ", ".join(f"{r.plan['name']} {r.metrics['threads_per_process']}" for r in results
                         if r.metrics.get("threads_per_process"))
     if threads:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from rich.console import Console
+from rich.markup import escape
 
 from accelab.catalog.spec import ModelSpec
 from accelab.plan.plan import Plan
@@ -18,6 +19,7 @@ from accelab.plan.presets import PRESETS
 from accelab.quality.collect import QualityConfig
 from accelab.results.store import Store
 from accelab.scenarios.workload import Workload
+from accelab.measure import noise
 from accelab.tune.measure import BenchMeasurer
 from accelab.tune.search import Constraints, Goal, Search, SearchLog
 from accelab.tune.space import Space
@@ -202,6 +204,7 @@ def tune(request: TuneRequest, console: Console | None = None) -> TuneOutcome:
         f"{space.batch_sizes[0]}..{space.batch_sizes[-1]}; limits: "
         f"memory {request.max_memory or '-'}, p99 {request.p99_ms or '-'} ms, quality {request.quality}"
     )
+    noise.warn_if_busy(lambda text: console.print(f"[yellow]warning: {escape(text)}[/]"))
     log, measurer, group = run_tune(setup, store=open_store(request.db), device=request.device, fresh=request.fresh,
                                     console=console)
     outcome = TuneOutcome(setup=setup, group=group, log=log, measurer=measurer, plan=winning_plan(log, group))
