@@ -122,6 +122,14 @@ def test_two_replicas_serve_and_a_killed_one_loses_no_request(server):
             vector = np.array(response.json()["data"][0]["embedding"])
             assert np.abs(vector - reference).max() < 1e-5
     assert codes.count(200) >= len(codes) - USERS  # at most one in-flight request per user could be lost to a 503
+    # the front counts what it did: every 503 is a request lost after its retry died too
+    from prometheus_client.parser import text_string_to_metric_families
+
+    front = {(s.name, tuple(s.labels.items())): s.value
+             for f in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text) for s in f.samples}
+    lost = front[("accelab_replica_lost_requests_total", (("when", "before_answer"),))]
+    assert lost == codes.count(503) and front[("accelab_replica_retries_total", ())] >= lost
+    assert front[("accelab_replicas_configured", ())] == 2
 
     # Ray starts a new replica in the dead one's place; /metrics shows two again, the dead one gone
     deadline = time.monotonic() + 120

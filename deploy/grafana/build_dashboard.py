@@ -1,6 +1,6 @@
 """Writes accelab.json, the Grafana dashboard of `accelab serve`, from the panel list below
 (the one place to change it; tests/test_monitoring_deploy.py fails when the JSON and this
-script disagree). Run: python deploy/grafana/build_dashboard.py
+script disagree). Run: python deploy/grafana/build_dashboard.py (--check: only compare).
 
 Every query filters on the dashboard's $job and $instance variables; behind `--replicas N`
 series also carry a `replica` label, which the panels sum over or show.
@@ -9,6 +9,7 @@ series also carry a `replica` label, which the panels sum over or show.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -250,5 +251,9 @@ def render() -> str:
 
 
 if __name__ == "__main__":
-    OUT.write_text(render())
-    print(f"wrote {OUT}")
+    if sys.argv[1:] == ["--check"]:  # the test's: is accelab.json what this script writes?
+        if OUT.read_text() != render():
+            sys.exit(f"{OUT} differs from what {Path(__file__).name} writes: run python {__file__}")
+    else:
+        OUT.write_text(render())
+        print(f"wrote {OUT}")
