@@ -98,6 +98,11 @@ def compare_command(
         None, "--max-seconds-per-plan", help="Stop a plan after this many seconds as too slow (its row says so). "
         "Default: only plans using a technique `accelab env` measured slower than fp32 here, after 3x the first "
         "plan's time (at least 60 s)."),
+    rounds: int = typer.Option(6, "--rounds", help="Turns per plan: the plans run in alternating short rounds "
+                               "(A B ... B A) and share --min-seconds / --min-iters among them."),
+    sequential: bool = typer.Option(False, "--sequential", help="One plan at a time, each alone in memory (for "
+                                    "models too big to hold several copies); speed-ups are then unpaired, and a "
+                                    "busy minute can hit one plan only: the noise column says so."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the rows and Results as JSON."),
     csv_out: Optional[Path] = typer.Option(None, "--csv"),
     markdown_out: Optional[Path] = typer.Option(None, "--markdown"),
@@ -109,6 +114,7 @@ def compare_command(
     import json
 
     from accelab.bench.compare import quality_config_for, run_compare
+    from accelab.bench.rounds import RoundsConfig
     from accelab.bench.options import build_request, resolve_plan
     from accelab.measure.budget import PlanBudget
     from accelab.measure.capabilities import slow_techniques
@@ -135,6 +141,7 @@ def compare_command(
     results = run_compare(
         request.spec, plan_objs, request.workload, device=device, quality=qconfig,
         tolerance=tolerance, timeout_s=timeout, tag=tag, budget=budget,
+        rounds=RoundsConfig(rounds=rounds, sequential=sequential),
     )
     wl = request.workload
     shape = f"batch {wl.batch_size}" + (f", {wl.new_tokens} new tokens" if wl.scenario == "generate" else "")

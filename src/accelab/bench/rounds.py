@@ -32,7 +32,7 @@ from accelab.bench.child import BenchJob, BenchOutput, Finish, Load, Loaded, Rou
 from accelab.catalog.spec import ModelSpec
 from accelab.measure import noise
 from accelab.measure.budget import PlanBudget
-from accelab.measure.paired import MIN_PAIRS, paired_ratio
+from accelab.measure.paired import MIN_PAIRS, paired_ratio, unpaired_ratio
 from accelab.measure.runner import ChildOutcome
 from accelab.measure.session import WarmChild
 from accelab.plan.plan import Plan
@@ -52,6 +52,7 @@ class RoundsConfig:
     extra: int = 6  # at most this many more rounds while too few were quiet enough
     min_usable: int = MIN_PAIRS  # quiet rounds (pairs, when comparing) a figure needs
     settle_s: float = 0.05  # pause between two turns: the last plan's worker threads go idle
+    sequential: bool = False  # one plan at a time, each alone in memory; speed-ups then unpaired (Welch)
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
@@ -133,19 +134,16 @@ class Driver:
 
     def run(self) -> None:
         try:
+            if self.config.sequential:
+                self._one_at_a_time()
+                return
             reference_s: float | None = None
             for i, c in enumerate(self.contenders, 1):
                 self._load(i, c, reference_s)
                 if reference_s is None and c.loaded is not None and c.loaded.status == "ok":
                     # the first plan that runs is the others' yardstick: its load and its measuring time
                     reference_s = c.used_s + c.workload.min_seconds
-            index = 0
-            while index < self.config.rounds or (index < self.config.rounds + self.config.extra
-                                                  and needs_more(self.contenders, self.config)):
-                if not any(c.active for c in self.contenders):
-                    break
-                self._round(index)
-                index += 1
+            self._rounds(self.contenders)
             for c in self.contenders:
                 if c.active:
                     self._finish(c)
@@ -153,6 +151,27 @@ class Driver:
             for c in self.contenders:
                 if c.child is not None:
                     c.child.close()
+
+    def _rounds(self, contenders: list[Contender]) -> None:
+        index = 0
+        while index < self.config.rounds or (index < self.config.rounds + self.config.extra
+                                              and needs_more(contenders, self.config)):
+            if not any(c.active for c in contenders):
+                break
+            self._round(index, contenders)
+            index += 1
+
+    def _one_at_a_time(self) -> None:
+        """--sequential: each plan loaded, measured in its rounds and closed before the next."""
+        reference_s: float | None = None
+        for i, c in enumerate(self.contenders, 1):
+            self._load(i, c, reference_s)
+            if c.active:
+                self._rounds([c])
+            if c.active:
+                self._finish(c)
+            if reference_s is None and c.output is not None:
+                reference_s = c.used_s
 
     def _limit(self, c: Contender) -> float:
         limit = self.timeout_s - c.used_s
@@ -184,10 +203,10 @@ class Driver:
         if outcome.ok:
             c.loaded = outcome.value
 
-    def _round(self, index: int) -> None:
+    def _round(self, index: int, contenders: list[Contender]) -> None:
         cells = []
-        for position in turn_order(len(self.contenders), index):
-            c = self.contenders[position]
+        for position in turn_order(len(contenders), index):
+            c = contenders[position]
             if not c.active:
                 continue
             assert c.child is not None and c.child.pid is not None
@@ -224,8 +243,12 @@ def rounds_record(c: Contender) -> list[dict[str, Any]]:
     return out
 
 
-def speedup_record(c: Contender, reference: Contender) -> dict[str, Any]:
-    """The paired speed-up of `c` over the reference plan, with its interval and verdict."""
+def speedup_record(c: Contender, reference: Contender, *, paired: bool = True) -> dict[str, Any]:
+    """The speed-up of `c` over the reference plan, with its interval and verdict: paired by
+    round index when they took turns, else (--sequential) Welch's on their quiet rounds."""
+    if not paired:
+        ratio = unpaired_ratio([c.rounds[i].rate for i in c.kept], [reference.rounds[i].rate for i in reference.kept])
+        return {**ratio.to_dict(), "reference": reference.plan.name, "paired": False}
     usable = paired_usable(c, reference)
     n = len(usable)
     loud = noise.worst([w for w in (*c.windows[:n], *reference.windows[:n]) if w is not None])
@@ -255,7 +278,7 @@ def measure_plans(spec: ModelSpec, plans: Sequence[Plan], workloads: Sequence[Wo
         result = _result(c, spec, kind=kind, tag=tag, group_id=group_id, device=device, quality=quality,
                          tolerance=tolerance, timeout_s=timeout_s)
         if result.ok and reference is not None and c is not reference and len(contenders) > 1:
-            result.metrics[K.SPEEDUP] = speedup_record(c, reference)
+            result.metrics[K.SPEEDUP] = speedup_record(c, reference, paired=not driver.config.sequential)
         results.append(result)
     return results
 

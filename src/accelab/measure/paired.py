@@ -109,7 +109,9 @@ def unpaired_ratio(candidate: Sequence[float], reference: Sequence[float], *, co
     a = [math.log(x) for x in candidate if x > 0]
     b = [math.log(x) for x in reference if x > 0]
     if len(a) < min_rounds or len(b) < min_rounds:
-        return _unreliable(min(len(a), len(b)), 0, min_rounds, "a run has too few usable rounds", confidence)
+        return Ratio(value=None, low=None, high=None, rounds=min(len(a), len(b)), dropped=0, verdict="unreliable",
+                     reason=f"unreliable: {len(a)} and {len(b)} quiet rounds (at least {min_rounds} each needed)",
+                     confidence=confidence)
     va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
     mean = statistics.fmean(a) - statistics.fmean(b)
     if va + vb == 0:
