@@ -128,6 +128,7 @@ def stack(tmp_path_factory):
             server.wait_ready(180)
         gen, enc = servers
         prometheus = Prometheus(work, [s.url.removeprefix("http://") for s in servers])
+        _wait_for_targets(prometheus, len(servers))
         started = time.time()
         sent = asyncio.run(_load(gen.url, enc.url))
         _wait_for_scrapes(prometheus, [gen.url, enc.url], sent)
@@ -176,6 +177,16 @@ async def _load(gen: str, enc: str) -> dict[str, int]:
     async with httpx.AsyncClient(timeout=120) as client:
         await asyncio.gather(generation(client), *(user(client, u) for u in range(4)), malformed(client))
     return sent
+
+
+def _wait_for_targets(prometheus: Prometheus, count: int) -> None:
+    """Until Prometheus scraped every server before the load: every rate then starts from a sample
+    taken before the first request."""
+    deadline = time.monotonic() + 30
+    while not (up := prometheus.query("up == 1")) or len(up) < count:
+        assert time.monotonic() < deadline, f"Prometheus does not scrape the servers: {up}\n{prometheus.log.read_text()}"
+        time.sleep(0.2)
+    time.sleep(1.5)  # and once more
 
 
 def _wait_for_scrapes(prometheus: Prometheus, urls: list[str], sent: dict[str, int]) -> None:

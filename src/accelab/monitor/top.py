@@ -186,7 +186,8 @@ def run_top(options: TopOptions, *, fetch: Callable[[str], str] | None = None,
     snaps: deque[Snapshot] = deque()
     first = _scrape(fetch, options, clock)  # a wrong URL fails here, before the screen is taken over
     if isinstance(first, str):
-        console.print(f"{first}; is `accelab serve` running there?", style="red", markup=False)
+        Console(stderr=True).print(f"{first}; is `accelab serve` running there?", style="red", markup=False,
+                                   soft_wrap=True)
         return 1
     snaps.append(first)
     drawn = 0
