@@ -235,7 +235,18 @@ CHECKS: dict[str, Callable[[_Machine], Check]] = {
     "onnxruntime": _package("onnxruntime", "ONNX Runtime", "onnxruntime"),
     "openvino": _package("openvino", "OpenVINO", "openvino"),
     "llamacpp": _package("llama_cpp", "llama.cpp", "llama-cpp-python", " (GGUF models)"),
+    "vllm": lambda m: _vllm(),
 }
+
+
+def _vllm() -> Check:
+    """vLLM runs from its own venv (accelab.backends.vllm_launch), so the versions of this one say nothing."""
+    from accelab.backends.vllm_launch import find_vllm
+
+    install, reason = find_vllm()
+    if install is None:
+        return "unsupported", reason
+    return "ok", f"{install.describe()} (its own process; text-generation checkpoints)"
 
 
 def capabilities(env: dict[str, Any], limits: HardwareLimits | None = None) -> list[Capability]:

@@ -18,7 +18,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     ),
     "generate": (
         "baseline", "bf16-autocast", "fp16-autocast", "bf16", "static-cache", "compile-static",
-        "int8-weight", "int8-weight-compile", "llamacpp",
+        "int8-weight", "int8-weight-compile", "llamacpp", "vllm", "vllm-bf16",
     ),
 }
 
@@ -44,7 +44,10 @@ def ladder(max_batch: int) -> list[int]:
 def techniques(plan: Plan) -> list[str]:
     from accelab.measure.capabilities import plan_techniques
 
-    return plan_techniques(plan)
+    used = plan_techniques(plan)
+    if plan.backend == "vllm":  # vLLM's dtype is its own option, and the probes judge it like torch's
+        used += {"bfloat16": ["bf16-weights"], "float16": ["fp16-weights"]}.get(plan.option.get("vllm_dtype", ""), [])
+    return used
 
 
 def slow_here(device: torch.device) -> dict[str, str]:

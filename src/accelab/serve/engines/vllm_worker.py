@@ -152,8 +152,8 @@ class VllmWorker:
         """Let what is queued and running finish, then stop taking work; True when it did in time."""
         with self._lock:
             self._stopping = True
-        deadline = None if timeout_s is None else self._clock() + timeout_s
-        while not self.idle and (deadline is None or self._clock() < deadline):
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s  # real time: this thread waits
+        while not self.idle and (deadline is None or time.monotonic() < deadline):
             time.sleep(0.02)
         return self.idle
 
