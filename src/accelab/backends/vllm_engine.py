@@ -137,9 +137,13 @@ class Connection:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        params = SamplingParams(max_tokens=msg.max_tokens, min_tokens=msg.min_tokens, temperature=msg.temperature,
-                                top_p=msg.top_p, seed=msg.seed, ignore_eos=msg.ignore_eos, detokenize=False,
-                                output_kind=RequestOutputKind.DELTA)
+        params = SamplingParams(
+            max_tokens=msg.max_tokens, min_tokens=msg.min_tokens, temperature=msg.temperature, top_p=msg.top_p,
+            seed=msg.seed, ignore_eos=msg.ignore_eos, top_k=msg.top_k, min_p=msg.min_p,
+            repetition_penalty=msg.repetition_penalty, presence_penalty=msg.presence_penalty,
+            frequency_penalty=msg.frequency_penalty, stop_token_ids=list(msg.stop_token_ids) or None,
+            logit_bias={int(t): float(b) for t, b in msg.logit_bias} or None, detokenize=False,
+            output_kind=RequestOutputKind.DELTA)
         try:
             stream = self.server.engine.generate(TokensPrompt(prompt_token_ids=msg.prompt_ids), params,
                                                  f"{self.number}-{msg.id}")

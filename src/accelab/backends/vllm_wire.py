@@ -10,7 +10,7 @@ strings, streaming text and the token counts are the same code as for every othe
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
@@ -51,6 +51,13 @@ class Submit:
     top_p: float = 1.0
     seed: int | None = None
     ignore_eos: bool = False
+    top_k: int = 0  # 0: all
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: list[list[float]] = field(default_factory=list)  # [token id, bias] pairs
+    stop_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -13,6 +13,7 @@ The engine process belongs to this server (keep 0): it leaves when the server do
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from accelab.plan.runtime import Unsupported
@@ -20,6 +21,11 @@ from accelab.serve.engines.generation import HFGenerationEngine
 from accelab.serve.engines.vllm_worker import VllmWorker
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class VllmSampling:
+    seed: int | None  # the request's seed + this choice's index
 
 
 def build_vllm_engine(spec: Any, plan: Any, device: Any, *, name: str) -> "VllmServeEngine":
@@ -38,6 +44,12 @@ class VllmServeEngine(HFGenerationEngine):
         self.client = runnable.model.client
         super().__init__(runnable, name=name, max_context=self.client.info.max_model_len)
 
+    def warmup(self) -> None:
+        import torch
+
+        ids = list(self.prepare_chat([{"role": "user", "content": "Hello"}]).ids)
+        self.runnable.generate({"input_ids": torch.tensor([ids])}, max_new_tokens=2)
+
     def continuous_worker(self, config: Any, hooks: Any) -> VllmWorker:
         if config.scheduler == "static":
             log.warning("--scheduler static does not apply to --plan vllm: vLLM schedules every step itself")
@@ -47,6 +59,17 @@ class VllmServeEngine(HFGenerationEngine):
                      info.max_num_seqs)
         return VllmWorker(self.client, max_queue=config.max_queue, decode=self.decode, eos_ids=self.eos_ids,
                           hooks=hooks)
+
+    def sampler(self, params: Any, prompt: Any, *, grammar: Any = None, seed_offset: int = 0) -> "VllmSampling":
+        """What the routes attach to a unit: vLLM samples (temperature, top-p/k, min-p, penalties, logit
+        bias, min_tokens, ignore_eos run in its sampler); what it cannot take here is refused (422)."""
+        if grammar is not None:
+            raise ValueError("response_format and tools need a grammar-constrained sampler, which backend vllm "
+                             "does not run in accelab yet; serve a torch plan for structured output")
+        if params.logprobs is not None or params.prompt_logprobs is not None:
+            raise ValueError("logprobs are not returned by backend vllm in accelab yet; drop logprobs/echo, or "
+                             "serve a torch plan")
+        return VllmSampling(seed=None if params.seed is None else params.seed + seed_offset)
 
     def step_engine(self, limits: Any) -> Any:
         raise Unsupported("vLLM schedules its own steps (continuous_worker)")

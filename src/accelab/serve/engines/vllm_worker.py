@@ -28,7 +28,7 @@ from accelab.backends import vllm_wire as W
 from accelab.serve.continuous import ClientGone, ContinuousHooks, StepReport
 from accelab.serve.engines.base import Completion, GenUnit, PayloadTooLarge
 from accelab.serve.scheduler import QueueFull
-from accelab.serve.textstream import TextStream
+from accelab.serve.textstream import TextStream, stream_for
 from accelab.serve.worker import DeadlineExceeded, Job, JobOutcome, ShuttingDown
 
 log = logging.getLogger(__name__)
@@ -98,15 +98,12 @@ class VllmWorker:
                 raise ShuttingDown("the server is shutting down")
             if self._waiting + len(job.units) > self.max_queue:  # all of the job or none
                 raise QueueFull(f"{self._waiting} sequences are waiting (max_queue={self.max_queue})")
-            run.rows = [_Row(unit=unit, stream=TextStream(self._decode, max_tokens=unit.params.max_tokens,
-                                                          stop=unit.params.stop, eos_ids=self._eos_ids),
+            run.rows = [_Row(unit=unit, stream=stream_for(unit.params, self._decode, self._eos_ids),
                              run=run, index=i, request_id=self.client.new_id()) for i, unit in enumerate(job.units)]
             self._runs.add(run)
             self._waiting += len(run.rows)
         for row in run.rows:
-            p = row.unit.params
-            message = W.Submit(id=row.request_id, prompt_ids=list(row.unit.prompt.ids), max_tokens=p.max_tokens,
-                               temperature=p.temperature, top_p=p.top_p, seed=p.seed)
+            message = submit_message(row.request_id, row.unit)
             try:
                 self.client.submit(message, lambda m, row=row: self._on_message(row, m))
             except Exception as err:  # noqa: BLE001 - the engine is gone: this job fails, the server answers 500
@@ -270,6 +267,18 @@ class VllmWorker:
                     self._fail(run, DeadlineExceeded(
                         f"request waited {now - run.arrival:.1f} s in vLLM's queue, past its deadline of "
                         f"{run.job.timeout_s:g} s; raise --request-timeout or send fewer requests at once"), "timeout")
+
+
+def submit_message(request_id: str, unit: GenUnit) -> W.Submit:
+    """A unit's prompt and sampling rules as vLLM takes them (its own sampler applies them); the seed
+    of choice i of a request is seed + i, as on accelab's other engines."""
+    p = unit.params
+    seed = getattr(unit.sampler, "seed", p.seed)
+    return W.Submit(id=request_id, prompt_ids=list(unit.prompt.ids), max_tokens=p.max_tokens, min_tokens=p.min_tokens,
+                    temperature=p.temperature, top_p=p.top_p, seed=seed, ignore_eos=p.ignore_eos, top_k=p.top_k,
+                    min_p=p.min_p, repetition_penalty=p.repetition_penalty, presence_penalty=p.presence_penalty,
+                    frequency_penalty=p.frequency_penalty, logit_bias=[[t, b] for t, b in p.logit_bias],
+                    stop_token_ids=list(p.stop_token_ids))
 
 
 def _call(callback: Callable[..., Any], *args: Any) -> None:
