@@ -1,0 +1,111 @@
+"""backend vllm end to end on SmolLM2 with the real vLLM engine (.venv-vllm): compare against the
+torch baseline and llama.cpp with quality verdicts, verify against the fp32 reference, and a tune
+that measures vLLM plans and says why each lost or won. The engine of the `vllm` plan starts once
+(the measuring children of the three commands reuse it); the engines this module started are
+stopped at its end."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from accelab.catalog.fetch import is_fetched
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not is_fetched("smollm2-135m"),
+                                                   reason="run `accelab models fetch smollm2-135m` first")]
+
+QUICK = ["--warmup", "1", "--min-iters", "3", "--min-seconds", "0.5"]
+
+
+def accelab(*args, check=True):
+    env = {**os.environ, "ACCELAB_VLLM_KEEP_S": "300"}  # a leftover engine leaves by itself
+    proc = subprocess.run([sys.executable, "-m", "accelab", *args], capture_output=True, text=True, timeout=1500,
+                          env=env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"accelab {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def engine_pid(path) -> int | None:
+    from accelab.backends import vllm_wire as W
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+        return W.decode(sock.makefile("rb").readline()).pid
+    except OSError:
+        return None
+    finally:
+        sock.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def stop_new_engines():
+    from accelab.backends.vllm_launch import runtime_dir
+
+    before = set(runtime_dir().glob("*.sock"))
+    yield
+    for path in set(runtime_dir().glob("*.sock")) - before:
+        pid = engine_pid(path)
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)
+
+
+def test_compare_baseline_llamacpp_vllm_gives_three_rows_with_verdicts(tmp_path):
+    out = tmp_path / "c.json"
+    accelab("compare", "smollm2-135m", "--scenario", "generate", "--plans", "baseline,llamacpp,vllm",
+            "--new-tokens", "8", "--samples", "4", "--rounds", "2", *QUICK, "--json", str(out), "--no-store")
+    rows = {r["plan"]: r for r in json.loads(out.read_text())["rows"]}
+    assert list(rows) == ["baseline", "llamacpp", "vllm"]
+    assert all(r["status"] == "ok" and r["quality"] in ("pass", "warn", "fail") for r in rows.values()), rows
+    vllm = rows["vllm"]
+    assert vllm["quality"] == "pass"  # fp32 on vLLM: the reference's greedy tokens
+    assert vllm["quality_metrics"]["token_agreement"] >= 0.9
+    assert "vLLM 0.32.0" in vllm["notes"] and "float32, eager" in vllm["notes"]
+
+
+def test_verify_vllm_passes_with_the_reference_tokens_and_perplexity(tmp_path):
+    out = tmp_path / "v.json"
+    accelab("verify", "smollm2-135m", "--plan", "vllm", "--samples", "8", "--new-tokens", "16", "--json", str(out),
+            "--no-store")
+    result = json.loads(out.read_text())
+    quality = result["quality"]
+    m = quality["metrics"]
+    assert quality["verdict"] == "pass"
+    assert m["token_agreement"] >= 0.9 and 5 < m["perplexity_ref"] < 100
+    assert abs(m["perplexity_change"]) < 0.01  # vLLM's fp32 prompt logprobs score the text as torch does
+
+
+def test_bench_vllm_fills_the_generate_contract(tmp_path):
+    from accelab.results import contract as K
+
+    out = tmp_path / "b.json"
+    accelab("bench", "smollm2-135m", "--plan", "vllm", "--scenario", "generate", "-b", "4", "--new-tokens", "8",
+            *QUICK, "--json", str(out), "--no-store")
+    metrics = json.loads(out.read_text())["metrics"]
+    for key in (K.TTFT_MS, K.TPOT_MS, K.ITL_MS):
+        assert 0 < metrics[key]["p50"] < 10_000, key
+    assert metrics[K.THROUGHPUT] > 0 and metrics[K.ITEMS_PER_CALL] == 4 and metrics[K.NEW_TOKENS] == 8
+    assert metrics[K.GENERATED_TOKENS_CHECKED] is True and "Paris" in metrics[K.SAMPLE_TEXT]
+
+
+def test_tune_measures_vllm_plans_and_says_why_each_lost_or_won(tmp_path):
+    js = tmp_path / "t.json"
+    proc = accelab("tune", "smollm2-135m", "--goal", "throughput", "--include", "baseline,vllm,vllm-bf16",
+                   "--max-batch", "2", "--new-tokens", "8", "--min-seconds", "0.5", "--db", str(tmp_path / "r.db"),
+                   "--json", str(js), check=False)
+    assert proc.returncode in (0, 3), proc.stdout + proc.stderr
+    report = json.loads(js.read_text())
+    verdicts = report["verdicts"]
+    vllm_keys = [k for k in verdicts if k.startswith("vllm")]
+    assert any(k.startswith("vllm@") for k in vllm_keys), verdicts  # measured, not pruned
+    assert all(verdicts[k] for k in vllm_keys)  # each with its reason: winner, slower (x vs y), quality, ...
+    bf16 = [k for k in verdicts if k.startswith("vllm-bf16@")]
+    assert bf16 or "vllm-bf16" in report["pruned"], report  # measured, or pruned with the reason
+    assert "vllm" in proc.stdout
