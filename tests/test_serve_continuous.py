@@ -71,31 +71,41 @@ def chat(engine, text: str, max_tokens: int = 12) -> GenUnit:
 
 def test_packed_steps_give_the_models_own_logits(smollm2):
     """Teacher-forced: two prompts prefilled in chunks beside a decoding one, in one packed
-    step each time, against a plain forward of each whole sequence."""
+    step each time, over block tables that are not in order, against a plain forward of each
+    whole sequence."""
     from accelab.serve.engines.ragged import RaggedTorchEngine
+    from accelab.serve.scheduler import SchedulerConfig
 
-    stepper = RaggedTorchEngine(smollm2.runnable)
+    limits = SchedulerConfig(max_running=4, max_step_tokens=64, kv_blocks=16, block_size=16)
+    stepper = RaggedTorchEngine(smollm2.runnable, limits)
     try:
         assert stepper.self_check(list(chat(smollm2, "Hello").prompt.ids)) is None
         greedy = SamplingParams(max_tokens=1, temperature=0)
         a = list(chat(smollm2, "What is the capital of France?").prompt.ids)
         b = list(chat(smollm2, "Write a haiku about the sea, please.").prompt.ids)
+        blocks_a, blocks_b = (7, 2, 11, 4), (3, 15, 0, 9)  # 64 positions each, scattered over the pool
+
+        def item(seq, blocks, start, tokens, sample=True):
+            return StepInput(seq_id=seq, start=start, tokens=tuple(tokens), sample=sample, params=greedy,
+                             blocks=blocks)
+
         # step 1: a whole; step 2: a decodes one token while b's first half prefills;
         # step 3: a decodes again while b's second half prefills and samples
-        stepper.step([StepInput(seq_id=1, start=0, tokens=tuple(a), sample=True, params=greedy)])
+        stepper.step([item(1, blocks_a, 0, a)])
         half = len(b) // 2
         a1, a2 = 504, 1017  # any tokens: the check is teacher-forced
-        stepper.step([StepInput(seq_id=1, start=len(a), tokens=(a1,), sample=True, params=greedy),
-                      StepInput(seq_id=2, start=0, tokens=tuple(b[:half]), sample=False, params=greedy)])
-        logits = stepper._forward([
-            StepInput(seq_id=1, start=len(a) + 1, tokens=(a2,), sample=True, params=greedy),
-            StepInput(seq_id=2, start=half, tokens=tuple(b[half:]), sample=True, params=greedy)])
+        stepper.step([item(1, blocks_a, len(a), (a1,)), item(2, blocks_b, 0, b[:half], sample=False)])
+        logits = stepper._forward([item(1, blocks_a, len(a) + 1, (a2,)), item(2, blocks_b, half, b[half:])])
         reference = [stepper._reference_logits(a + [a1, a2])[-1], stepper._reference_logits(b)[-1]]
         for got, want in zip(logits, reference):
             assert torch.allclose(got, want, atol=1e-3 * float(want.abs().max())), float((got - want).abs().max())
+        # a chunk past its blocks is refused, naming the sequence
+        with pytest.raises(ValueError, match="sequence 3: 1 blocks of 16 hold 16 positions; the chunk ends at 17"):
+            stepper.step([item(3, (5,), 0, range(17))])
     finally:
         stepper.close()
-    assert smollm2.runnable.model.config._attn_implementation != "accelab_ragged"  # restored
+    assert smollm2.runnable.model.config._attn_implementation != "accelab_paged"  # restored
+    assert "forward" not in vars(smollm2.runnable.model.model.layers[0].mlp.up_proj)  # oneDNN packing undone
 
 
 def test_continuous_worker_answers_like_one_generate_call_each(smollm2):

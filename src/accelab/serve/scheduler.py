@@ -18,8 +18,16 @@ Per step (`schedule`), in this order:
    request) starts its prefill after them.
 
 After the engine ran the step, the caller reports each chunk with `advance` (and the token
-sampled at its end), and ends a sequence with `finish`. The KV capacity is counted in blocks
-of `block_size` tokens, allocated as tokens are computed, as in paged attention.
+sampled at its end), and ends a sequence with `finish`.
+
+The KV cache is a `BlockPool` of `kv_blocks` blocks of `block_size` tokens: each sequence's
+`block_table` lists the engine's real blocks that hold its positions (allocated for the whole
+prompt at admission, one more when a decode crosses into a new block), so the free count is the
+memory. With `prefix_caching` (engines that store KV in the pool's blocks), a block is committed
+once its positions are computed, and an admitted sequence takes the committed blocks of its
+longest cached prefix instead of prefilling them; a write into a shared block first gets a
+private copy (`Step.copies`, for the engine to run before the step's chunks). A fork (n > 1:
+another choice of one prompt) shares its parent's blocks the same way.
 """
 
 from __future__ import annotations
@@ -32,12 +40,13 @@ from dataclasses import dataclass, field
 from typing import Generic, Literal, TypeVar
 
 from accelab.serve.batcher import QueueFull  # one "answer 429" for both schedulers
+from accelab.serve.kv_blocks import BlockPool, CopyBlock, PoolFull
 
 T = TypeVar("T")
 
 SeqState = Literal["waiting", "running", "done"]
 
-__all__ = ["Chunk", "NeverFits", "QueueFull", "Scheduler", "SchedulerConfig", "Sequence", "Step"]
+__all__ = ["Chunk", "CopyBlock", "NeverFits", "QueueFull", "Scheduler", "SchedulerConfig", "Sequence", "Step"]
 
 
 class NeverFits(ValueError):
@@ -51,6 +60,7 @@ class SchedulerConfig:
     kv_blocks: int = 1024  # KV-cache capacity, in blocks
     block_size: int = 16  # tokens per block
     max_queue: int = 256  # sequences waiting; more get QueueFull
+    prefix_caching: bool = False  # committed blocks are shared by later sequences (the engine keeps KV in them)
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_step_tokens", "kv_blocks", "block_size", "max_queue"):
@@ -80,7 +90,8 @@ class Sequence(Generic[T]):
     deadline: float | None  # absolute, on the scheduler's clock; only while waiting
     generated: list[int] = field(default_factory=list)
     computed: int = 0
-    blocks: int = 0
+    block_table: list[int] = field(default_factory=list)  # the pool's blocks holding positions 0, 16, 32, ...
+    block_keys: list[int] = field(default_factory=list)  # prefix-cache keys of its committed (full) blocks
     state: SeqState = "waiting"
     admitted_at: float | None = None  # the first admission
     cancelled: bool = False
@@ -89,6 +100,10 @@ class Sequence(Generic[T]):
     @property
     def length(self) -> int:
         return len(self.prompt) + len(self.generated)
+
+    @property
+    def blocks(self) -> int:
+        return len(self.block_table)
 
     @property
     def pending(self) -> int:
@@ -127,6 +142,7 @@ class Step(Generic[T]):
     expired: list[Sequence[T]] = field(default_factory=list)  # deadline passed while waiting: 504
     dropped: list[Sequence[T]] = field(default_factory=list)  # cancelled: their KV is gone
     preempted: list[Sequence[T]] = field(default_factory=list)  # back to the queue: release their KV
+    copies: list[CopyBlock] = field(default_factory=list)  # copy-on-write: the engine copies these first
 
     @property
     def tokens(self) -> int:
@@ -140,16 +156,19 @@ class Step(Generic[T]):
 class Scheduler(Generic[T]):
     def __init__(self, config: SchedulerConfig, clock: Callable[[], float],
                  reuse: Callable[[Sequence[T]], int] | None = None):
+        if reuse is not None and config.prefix_caching:
+            raise ValueError("prefix_caching and an engine's own `reuse` are two prefix caches; choose one")
         self.config = config
         self._clock = clock
         self._reuse = reuse  # admitted sequence -> leading tokens whose KV the engine holds already
         self._waiting: deque[Sequence[T]] = deque()
         self._running: list[Sequence[T]] = []  # in admission order
         self._cancelled: list[Sequence[T]] = []  # running ones, dropped at the next step
-        self._free_blocks = config.kv_blocks
+        self.pool = BlockPool(config.kv_blocks, config.block_size, prefix_caching=config.prefix_caching)
+        self._copies: list[CopyBlock] = []  # copy-on-write of the step being scheduled
         self._ids = itertools.count()
         self.preemptions = 0
-        self.reused_tokens = 0  # prompt tokens not recomputed thanks to `reuse`
+        self.reused_tokens = 0  # prompt tokens not recomputed: prefix-cache hits (or the engine's `reuse`)
 
     # -- state ----------------------------------------------------------------------------
     @property
@@ -162,11 +181,16 @@ class Scheduler(Generic[T]):
 
     @property
     def free_blocks(self) -> int:
-        return self._free_blocks
+        return self.pool.free
 
     @property
     def used_blocks(self) -> int:
-        return self.config.kv_blocks - self._free_blocks
+        return self.pool.used
+
+    @property
+    def cached_blocks(self) -> int:
+        """Free blocks that still hold a prefix a later sequence may take."""
+        return self.pool.cached
 
     @property
     def idle(self) -> bool:
@@ -221,6 +245,33 @@ class Scheduler(Generic[T]):
         self._cancelled.append(seq)
         return False
 
+    def fork(self, parent: Sequence[T], payload: T, *, tokens: int | None = None) -> Sequence[T]:
+        """Another choice of `parent`'s prompt (n > 1): a running sequence with the same prompt
+        that shares the parent's blocks of its first `tokens` positions (by default all but the
+        prompt's last, whose logits the child needs for its own first token) and prefills the
+        rest itself. The first write into a shared block copies it (Step.copies)."""
+        if parent.state != "running" or parent.cancelled:
+            raise ValueError(f"sequence {parent.id} is {parent.state}: only a running sequence can be forked")
+        n = len(parent.prompt) - 1 if tokens is None else tokens
+        if not 0 <= n <= min(parent.computed, len(parent.prompt) - 1):
+            raise ValueError(f"a fork shares 0 to {min(parent.computed, len(parent.prompt) - 1)} positions of sequence "
+                             f"{parent.id} (its computed prompt, less the last token); got {n}")
+        if len(self._running) >= self.config.max_running:
+            raise QueueFull(f"{len(self._running)} sequences are running (max_running={self.config.max_running}): "
+                            "no slot for another choice")
+        shared = self.blocks_for(n)
+        child = Sequence(id=next(self._ids), payload=payload, prompt=parent.prompt, max_tokens=parent.max_tokens,
+                         arrival=parent.arrival, deadline=None, computed=n, state="running",
+                         admitted_at=self._clock(), block_table=self.pool.fork(parent.block_table[:shared]),
+                         block_keys=list(parent.block_keys[:n // self.config.block_size]))
+        try:
+            child.block_table += [self.pool.allocate() for _ in range(self.blocks_for(child.length) - shared)]
+        except PoolFull:
+            self.pool.release(child.block_table)
+            raise QueueFull(f"the KV cache has no room for another choice of sequence {parent.id}") from None
+        self._running.append(child)
+        return child
+
     # -- the step -------------------------------------------------------------------------
     def schedule(self) -> Step[T]:
         dropped = self._drop_cancelled()
@@ -228,45 +279,47 @@ class Scheduler(Generic[T]):
         budget = self.config.max_step_tokens
         chunks: list[Chunk[T]] = []
         preempted: list[Sequence[T]] = []
+        self._copies = []
 
         # 2. decodes: one token each, oldest first; growth may preempt the youngest
         for seq in list(self._running):
             if seq.state != "running" or not seq.decoding:
                 continue
-            while self.blocks_for(seq.computed + 1) > seq.blocks and seq.state == "running":
-                if self._free_blocks:
-                    self._take_blocks(seq, 1)
-                else:
-                    preempted.append(self._preempt_youngest())
-            if seq.state == "running":
+            if self._reserve(seq, seq.computed + 1, preempted):
                 chunks.append(Chunk(seq=seq, start=seq.computed, tokens=seq.token_slice(seq.computed, seq.length)))
                 budget -= 1
 
-        # 3. prefill chunks of running sequences (their blocks were reserved at admission)
-        for seq in self._running:
+        # 3. prefill chunks of running sequences (their blocks were reserved at admission; a
+        # fork's first chunk writes into a block it shares: copied first)
+        for seq in list(self._running):
             if budget <= 0:
                 break
             if seq.state == "running" and not seq.decoding and seq.pending > 0:
-                chunks.append(self._chunk(seq, budget))
-                budget -= len(chunks[-1].tokens)
+                chunk = self._chunk(seq, budget)
+                if self._reserve(seq, chunk.start + len(chunk.tokens), preempted):
+                    chunks.append(chunk)
+                    budget -= len(chunk.tokens)
 
         # 4. admission, in arrival order, never past the head
         admitted: list[Sequence[T]] = []
-        while (budget > 0 and self._waiting and len(self._running) < self.config.max_running
-               and self.blocks_for(self._waiting[0].length) <= self._free_blocks):
-            seq = self._waiting.popleft()
-            self._take_blocks(seq, self.blocks_for(seq.length))
+        while budget > 0 and self._waiting and len(self._running) < self.config.max_running:
+            seq = self._waiting[0]
+            if not self._allocate(seq):
+                break
+            self._waiting.popleft()
             seq.state, seq.deadline = "running", None  # admitted: no queue deadline any more
-            if self._reuse is not None:  # at least the last token is fed: its logits pick the next
-                seq.computed = max(0, min(self._reuse(seq), seq.length - 1))
-                self.reused_tokens += seq.computed
             if seq.admitted_at is None:
                 seq.admitted_at = self._clock()
                 admitted.append(seq)
             self._running.append(seq)
-            chunks.append(self._chunk(seq, budget))
-            budget -= len(chunks[-1].tokens)
-        return Step(chunks=chunks, admitted=admitted, expired=expired, dropped=dropped, preempted=preempted)
+            chunk = self._chunk(seq, budget)
+            if not self._reserve(seq, chunk.start + len(chunk.tokens), preempted):  # `_allocate` left room
+                raise AssertionError(f"sequence {seq.id} was admitted without the blocks its first chunk needs")
+            chunks.append(chunk)
+            budget -= len(chunk.tokens)
+        chunks = [c for c in chunks if c.seq.state == "running"]  # a later preemption may void an earlier chunk
+        return Step(chunks=chunks, admitted=admitted, expired=expired, dropped=dropped, preempted=preempted,
+                    copies=self._copies)
 
     def advance(self, chunk: Chunk[T], token: int | None) -> None:
         """The engine computed `chunk` (and sampled `token` at its end when `chunk.sample`)."""
@@ -278,6 +331,7 @@ class Scheduler(Generic[T]):
         seq.computed += len(chunk.tokens)
         if chunk.sample:
             seq.generated.append(token)
+        self._commit(seq)
 
     def finish(self, seq: Sequence[T]) -> None:
         """The sequence is complete (or failed): it leaves and frees its blocks."""
@@ -310,8 +364,62 @@ class Scheduler(Generic[T]):
             seq.state = "done"
         return expired
 
+    def _allocate(self, seq: Sequence[T]) -> bool:
+        """Blocks for all of a waiting sequence's tokens: the cached blocks of its longest
+        prefix (prefix caching), or what the engine's `reuse` holds, then fresh ones; False
+        (nothing taken) when the pool is short."""
+        hits = self.pool.match(seq.token_slice(0, seq.length))
+        fresh = self.blocks_for(seq.length) - len(hits)
+        size = self.config.block_size
+        # a prompt of whole cached blocks feeds its last token again, into the last hit: a copy
+        # of it when another sequence holds it too
+        copy = int(bool(hits) and len(hits) * size >= seq.length and self.pool.refs(hits[-1]) > 0)
+        if fresh + copy + sum(1 for b in hits if self.pool.refs(b) == 0) > self.pool.free:
+            return False
+        for block in hits:
+            self.pool.take(block)
+        seq.block_table = hits + [self.pool.allocate() for _ in range(fresh)]
+        if hits:  # at least the last token is fed: its logits pick the next
+            seq.computed = min(len(hits) * size, seq.length - 1)
+            seq.block_keys = [self.pool.key(b) for b in hits[:seq.computed // size]]
+            self.pool.hits += len(hits)
+        elif self._reuse is not None:
+            seq.computed = max(0, min(self._reuse(seq), seq.length - 1))
+        self.reused_tokens += seq.computed
+        return True
+
+    def _reserve(self, seq: Sequence[T], end: int, preempted: list[Sequence[T]]) -> bool:
+        """Blocks for positions < `end`, those from `seq.computed` on private to `seq` (a shared
+        one is copied: Step.copies); preempts the youngest while the pool is short. False when
+        `seq` itself was preempted."""
+        size = self.config.block_size
+        while seq.state == "running":
+            try:
+                while len(seq.block_table) < self.blocks_for(end):
+                    seq.block_table.append(self.pool.allocate())
+                first = seq.computed // size
+                del seq.block_keys[first:]  # blocks about to change are no longer the cached prefix
+                for index in range(first, self.blocks_for(end)):
+                    copy = self.pool.writable(seq.block_table, index)
+                    if copy is not None:
+                        self._copies.append(copy)
+                return True
+            except PoolFull:
+                preempted.append(self._preempt_youngest())
+        return False
+
+    def _commit(self, seq: Sequence[T]) -> None:
+        """Register the blocks `seq` has just filled, for later sequences with the same prefix."""
+        size = self.config.block_size
+        while len(seq.block_keys) < seq.computed // size:
+            index = len(seq.block_keys)
+            parent = seq.block_keys[-1] if seq.block_keys else None
+            seq.block_keys.append(self.pool.commit(seq.block_table[index], parent,
+                                                   seq.token_slice(index * size, (index + 1) * size)))
+
     def _preempt_youngest(self) -> Sequence[T]:
         victim = self._running.pop()
+        self._copies = [c for c in self._copies if c.dst not in victim.block_table]
         self._free(victim)
         victim.state, victim.computed = "waiting", 0
         victim.preemptions += 1
@@ -321,11 +429,6 @@ class Scheduler(Generic[T]):
         self._waiting.insert(index, victim)
         return victim
 
-    def _take_blocks(self, seq: Sequence[T], n: int) -> None:
-        assert n <= self._free_blocks, "allocation past the free blocks"
-        self._free_blocks -= n
-        seq.blocks += n
-
     def _free(self, seq: Sequence[T]) -> None:
-        self._free_blocks += seq.blocks
-        seq.blocks = 0
+        self.pool.release(seq.block_table)
+        seq.block_table, seq.block_keys = [], []

@@ -1,26 +1,27 @@
-"""Continuous-batching steps for a transformers causal LM: every step's chunks (one decode
-token per running sequence, prefill chunks of new ones) are packed into ONE sequence of T
-tokens and run by the model's own forward, so each Linear runs once per step on [T, hidden].
+"""Continuous-batching steps for a transformers causal LM over a paged KV cache: every step's
+chunks (one decode token per running sequence, prefill chunks of new ones) are packed into ONE
+sequence of T tokens and run by the model's own forward, so each Linear runs once per step on
+[T, hidden], and attention runs once per layer for all the decoding sequences and once for all
+the prefilling chunks (`paged_attention`).
 
-Two pieces plug into the model through transformers' own extension points:
-- a per-step cache object, passed as the model's `cache`: its `update(k, v, layer)` writes the
-  new keys and values of each chunk at their positions in that sequence's own KV buffers
-  (contiguous per sequence and layer, grown by doubling) and hands the attention the views;
-- an attention function registered with `AttentionInterface` ("accelab_ragged"): for each
-  chunk, scaled_dot_product_attention of its queries over its sequence's keys (causal, offset
-  by the tokens already cached). The model's mask builder is skipped (no mask function is
-  registered for this implementation).
+The KV cache is the scheduler's block pool made real (`kv_cache.PagedKVCache`, allocated once:
+kv_blocks x block_size positions); each StepInput carries its sequence's block table, and the
+scheduler's prefix cache, preemptions and forks move block ids, never tensors (a copy-on-write
+is `copy_blocks`). Two pieces plug into the model through transformers' own extension points:
+the per-step cache object passed as the model's `cache` (its `update` writes the new keys and
+values into their slots) and an attention function registered with `AttentionInterface`
+("accelab_paged"); the model's mask builder is skipped (no mask function is registered for it).
 
-Why not transformers' ContinuousBatchingManager: on this CPU it decoded 8 SmolLM2 sequences
-at 51 tok/s where this runs at ~116 (its paged path reads the whole block table through a 4D
-mask every step), it schedules on its own thread (the server's admission control, KV-capacity
+Why not transformers' ContinuousBatchingManager: on this CPU it decoded 8 SmolLM2 sequences at
+51 tok/s where the packed steps ran at ~116 (its paged path reads the whole block table through a
+4D mask every step), it schedules on its own thread (the server's admission control, KV-capacity
 429s, deadlines and cancellations need the step under our scheduler), and it samples with one
 generation config for all requests. Shapes change every step, so the model runs eager.
 
-A model whose attention does not follow the pattern above (sliding windows, soft-capping,
-attention that reads keys after the cache update) is caught by `self_check` at start-up,
-which compares the packed step's logits with the model's plain forward; the server then
-falls back to the per-batch scheduler and says why.
+A model whose attention does not follow this pattern (attention that reads keys after the cache
+update, caches of another shape) is caught by `self_check` at start-up, which compares the
+packed step's logits with the model's plain forward; the server then falls back to the
+per-batch scheduler and says why.
 """
 
 from __future__ import annotations
@@ -29,189 +30,77 @@ import contextlib
 import inspect
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from accelab.catalog.facts import text_config
 from accelab.plan.runtime import Unsupported, input_device
-from accelab.serve.engines.base import SamplingParams, StepInput, common_prefix
+from accelab.serve.engines.base import SamplingParams, StepInput
+from accelab.serve.engines import packed_linear
+from accelab.serve.engines.kv_cache import PagedKVCache
+from accelab.serve.engines.packed_linear import PackedLinears
+from accelab.serve.engines.paged_attention import ATTENTION_NAME, StepCache, StepLayout, register
 from accelab.serve.engines.sampling import SampledToken, sample_step
 
 log = logging.getLogger(__name__)
 
-ATTENTION_NAME = "accelab_ragged"
-MIN_CAPACITY = 64  # positions a sequence's KV buffer starts with
-PREFIX_CACHE = 8  # finished sequences kept for their prefixes (the most recent ones)
-MIN_PREFIX = 4  # shorter common prefixes are computed again (not worth a copy)
-
-
-@dataclass(frozen=True, slots=True)
-class _Segment:
-    """One chunk inside the packed step: its sequence's KV views for one layer."""
-
-    keys: torch.Tensor  # [1, KVH, start + n, D]
-    values: torch.Tensor
-    start: int
-    n: int
-
-
-def _ragged_attention(module: Any, query: torch.Tensor, key: Any, value: Any, attention_mask: Any,
-                      scaling: float | None = None, dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """query: [1, H, T, D] for the packed step; `key` is the list of _Segment the cache gave."""
-    segments: list[_Segment] = key
-    outputs = []
-    queries = query.split([seg.n for seg in segments], dim=2) if len(segments) > 1 else (query,)
-    for seg, q in zip(segments, queries):
-        if seg.n == 1 or seg.start == 0:  # one query sees everything; a fresh prompt is plain causal
-            out = F.scaled_dot_product_attention(q, seg.keys, seg.values, is_causal=seg.n > 1, scale=scaling,
-                                                 enable_gqa=True)
-        else:  # a later prefill chunk: query i (position start + i) sees keys 0 .. start + i
-            mask = torch.ones(seg.n, seg.start + seg.n, dtype=torch.bool, device=query.device).tril(seg.start)
-            out = F.scaled_dot_product_attention(q, seg.keys, seg.values, attn_mask=mask, scale=scaling,
-                                                 enable_gqa=True)
-        outputs.append(out)
-    packed = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
-    return packed.transpose(1, 2).contiguous(), None  # [1, T, H, D]
-
-
-def _register() -> None:
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(ATTENTION_NAME, _ragged_attention)
-
-
-class _KVStore:
-    """Each sequence's keys and values, per layer: [KVH, capacity, D], grown by doubling."""
-
-    def __init__(self) -> None:
-        self._kv: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {}
-
-    def buffers(self, seq_id: int, layer: int, end: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The sequence's [KVH, capacity, D] keys and values for `layer`, with room for `end` positions."""
-        layers = self._kv.setdefault(seq_id, {})
-        buffers = layers.get(layer)
-        if buffers is None or buffers[0].shape[1] < end:
-            buffers = layers[layer] = self._grow(buffers, end, like)
-        return buffers
-
-    @staticmethod
-    def _grow(old: tuple[torch.Tensor, torch.Tensor] | None, need: int,
-              like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # like: [..., KVH, n, D]
-        capacity = max(need, MIN_CAPACITY, 2 * old[0].shape[1] if old is not None else 0)
-        shape = (like.shape[-3], capacity, like.shape[-1])
-        keys = torch.empty(shape, dtype=like.dtype, device=like.device)
-        values = torch.empty(shape, dtype=like.dtype, device=like.device)
-        if old is not None:
-            kept = old[0].shape[1]
-            keys[:, :kept] = old[0]
-            values[:, :kept] = old[1]
-        return keys, values
-
-    def pop(self, seq_id: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]] | None:
-        return self._kv.pop(seq_id, None)
-
-    def adopt(self, seq_id: int, source: dict[int, tuple[torch.Tensor, torch.Tensor]], n: int) -> None:
-        """Start `seq_id` with a copy of the first n positions of `source` (another sequence's layers)."""
-        layers = self._kv[seq_id] = {}
-        for layer, (keys, values) in source.items():
-            fresh = self._grow(None, max(n, 1), keys)
-            fresh[0][:, :n] = keys[:, :n]
-            fresh[1][:, :n] = values[:, :n]
-            layers[layer] = fresh
-
-    def __len__(self) -> int:
-        return len(self._kv)
-
-
-class _StepCache:
-    """The model's `cache` for one packed step (duck-typed like transformers' Cache where the
-    model reads it: `update`, `get_seq_length`)."""
-
-    is_compileable = False
-
-    def __init__(self, store: _KVStore, inputs: list[StepInput]):
-        self.store = store
-        self.inputs = inputs
-        self.lengths = [len(item.tokens) for item in inputs]
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
-               *args: Any, **kwargs: Any) -> tuple[list[_Segment], None]:
-        # key_states: [1, KVH, T, D], T = all chunks' tokens packed
-        lengths = self.lengths
-        new_keys, new_values = key_states[0].split(lengths, dim=1), value_states[0].split(lengths, dim=1)
-        segments, targets = [], []
-        for item, n in zip(self.inputs, lengths):
-            end = item.start + n
-            keys, values = self.store.buffers(item.seq_id, layer_idx, end, key_states)
-            targets += (keys[:, item.start:end], values[:, item.start:end])
-            segments.append(_Segment(keys=keys[None, :, :end], values=values[None, :, :end], start=item.start, n=n))
-        sources = [t for pair in zip(new_keys, new_values) for t in pair]
-        torch._foreach_copy_(targets, sources)  # every chunk's new keys and values in one call
-        return segments, None
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return 0
-
 
 class RaggedTorchEngine:
-    """Steps of many sequences through one forward of a transformers causal LM (see the module
-    docstring). Owns the model's attention setting while it lives; `close` restores it."""
+    """Steps of many sequences through one forward of a transformers causal LM, over the
+    scheduler's KV blocks (see the module docstring). Owns the model's attention setting while
+    it lives; `close` restores it. `limits`: the scheduler's SchedulerConfig (kv_blocks,
+    block_size size the cache)."""
 
-    name = "packed steps over the model's own forward (accelab_ragged attention)"
+    name = "packed steps over the model's own forward, paged KV cache (accelab_paged attention)"
+    paged = True  # KV lives in the scheduler's blocks: it runs the prefix cache and forks by block ids
 
-    def __init__(self, runnable: Any):
+    def __init__(self, runnable: Any, limits: Any, *, pack_linears: bool = True, pack_head: bool = True):
         model = runnable.model
         config = getattr(model, "config", None)
         if config is None or not hasattr(model, "set_attn_implementation"):
             raise Unsupported(f"{type(model).__name__} is not a transformers model: continuous batching needs one")
-        text = text_config(config)
-        window = getattr(text, "sliding_window", None)
-        if window or any(t != "full_attention" for t in (getattr(text, "layer_types", None) or ())):
-            raise Unsupported(f"{type(model).__name__} uses sliding-window attention, which the packed continuous "
-                              "steps do not implement")
         if runnable.plan is not None and getattr(runnable.plan, "compile", "off") != "off":
             raise Unsupported("the plan compiles the model; the continuous steps change shape every step and would "
                               "recompile each time")
+        text = text_config(config)
         self.runnable = runnable
         self.model = model
         self.device = input_device(model, runnable.device)
+        self.block_size = limits.block_size
+        self.cache = PagedKVCache(layers=text.num_hidden_layers, num_blocks=limits.kv_blocks,
+                                  block_size=limits.block_size, kv_heads=_kv_heads(text), head_dim=_head_dim(text),
+                                  dtype=_dtype_of(model), device=self.device)
+        self.kv_bytes_per_token = self.cache.bytes_per_block // self.block_size
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-        self.kv_bytes_per_token = _kv_bytes_per_token(text, _dtype_of(model))
-        self._store = _KVStore()
-        self._tokens: dict[int, list[int]] = {}  # the tokens each sequence's KV holds
-        self._finished: list[tuple[list[int], dict]] = []  # (tokens, layers) of recent ones, oldest first
         self._original_attention = config._attn_implementation
-        _register()
+        register()
         model.set_attn_implementation(ATTENTION_NAME)
-        self._head = _transposed_head(model)
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        self._packed = (PackedLinears(model, skip=() if pack_head else (head,))
+                        if pack_linears and packed_linear.available(self.device, _dtype_of(model)) else None)
+        self._head = None if pack_head and self._packed else _transposed_head(model)
 
     # -- the step -------------------------------------------------------------------------
     def step(self, inputs: list[StepInput]) -> list[SampledToken]:
-        logits = self._forward(inputs)
+        logits = self._forward(inputs)  # [N, V]: the rows of the inputs that sample, in order
         return sample_step(logits, [item for item in inputs if item.sample])
 
     def _forward(self, inputs: list[StepInput]) -> torch.Tensor:
         """Logits [N, V] at the last token of each input that samples."""
+        layout = StepLayout(inputs, self.block_size, self.device)
         ids: list[int] = []
-        positions: list[int] = []
         keep: list[int] = []
         for item in inputs:
-            held = self._tokens.setdefault(item.seq_id, [])
-            del held[item.start:]
-            held.extend(item.tokens)
             ids.extend(item.tokens)
-            positions.extend(range(item.start, item.start + len(item.tokens)))
             if item.sample:
                 keep.append(len(ids) - 1)
         device = self.device
         batch = {
             "input_ids": torch.tensor([ids], dtype=torch.long, device=device),  # [1, T]
-            "position_ids": torch.tensor([positions], dtype=torch.long, device=device),
-            self._cache_kwarg: _StepCache(self._store, inputs),
+            "position_ids": layout.positions[None],  # [1, T]
+            self._cache_kwarg: StepCache(self.cache, layout),
             "use_cache": True,
             "logits_to_keep": torch.tensor(keep or [len(ids) - 1], dtype=torch.long, device=device),
         }
@@ -219,40 +108,25 @@ class RaggedTorchEngine:
             logits = self.model(**batch).logits[0]  # [N, V]
         return logits[: len(keep)]
 
-    def release(self, seq_id: int) -> None:
-        layers, tokens = self._store.pop(seq_id), self._tokens.pop(seq_id, None)
-        if layers and tokens:
-            self._finished.append((tokens, layers))
-            del self._finished[:-PREFIX_CACHE]
+    def copy_blocks(self, copies: Sequence[Any]) -> None:
+        """Copy-on-write the scheduler asked for (Step.copies), before the step's chunks run."""
+        with torch.inference_mode():
+            self.cache.copy_blocks(copies)
 
     def fork(self, parent_seq_id: int, child_seq_id: int, n_tokens: int) -> None:
-        """The child starts with a copy of the parent's first n_tokens positions (n > 1 choices)."""
-        self._store.adopt(child_seq_id, self._store._kv[parent_seq_id], n_tokens)
-        self._tokens[child_seq_id] = list(self._tokens[parent_seq_id][:n_tokens])
+        """Nothing to copy: the scheduler's `fork` shares the parent's blocks with the child."""
 
     def score(self, tokens: Sequence[int]) -> torch.Tensor:
-        """Logits [len(tokens), V] of every position (prompt logprobs), by the model's own forward."""
+        """Logits [len(tokens), V] of every position (prompt logprobs): the model's own forward."""
         return self._reference_logits(list(tokens))
 
-    def reuse_prefix(self, seq_id: int, tokens: Sequence[int]) -> int:
-        """A new sequence starts with a copy of the longest prefix of `tokens` that a recent
-        finished sequence computed (a chat template and system prompt); returns its length."""
-        best, source = 0, None
-        for index, (held, layers) in enumerate(self._finished):
-            n = common_prefix(held, tokens)
-            if n > best:
-                best, source = n, index
-        if source is None or best < MIN_PREFIX:
-            return 0
-        held, layers = self._finished.pop(source)
-        self._finished.append((held, layers))  # most recently used last
-        self._store.adopt(seq_id, layers, best)
-        self._tokens[seq_id] = list(tokens[:best])
-        return best
+    def release(self, seq_id: int) -> None:
+        """Nothing to free here: its blocks go back to the pool in the scheduler."""
 
     def close(self) -> None:
-        self._store = _KVStore()
-        self._finished.clear()
+        self.cache = None  # type: ignore[assignment]
+        if self._packed is not None:
+            self._packed.unpack()
         if self._head is not None:
             with contextlib.suppress(AttributeError):
                 del self._head.forward  # back to the class's forward
@@ -262,23 +136,29 @@ class RaggedTorchEngine:
     # -- start-up check -----------------------------------------------------------------------
     def self_check(self, prompt: list[int]) -> str | None:
         """None when the packed steps give the model's own logits for `prompt` (fed in two
-        chunks, then one decode step), else what differed."""
+        chunks, the second beside another sequence's prefill, then one decode step), else what
+        differed. Uses the pool's last blocks: nothing else runs yet."""
         if len(prompt) < 3:
             raise ValueError("self_check needs a prompt of 3 tokens or more")
         greedy = SamplingParams(max_tokens=1, temperature=0)
+        size, count = self.block_size, self.cache.num_blocks
+        need = -(-max(len(prompt) + 1, 6) // size)
+        if 2 * need > count:
+            return f"the KV cache ({count} blocks of {size}) cannot hold the start-up check's {len(prompt) + 1} tokens"
+        mine = tuple(range(count - need, count))[::-1]  # not in order: the tables must be followed
+        other = tuple(range(count - 2 * need, count - need))
         cut = len(prompt) // 2
-        seq = -1  # an id the scheduler never hands out
+        first = StepInput(seq_id=-1, start=0, tokens=tuple(prompt[:cut]), sample=False, params=greedy, blocks=mine)
         try:
-            self._forward([StepInput(seq_id=seq, start=0, tokens=tuple(prompt[:cut]), sample=False, params=greedy)])
-            packed = self._forward([StepInput(seq_id=seq, start=cut, tokens=tuple(prompt[cut:]), sample=True,
-                                              params=greedy)])[0]
+            self._forward([first])
+            second = replace(first, start=cut, tokens=tuple(prompt[cut:]), sample=True)
+            beside = replace(first, seq_id=-2, start=0, tokens=tuple(prompt[:3]), sample=True, blocks=other)
+            packed = self._forward([second, beside])[0]
             nxt = int(packed.argmax())
-            decoded = self._forward([StepInput(seq_id=seq, start=len(prompt), tokens=(nxt,), sample=True,
-                                               params=greedy)])[0]
+            decoded = self._forward([replace(first, start=len(prompt), tokens=(nxt,), sample=True),
+                                     replace(beside, start=3, tokens=tuple(prompt[3:6]), sample=False)])[0]
         except Exception as err:  # noqa: BLE001 - any failure means: not this model
             return f"the packed step failed: {type(err).__name__}: {err}"
-        finally:
-            self.release(seq)
         reference = self._reference_logits(prompt + [nxt])
         for got, want, where in ((packed, reference[-2], "after the prompt"), (decoded, reference[-1], "one step on")):
             scale = float(want.abs().max()) or 1.0
@@ -290,13 +170,13 @@ class RaggedTorchEngine:
     def _reference_logits(self, ids: list[int]) -> torch.Tensor:
         attention = self.model.config._attn_implementation
         self.model.set_attn_implementation(self._original_attention)
+        suspended = self._packed.suspended() if self._packed is not None else contextlib.nullcontext()
         try:
-            with torch.inference_mode(), self.runnable.context():
+            with suspended, torch.inference_mode(), self.runnable.context():
                 batch = torch.tensor([ids], dtype=torch.long, device=self.device)
                 return self.model(input_ids=batch, use_cache=False).logits[0]
         finally:
             self.model.set_attn_implementation(attention)
-
 
 
 def _transposed_head(model: Any) -> torch.nn.Linear | None:
@@ -328,9 +208,9 @@ def _dtype_of(model: Any) -> torch.dtype:
         return torch.float32
 
 
-def _kv_bytes_per_token(text_config: Any, dtype: torch.dtype) -> int:
-    layers = text_config.num_hidden_layers
-    heads = text_config.num_attention_heads
-    kv_heads = getattr(text_config, "num_key_value_heads", None) or heads
-    head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // heads
-    return 2 * layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+def _kv_heads(text_config: Any) -> int:
+    return getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads
+
+
+def _head_dim(text_config: Any) -> int:
+    return getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads

@@ -1,0 +1,169 @@
+"""Attention of one continuous-batching step over the paged KV cache, for every sequence at once.
+
+The step's chunks (one token per decoding sequence, prefill chunks of new ones) are packed into
+ONE sequence of T tokens for the model's own forward. Each layer:
+1. `_StepCache.update` writes the T new keys and values into their slots of the block pool (one
+   `index_copy_` for keys, one for values);
+2. `paged_attention` (registered with transformers' `AttentionInterface`) gathers each
+   sequence's blocks, by its block table, into [B, kv_heads, L, head_dim] and runs ONE
+   `scaled_dot_product_attention` for all the decoding sequences (one query each) and one for
+   all the prefilling chunks (their queries padded to the longest chunk), each with a mask of
+   the positions each query may see (causal; sliding windows and logit soft-capping where the
+   layer asks for them).
+
+The metadata (slots, padded tables, masks) is built once per step by `StepLayout` and shared
+by every layer; masks per sliding-window size are built on first use.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from accelab.serve.engines.kv_cache import PagedKVCache
+
+ATTENTION_NAME = "accelab_paged"
+
+
+@dataclass(slots=True)
+class _Group:
+    """Sequences attended in one call: B rows of Q queries (padded), keys up to L positions."""
+
+    rows: torch.Tensor  # [B, Q] index of each query in the step's T tokens (padding repeats a real one)
+    q_pos: torch.Tensor  # [B, Q] each query's position in its sequence (padding: 0)
+    tables: torch.Tensor  # [B, max_blocks] block ids (padding: block 0, masked)
+    keep: torch.Tensor | None  # [n] flat indices of the real queries in [B * Q]; None: all are real
+    targets: torch.Tensor  # [n] their index in T
+    masks: dict[int | None, torch.Tensor] = field(default_factory=dict)  # window -> [B, 1, Q, L] bool
+
+    def mask(self, window: int | None, length: int) -> torch.Tensor:
+        mask = self.masks.get(window)
+        if mask is None:
+            kv = torch.arange(length, device=self.q_pos.device)
+            pos = self.q_pos[:, :, None]
+            mask = kv <= pos  # causal: position j is seen by queries at positions >= j
+            if window:
+                mask &= kv > pos - window  # the last `window` positions, the query's own included
+            mask = self.masks[window] = mask[:, None]
+        return mask
+
+
+class StepLayout:
+    """Where the step's T tokens go in the cache, and how they are grouped for attention."""
+
+    def __init__(self, inputs: Sequence[Any], block_size: int, device: torch.device):
+        slots: list[int] = []
+        positions: list[int] = []
+        decodes: list[tuple[int, Any]] = []  # (offset in T, input)
+        prefills: list[tuple[int, Any]] = []
+        offset = 0
+        for item in inputs:
+            n, table = len(item.tokens), item.blocks
+            if len(table) * block_size < item.start + n:
+                raise ValueError(f"sequence {item.seq_id}: {len(table)} blocks of {block_size} hold "
+                                 f"{len(table) * block_size} positions; the chunk ends at {item.start + n}")
+            for p in range(item.start, item.start + n):
+                slots.append(table[p // block_size] * block_size + p % block_size)
+            positions.extend(range(item.start, item.start + n))
+            (decodes if n == 1 else prefills).append((offset, item))
+            offset += n
+        self.tokens = offset
+        self.block_size = block_size
+        self.slots = torch.tensor(slots, dtype=torch.long, device=device)  # [T]
+        self.positions = torch.tensor(positions, dtype=torch.long, device=device)  # [T]
+        self.groups = [g for g in (_group(decodes, block_size, device), _group(prefills, block_size, device)) if g]
+
+
+def _group(members: list[tuple[int, Any]], block_size: int, device: torch.device) -> _Group | None:
+    if not members:
+        return None
+    width = max(len(item.tokens) for _, item in members)
+    blocks = max(-(-(item.start + len(item.tokens)) // block_size) for _, item in members)
+    rows, q_pos, tables, keep, targets = [], [], [], [], []
+    for b, (offset, item) in enumerate(members):
+        n = len(item.tokens)
+        rows.append([offset + min(i, n - 1) for i in range(width)])
+        q_pos.append([item.start + i if i < n else 0 for i in range(width)])
+        table = list(item.blocks[:blocks])
+        tables.append(table + [0] * (blocks - len(table)))
+        keep.extend(b * width + i for i in range(n))
+        targets.extend(range(offset, offset + n))
+    as_long = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
+    padded = len(keep) != len(members) * width
+    return _Group(rows=as_long(rows), q_pos=as_long(q_pos), tables=as_long(tables),
+                  keep=as_long(keep) if padded else None, targets=as_long(targets))
+
+
+@dataclass(frozen=True, slots=True)
+class _LayerView:
+    """What `_StepCache.update` hands the attention function in place of the keys."""
+
+    cache: PagedKVCache
+    layout: StepLayout
+    layer: int
+
+
+class StepCache:
+    """The model's `cache` for one packed step (duck-typed like transformers' Cache where the
+    models read it: `update`, `get_seq_length`)."""
+
+    is_compileable = False
+
+    def __init__(self, cache: PagedKVCache, layout: StepLayout):
+        self.kv = cache
+        self.layout = layout
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               *args: Any, **kwargs: Any) -> tuple[_LayerView, None]:
+        # key_states: [1, KVH, T, D] -> the cache's [T, KVH, D] rows
+        self.kv.write(layer_idx, self.layout.slots, key_states[0].transpose(0, 1), value_states[0].transpose(0, 1))
+        return _LayerView(cache=self.kv, layout=self.layout, layer=layer_idx), None
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0
+
+
+def paged_attention(module: Any, query: torch.Tensor, key: Any, value: Any, attention_mask: Any,
+                    scaling: float | None = None, dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """query: [1, H, T, D] for the packed step; `key` is the _LayerView the cache gave. -> [1, T, H, D]."""
+    view: _LayerView = key
+    window = kwargs.get("sliding_window")
+    softcap = kwargs.get("softcap")
+    heads, dim = query.shape[1], query.shape[3]
+    packed = query[0].transpose(0, 1)  # [T, H, D]
+    groups = view.layout.groups
+    out = None if len(groups) == 1 and groups[0].keep is None else packed.new_empty(packed.shape)
+    for group in groups:
+        keys, values = view.cache.gather(view.layer, group.tables)  # [B, KVH, L, D]
+        q = packed[group.rows].transpose(1, 2)  # [B, H, Q, D]
+        mask = group.mask(window, keys.shape[2])
+        o = _attend(q, keys, values, mask, scaling, softcap).transpose(1, 2).reshape(-1, heads, dim)  # [B*Q, H, D]
+        if out is None:  # one group, unpadded: its rows are all the step's tokens, in order
+            return o[None], None
+        out.index_copy_(0, group.targets, o if group.keep is None else o.index_select(0, group.keep))
+    return out[None], None
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None,
+            softcap: float | None) -> torch.Tensor:
+    """q: [B, H, Q, D], k/v: [B, KVH, L, D], mask: [B, 1, Q, L] (True: attend) -> [B, H, Q, D]."""
+    if not softcap:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    # soft-capped logits (Gemma 2): tanh(s / cap) * cap before the mask; SDPA has no such option
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores.float(), dim=-1).to(q.dtype), v)
+
+
+def register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, paged_attention)
