@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Any
 
 from accelab.report import metrics as M
 from accelab.report import series as S
@@ -13,7 +14,7 @@ from accelab.report.history import short_time
 from accelab.report.regress import Comparison, PairResult
 from accelab.results import contract as K
 from accelab.results.result import Result
-from accelab.results.table import fmt
+from accelab.results.table import fmt, noise_line, speedup_text
 
 VERDICT_TONES = {"pass": "good", "warn": "warn", "fail": "bad", "ok": "good", "improved": "good",
                  "noise": "muted", "unreliable": "warn", "REGRESSION": "bad", "-": "muted"}
@@ -69,9 +70,12 @@ def best_speedup(results: list[Result]) -> tuple[float, str] | None:
         labels = S.plan_labels(members)
         for r in members:
             tp = M.throughput(r) if r.ok else None
-            if not tp or S.plan_identity(r.plan) == S.plan_identity(ref.plan):
+            if not tp or S.plan_identity(r.plan) == S.plan_identity(ref.plan) or _noise_level(r) == "unreliable":
                 continue
-            speedup = tp / M.throughput(ref)
+            paired = _paired(r, ref)
+            if paired is not None and paired.get("verdict") != "faster":
+                continue  # its interval did not show it faster: not a speed-up to put on a card
+            speedup = paired["value"] if paired is not None else tp / M.throughput(ref)
             if speedup > 1 and (best is None or speedup > best[0]):
                 best = (speedup, f"{labels[r.run_id]} over {labels[ref.run_id]}, {M.model_name(r)}")
     return best
@@ -211,29 +215,69 @@ def _reference(members: list[Result]) -> Result | None:
     return next((r for r in ok if M.plan_name(r) == "baseline"), ok[0] if ok else None)
 
 
+def _noise_level(r: Result) -> str | None:
+    noise = r.metrics.get(K.NOISE)
+    return noise.get("level") if isinstance(noise, dict) else None
+
+
+def _paired(r: Result, ref: Result | None) -> dict | None:
+    """The row's paired speed-up record when it was measured side by side with `ref` (same compare)."""
+    record = r.metrics.get(K.SPEEDUP)
+    if ref is None or not isinstance(record, dict) or r.group_id is None or r.group_id != ref.group_id:
+        return None
+    return record if record.get("reference") == M.plan_name(ref) else None
+
+
+NOISE_TONES = {"quiet": "good", "noisy": "warn", "unreliable": "bad"}
+
+
+def _speed_cell(r: Result, ref: Result | None) -> Any:
+    """The paired speed-up with its interval when there is one; else the plain throughput ratio,
+    marked when the two runs were not measured side by side."""
+    paired = _paired(r, ref)
+    if paired is not None:
+        tone = {"faster": "good", "slower": "bad"}.get(paired.get("verdict") or "", "muted")
+        return cell(speedup_text(paired.get("value"), paired.get("low"), paired.get("high"), paired.get("verdict")), tone)
+    tp = M.throughput(r)
+    speed = tp / M.throughput(ref) if ref and tp and r.ok else None
+    if speed is None:
+        return cell("-")
+    # runs that measured noise know whether they ran side by side (same compare): say when not
+    measured = _noise_level(r) is not None and ref is not None and _noise_level(ref) is not None
+    apart = " (not side by side)" if measured and r is not ref and r.group_id != ref.group_id else ""
+    return cell(f"{speed:.2f}x{apart}", "good" if speed > 1.05 else "bad" if speed < 0.95 else "")
+
+
 def speedup_table(members: list[Result]) -> Table:
     ref = _reference(members)
     labels = S.plan_labels(members)
     rows = []
     for r in members:
         tp, mem = M.throughput(r), M.peak_memory_mb(r)
-        speed = tp / M.throughput(ref) if ref and tp and r.ok else None
         saved = 1 - mem / M.peak_memory_mb(ref) if ref and mem and M.peak_memory_mb(ref) and r.ok else None
         verdict = M.quality_verdict(r)
         note = "" if r.ok else f"{r.status}: {M.first_line(r.reason, 80)}"
         rows.append([
             cell(labels[r.run_id] + (" (reference)" if r is ref else "")), cell(fmt(M.stat(r, "p50"))),
-            cell(fmt(M.stat(r, "p99"))), cell(fmt(tp)), cell(fmt(mem)),
-            cell("-" if speed is None else f"{speed:.2f}x", "good" if speed and speed > 1.05 else "bad" if speed and speed < 0.95 else ""),
+            cell(fmt(M.stat(r, "p99"))), cell(fmt(tp)), cell(fmt(mem)), _speed_cell(r, ref),
             cell("-" if saved is None else f"{saved * 100:+.0f}%"),
-            cell(verdict or "-", VERDICT_TONES.get(verdict or "-", "")), cell(note or "; ".join(r.notes)[:120], "muted"),
+            cell(verdict or "-", VERDICT_TONES.get(verdict or "-", "")),
+            cell(note or _noise_note(r) or "; ".join(r.notes)[:120], "muted"),
+            cell(_noise_level(r) or "-", NOISE_TONES.get(_noise_level(r) or "", "muted")),
             cell(r.run_id, "id"),
         ])
     head = members[0]
     unit = M.throughput_unit(ref or head)
     return Table(columns=["plan", "p50 ms", "p99 ms", unit, "peak MB", "speed-up", "memory saved", "quality", "notes",
-                          "run"], rows=rows, caption=f"{M.model_name(head)} · {M.workload_label(head)}",
+                          "noise", "run"], rows=rows, caption=f"{M.model_name(head)} · {M.workload_label(head)}",
                  numeric=frozenset({1, 2, 3, 4, 5, 6}))
+
+
+def _noise_note(r: Result) -> str:
+    noise = r.metrics.get(K.NOISE)
+    if not isinstance(noise, dict) or noise.get("level") in (None, "quiet"):
+        return ""
+    return noise_line(noise, "row")[:160]
 
 
 def quality_table(results: list[Result]) -> Table | None:
