@@ -66,12 +66,16 @@ def bench(model: ModelLike, plan: PlanLike = "baseline", workload: WorkloadLike 
 def compare(model: ModelLike, plans: Sequence[PlanLike] = ("baseline", "compile"), workload: WorkloadLike = None, *,
             inputs: Any = None, task: str | None = None, processor: Any = None, device: str | None = None,
             quality: bool = True, samples: int = 8, tolerance: str = "balanced", timeout_s: float = 1800.0,
-            max_seconds_per_plan: float | None = None, store: bool = True, db: str | Path | None = None,
-            tag: str | None = None) -> list["Result"]:
-    """Several plans side by side, each in its own process: one Result per plan, the first the
-    reference row (`accelab.results.compare_table.render(results)` prints the CLI's table).
-    A plan that cannot run here is a Result with status "unsupported" and the reason."""
+            max_seconds_per_plan: float | None = None, rounds: int = 6, sequential: bool = False,
+            store: bool = True, db: str | Path | None = None, tag: str | None = None) -> list["Result"]:
+    """Several plans side by side, each in its own warm process, measured in `rounds` alternating
+    rounds (or one after another with `sequential`): one Result per plan, the first the
+    reference row, the others with their paired speed-up and its interval (`metrics["speedup"]`)
+    and every row with the machine's noise (`metrics["noise"]`); `accelab.results.compare_table.
+    render(results)` prints the CLI's table. A plan that cannot run here is a Result with status
+    "unsupported" and the reason."""
     from accelab.bench.compare import quality_config_for, run_compare
+    from accelab.bench.rounds import RoundsConfig
     from accelab.measure.budget import PlanBudget
     from accelab.measure.capabilities import slow_techniques
     from accelab.plan.apply import resolve_device
@@ -85,7 +89,8 @@ def compare(model: ModelLike, plans: Sequence[PlanLike] = ("baseline", "compile"
     budget = PlanBudget(explicit_s=max_seconds_per_plan,
                         slow=slow_techniques(resolve_device(plan_objs[0], device), measure=True))
     results = run_compare(spec, plan_objs, work, device=device, quality=qconfig, tolerance=tolerance,
-                          timeout_s=timeout_s, tag=tag, budget=budget)
+                          timeout_s=timeout_s, tag=tag, budget=budget,
+                          rounds=RoundsConfig(rounds=rounds, sequential=sequential))
     _keep(results, store, db)
     return results
 
