@@ -97,7 +97,7 @@ def test_bench_vllm_fills_the_generate_contract(tmp_path):
 
 def test_tune_measures_vllm_plans_and_says_why_each_lost_or_won(tmp_path):
     js = tmp_path / "t.json"
-    proc = accelab("tune", "smollm2-135m", "--goal", "throughput", "--include", "baseline,vllm,vllm-bf16",
+    proc = accelab("tune", "smollm2-135m", "--goal", "throughput", "--include", "baseline,vllm",
                    "--max-batch", "2", "--new-tokens", "8", "--min-seconds", "0.5", "--db", str(tmp_path / "r.db"),
                    "--json", str(js), check=False)
     assert proc.returncode in (0, 3), proc.stdout + proc.stderr
@@ -106,6 +106,4 @@ def test_tune_measures_vllm_plans_and_says_why_each_lost_or_won(tmp_path):
     vllm_keys = [k for k in verdicts if k.startswith("vllm")]
     assert any(k.startswith("vllm@") for k in vllm_keys), verdicts  # measured, not pruned
     assert all(verdicts[k] for k in vllm_keys)  # each with its reason: winner, slower (x vs y), quality, ...
-    bf16 = [k for k in verdicts if k.startswith("vllm-bf16@")]
-    assert bf16 or "vllm-bf16" in report["pruned"], report  # measured, or pruned with the reason
     assert "vllm" in proc.stdout
