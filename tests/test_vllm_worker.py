@@ -168,4 +168,4 @@ def test_each_vllm_step_reports_its_figures(clock):
     fake.on_stats(W.Stats(running=1, waiting=0, kv_usage=0.25, preempted=1, prefix_hit_tokens=16))
     r = reports[0]
     assert (r.running, r.waiting, r.kv_used, r.kv_free, r.sampled, r.preempted, r.reused_tokens) == (1, 0, 25, 75, 2, 1, 16)
-    assert r.seconds == pytest.approx(0.02)
+    assert r.seconds == pytest.approx(0.02) and r.batch == 1

@@ -75,7 +75,6 @@ class VllmWorker:
         self._seconds_per_sequence = 0.0
         self._sampled = 0  # tokens since the last Stats
         self._last_stats = clock()
-        self._prefix_hits = 0
         self._sweeper = threading.Thread(target=self._sweep, name="accelab-vllm-sweeper", daemon=True)
 
     # -- called from the event loop -------------------------------------------------------------
@@ -225,10 +224,11 @@ class VllmWorker:
         """One vLLM step: the continuous-batching metrics, in vLLM's own figures."""
         now = self._clock()
         used = round(stats.kv_usage * self.client.info.kv_blocks)
-        hits, self._prefix_hits = stats.prefix_hit_tokens, 0
+        hits = stats.prefix_hit_tokens  # this step's (vLLM reports prefix-cache stats per update)
         report = StepReport(running=stats.running, waiting=stats.waiting, kv_used=used,
                             kv_free=self.client.info.kv_blocks - used, tokens=0, sampled=self._sampled,
-                            preempted=stats.preempted, seconds=now - self._last_stats, reused_tokens=hits)
+                            preempted=stats.preempted, seconds=now - self._last_stats, reused_tokens=hits,
+                            batch=stats.running)
         self._sampled, self._last_stats = 0, now
         _call(self.hooks.on_step, report)
 
