@@ -18,7 +18,7 @@ VLLM_TORCH_SPEC ?= $(TORCH_SPEC)
 # CPU torch; text generation needs none of them.
 VLLM_DROP ?= torchvision torchaudio torchcodec
 
-.PHONY: install models browser monitoring demo test clean vllm
+.PHONY: install models browser monitoring demo test clean vllm guidellm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,18 @@ $(VLLM_VENV)/.installed:
 
 vllm: $(VLLM_VENV)/.installed
 
+# guidellm (the load tester the OpenAI-API test runs against accelab serve) in its own venv: it
+# pins click 8.4 and multidict 6, older than the main venv's (~1-2 min, downloads only)
+GUIDELLM_VENV ?= .venv-guidellm
+$(GUIDELLM_VENV)/.installed:
+	$(PYTHON) -m venv $(GUIDELLM_VENV)
+	$(GUIDELLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(GUIDELLM_VENV)/bin/pip install --quiet "$(TORCH_SPEC)"
+	$(GUIDELLM_VENV)/bin/pip install --quiet "guidellm[perf]==0.8.1"
+	touch $@
+
+guidellm: $(GUIDELLM_VENV)/.installed
+
 demo: models vllm
 	$(BIN)/accelab env
 	PATH=$(abspath $(BIN)):$$PATH bash examples/demo.sh
@@ -71,8 +83,8 @@ monitoring:
 	   (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus tmux)) || \
 	  echo "note: could not install prometheus and tmux (apt-get install -y prometheus tmux, as root): the monitoring tests will fail"
 
-test: models browser vllm monitoring
+test: models browser vllm monitoring guidellm
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build dist src/*.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(GUIDELLM_VENV) build dist src/*.egg-info
