@@ -40,6 +40,7 @@ _PRESETS = [
     # vLLM's engine (its own venv, see accelab.backends.vllm): fp32 like the baseline, and bf16
     Plan(name="vllm", backend="vllm"),
     Plan(name="vllm-bf16", backend="vllm", backend_options=(("vllm_dtype", "bfloat16"),)),
+    Plan(name="vllm-compiled", backend="vllm", backend_options=(("vllm_mode", "compiled"),)),
 ]
 
 PRESETS: dict[str, Plan] = {plan.name: plan for plan in _PRESETS}

@@ -19,6 +19,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "generate": (
         "baseline", "bf16-autocast", "fp16-autocast", "bf16", "static-cache", "compile-static",
         "int8-weight", "int8-weight-compile", "llamacpp", "vllm", "vllm-bf16",
+        "vllm-compiled",
     ),
 }
 
