@@ -205,3 +205,19 @@ def test_a_fork_needs_a_running_parent_and_a_free_slot():
 def test_both_prefix_caches_at_once_are_refused():
     with pytest.raises(ValueError, match="two prefix caches"):
         Scheduler(SchedulerConfig(prefix_caching=True), FakeClock(), reuse=lambda seq: 0)
+
+
+def test_the_cached_count_follows_every_change():
+    pool = BlockPool(4, 1)
+    table = [pool.allocate() for _ in range(3)]
+    key = None
+    for block, token in zip(table, (1, 2, 3)):
+        key = pool.commit(block, key, (token,))
+    assert pool.cached == 0  # held blocks are not counted
+    pool.release(table)
+    assert pool.cached == 3
+    pool.take(pool.match((1, 2))[1])
+    assert pool.cached == 2
+    assert pool.allocate() == 3 and pool.cached == 2  # never used: no key
+    assert pool.allocate() == 2 and pool.cached == 1  # block 2 (token 3) evicted
+    assert pool.cached == sum(1 for b in range(4) if pool.refs(b) == 0 and pool.key(b) is not None)

@@ -183,6 +183,8 @@ def test_real_smollm2_short_request_overtakes_a_long_one_and_a_gone_client_frees
                         during = metrics(url)
                         break
         assert during["accelab_running_sequences"] == 1 and during['accelab_kv_cache_blocks{state="used"}'] > 0
+        block_bytes = 30 * 2 * 16 * 3 * 64 * 4  # layers x (keys, values) x positions x KV heads x head dim x fp32
+        assert during['accelab_kv_cache_bytes{state="used"}'] == during['accelab_kv_cache_blocks{state="used"}'] * block_bytes
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             after = metrics(url)
@@ -190,7 +192,10 @@ def test_real_smollm2_short_request_overtakes_a_long_one_and_a_gone_client_frees
                 break
             time.sleep(0.1)
         assert after["accelab_running_sequences"] == 0
-        assert after['accelab_kv_cache_blocks{state="used"}'] == 0
+        assert after['accelab_kv_cache_blocks{state="used"}'] == 0 and after['accelab_kv_cache_bytes{state="used"}'] == 0
+        # the finished sequences' full blocks stay cached for later prompts (the chat template's head)
+        assert after["accelab_kv_cache_prefix_blocks"] > 0
+        assert after['accelab_kv_cache_bytes{state="free"}'] == after['accelab_kv_cache_blocks{state="free"}'] * block_bytes
         assert after['accelab_errors_total{kind="client_gone"}'] == 1
         assert after["accelab_generated_tokens_total"] < 200 + 4 + 50  # the story stopped early
         assert after["accelab_inter_token_latency_seconds_count"] > 100

@@ -58,6 +58,7 @@ class StepReport:
     seconds: float
     reused_tokens: int = 0  # prompt tokens this step's admissions took from the engine's prefix cache
     kv_cached: int = 0  # free blocks still holding a prefix a later sequence may take (prefix caching)
+    kv_block_bytes: int = 0  # bytes of one block in the engine's cache (all layers, keys and values)
     batch: int = 0  # sequences fed to the model in this step
     preempted_tokens: int = 0  # tokens of the sequences preempted: fed to the model again at readmission
 
@@ -109,6 +110,7 @@ class ContinuousWorker:
         self._forked_from: dict[int, Sequence[_Row]] = {}  # a queued choice -> the choice whose KV it shares
         wants_reuse = (self._reuse or self._fork) and not getattr(config, "prefix_caching", False)
         self._scheduler: Scheduler[_Row] = Scheduler(config, clock, reuse=self._reused if wants_reuse else None)
+        self._block_bytes = getattr(engine, "kv_bytes_per_token", 0) * config.block_size
         self._cond = threading.Condition()
         self._stopping = False
         self._busy = False
@@ -269,7 +271,7 @@ class ContinuousWorker:
             reused, self._reused_seen = self._scheduler.reused_tokens - self._reused_seen, self._scheduler.reused_tokens
             report = StepReport(running=self._scheduler.running, waiting=self._scheduler.waiting,
                                 kv_used=self._scheduler.used_blocks, kv_free=self._scheduler.free_blocks,
-                                kv_cached=self._scheduler.cached_blocks,
+                                kv_cached=self._scheduler.cached_blocks, kv_block_bytes=self._block_bytes,
                                 tokens=step.tokens, sampled=sampled, preempted=len(step.preempted),
                                 seconds=now - started, reused_tokens=reused, batch=len(step.chunks),
                                 preempted_tokens=sum(seq.length for seq in step.preempted))

@@ -52,6 +52,7 @@ class BlockPool:
         self._by_key: dict[int, int] = {}
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))  # oldest first
         self.hits = 0  # blocks taken from the prefix cache
+        self._cached = 0  # free blocks with a key (kept in step with every change, read per step)
 
     # -- counts (what the metrics report) -----------------------------------------------------
     @property
@@ -66,7 +67,7 @@ class BlockPool:
     @property
     def cached(self) -> int:
         """Free blocks that still hold a committed prefix."""
-        return sum(1 for b in self._free if self._keys[b] is not None)
+        return self._cached
 
     def refs(self, block: int) -> int:
         return self._refs[block]
@@ -88,6 +89,7 @@ class BlockPool:
         """One more holder of `block` (a prefix hit, a fork)."""
         if self._refs[block] == 0:
             del self._free[block]
+            self._cached -= self._keys[block] is not None
         self._refs[block] += 1
 
     def release(self, table: Sequence[int]) -> None:
@@ -98,6 +100,7 @@ class BlockPool:
             self._refs[block] -= 1
             if self._refs[block] == 0:
                 self._free[block] = None
+                self._cached += self._keys[block] is not None
 
     def writable(self, table: list[int], index: int) -> CopyBlock | None:
         """Make `table[index]` private to this table before a write: a shared block is swapped
@@ -158,6 +161,7 @@ class BlockPool:
     def _forget(self, block: int) -> None:
         key = self._keys[block]
         if key is not None:
+            self._cached -= self._refs[block] == 0  # a free block (or one just handed out by `allocate`)
             if self._by_key.get(key) == block:
                 del self._by_key[key]
             self._keys[block] = self._content[block] = None

@@ -94,6 +94,11 @@ class ServeMetrics:
                              registry=r)
         self.kv_blocks = Gauge("accelab_kv_cache_blocks", "KV-cache blocks by state (continuous batching).",
                                ["state"], registry=r)
+        self.kv_bytes = Gauge("accelab_kv_cache_bytes", "KV-cache memory by state, in bytes (continuous batching): "
+                              "held by running sequences (used) or not (free).", ["state"], registry=r)
+        self.kv_cached_blocks = Gauge("accelab_kv_cache_prefix_blocks", "Free KV-cache blocks that still hold a "
+                                      "prefix a later request may take instead of computing it (part of the free "
+                                      "blocks; continuous batching with prefix caching).", registry=r)
         self.preemptions = Counter("accelab_preemptions", "Sequences preempted to free KV-cache blocks (recomputed "
                                    "later).", registry=r)
         self.preempted_tokens = Counter("accelab_preempted_tokens", "Tokens whose KV a preemption dropped: the "

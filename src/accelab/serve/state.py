@@ -107,6 +107,9 @@ class ServerState:
         worker.start()
         self.metrics.kv_blocks.labels(state="free").set(limits.kv_blocks)
         self.metrics.kv_blocks.labels(state="used").set(0)
+        self.metrics.kv_bytes.labels(state="free").set(limits.kv_tokens * stepper.kv_bytes_per_token)
+        self.metrics.kv_bytes.labels(state="used").set(0)
+        self.metrics.kv_cached_blocks.set(0)
         log.info("continuous batching: %s; up to %d sequences, %d tokens per step, KV cache of %d tokens (%d blocks "
                  "of %d, %.0f MB at most)", stepper.name, limits.max_running, limits.max_step_tokens, limits.kv_tokens,
                  limits.kv_blocks, limits.block_size, limits.kv_tokens * stepper.kv_bytes_per_token / 1e6)
@@ -207,6 +210,7 @@ class ServerState:
     def _continuous_hooks(self) -> ContinuousHooks:
         m = self.metrics
         kv_used, kv_free = m.kv_blocks.labels(state="used"), m.kv_blocks.labels(state="free")
+        bytes_used, bytes_free = m.kv_bytes.labels(state="used"), m.kv_bytes.labels(state="free")
 
         def on_step(report: StepReport) -> None:  # once per decoding step: keep it cheap
             m.running.set(report.running)
@@ -214,6 +218,10 @@ class ServerState:
             m.queue_depth.set(report.waiting)
             kv_used.set(report.kv_used)
             kv_free.set(report.kv_free)
+            if report.kv_block_bytes:
+                bytes_used.set(report.kv_used * report.kv_block_bytes)
+                bytes_free.set(report.kv_free * report.kv_block_bytes)
+            m.kv_cached_blocks.set(report.kv_cached)
             if report.preempted:
                 m.preemptions.inc(report.preempted)
                 m.preempted_tokens.inc(report.preempted_tokens)
