@@ -196,7 +196,7 @@ class HFGenerationEngine:
                                    kv_tokens=limits.kv_tokens, max_step_tokens=limits.max_step_tokens)
         from accelab.serve.engines.ragged import RaggedTorchEngine
 
-        engine = RaggedTorchEngine(self.runnable)
+        engine = RaggedTorchEngine(self.runnable, limits)
         problem = engine.self_check(list(self.prepare_chat([{"role": "user", "content": "Hello"}]).ids))
         if problem is not None:
             engine.close()
