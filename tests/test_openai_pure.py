@@ -1,6 +1,6 @@
 """The OpenAI layer without a model: fields refused by name, tool calls read back from text,
-streamed text held back while it could become a call, the tool grammar on the real
-SmolLM2 tokenizer (llguidance), and the response shapes of log-probabilities."""
+streamed text held back while it could become a call, tools written into a template without a
+tool format, and the response shapes of log-probabilities."""
 
 from __future__ import annotations
 
