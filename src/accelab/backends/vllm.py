@@ -121,7 +121,7 @@ def load(spec: ModelSpec, plan: Plan, device: torch.device, *, keep_s: float | N
     model = VllmModel(client, config, generation)
     runnable = Runnable(
         model=model, processor=processor, device=device, task=spec.task, generate_fn=model.generate,
-        weight_bytes=_weight_bytes(spec, info.dtype), spec=spec, plan=plan,
+        weight_bytes=_weight_bytes(spec, info.dtype), spec=spec, plan=plan, worker_pids=(info.pid,),
         notes=[
             f"vLLM {info.vllm_version} ({install.describe() if install else '?'}) engine pid {info.pid}: "
             f"{info.dtype}, {'eager' if info.enforce_eager else 'compiled'}, max_num_seqs {info.max_num_seqs}, "

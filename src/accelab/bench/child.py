@@ -68,6 +68,7 @@ class Loaded:
     reason: str | None = None
     load_s: float = 0.0
     warmup_s: float = 0.0  # the untimed calls, compilation included
+    worker_pids: tuple[int, ...] = ()  # other processes doing the work (Runnable.worker_pids)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -129,7 +130,8 @@ class BenchChild:
         with PeakMemorySampler(device=self.device) as sampler:
             warm = self.scenario.warm()
         self.memory.append(sampler.report)
-        return Loaded(status="ok", load_s=self.load_s, warmup_s=sum(warm))
+        return Loaded(status="ok", load_s=self.load_s, warmup_s=sum(warm),
+                      worker_pids=tuple(getattr(self.runnable, "worker_pids", ())))
 
     def round(self, spec: RoundSpec) -> RoundDone:
         from accelab.measure.memory import PeakMemorySampler

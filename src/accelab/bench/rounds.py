@@ -210,7 +210,8 @@ class Driver:
             if not c.active:
                 continue
             assert c.child is not None and c.child.pid is not None
-            with noise.Meter([c.child.pid, os.getpid()]) as meter:
+            assert c.loaded is not None
+            with noise.Meter([c.child.pid, os.getpid(), *c.loaded.worker_pids]) as meter:
                 outcome = self._call(c, Round(spec=self.config.spec(c.workload)))
             if outcome.ok:
                 done: RoundDone = outcome.value

@@ -39,6 +39,9 @@ class Runnable:
     weight_bytes: int | None = None
     spec: Any = None  # the ModelSpec it was loaded from
     plan: Any = None  # the Plan applied
+    # processes outside this one that do its work (a backend's engine server): the noise meter
+    # counts their CPU time, and their children's, as the measurement's own
+    worker_pids: tuple[int, ...] = ()
 
     def as_loaded(self) -> Any:
         """The catalog's `Loaded` view (model, processor, spec), for its batch builders."""
