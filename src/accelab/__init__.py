@@ -8,7 +8,7 @@ inputs and task. `import accelab` stays cheap: nothing imports torch until a fun
 
 import types
 
-__version__ = "0.1.0"
+from accelab.version import __version__
 
 __all__ = ["CustomModel", "Plan", "__version__", "apply", "bench", "compare", "tune", "verify"]
 

@@ -22,6 +22,11 @@ def models_dir() -> Path:
     return path
 
 
+def model_dir(name: str) -> Path:
+    """Where the stored model `name` lives (see `accelab.catalog.store` for its layout)."""
+    return models_dir() / name
+
+
 DB_ENV = "ACCELAB_DB"
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from accelab.catalog.build_vision import image_processor_class, save_seeded
-from accelab.catalog.store import model_dir
+from accelab.paths import model_dir
 
 Step = Callable[[str], None]
 

@@ -36,9 +36,10 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from accelab import __version__
+from accelab.catalog.entries import CATALOG
 from accelab.catalog.spec import TASKS
-from accelab.paths import models_dir
+from accelab.paths import model_dir, models_dir
+from accelab.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +55,6 @@ def check_name(name: str) -> None:
             f"model name {name!r} is not allowed: use letters, digits, '.', '_' or '-' "
             "(at most 100 characters, starting with a letter or digit)"
         )
-
-
-def model_dir(name: str) -> Path:
-    return models_dir() / name
 
 
 def is_stored(name: str) -> bool:
@@ -181,8 +178,6 @@ def register_local_model(
     The model is then found by `resolve(name)` and shown by `accelab models list`.
     Returns the model's directory.
     """
-    from accelab.catalog.entries import CATALOG
-
     check_name(name)
     if name in CATALOG:
         raise ValueError(f"model name {name!r} is a catalog entry; choose another name for your model")

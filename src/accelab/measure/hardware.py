@@ -16,16 +16,16 @@ import json
 import logging
 import os
 import tempfile
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
-from accelab.measure import noise
+from accelab.measure import kernels, noise, probes
 from accelab.measure.environment import environment, fingerprint
+from accelab.measure.kernels import cuda_tf32
 from accelab.paths import cache_dir
 
 log = logging.getLogger(__name__)
@@ -87,24 +87,6 @@ def _resolve_device(device: str | torch.device) -> torch.device:
     return dev
 
 
-@contextmanager
-def cuda_tf32(enabled: bool) -> Iterator[None]:
-    """TF32 for CUDA fp32 matmuls on or off inside the block; restores the exact previous value
-    (restoring another value, e.g. "none", makes torch refuse later reads of `allow_tf32`)."""
-    matmul = torch.backends.cuda.matmul
-    try:
-        old: Any = matmul.fp32_precision  # torch >= 2.9
-        name, value = "fp32_precision", "tf32" if enabled else "ieee"
-    except (AttributeError, RuntimeError):
-        old = matmul.allow_tf32
-        name, value = "allow_tf32", enabled
-    setattr(matmul, name, value)
-    try:
-        yield
-    finally:
-        setattr(matmul, name, old)
-
-
 # --- the cache ---------------------------------------------------------------------------
 
 
@@ -149,8 +131,6 @@ def _cache_key(fp: str, dev: torch.device, threads: int) -> str:
 
 
 def _measure(dev: torch.device, threads: int, fp: str) -> HardwareLimits:
-    from accelab.measure import kernels, probes
-
     log.info("measuring %s limits at %d threads (cached afterwards)", dev, threads)
     paths = kernels.PATHS_CUDA if dev.type == "cuda" else kernels.PATHS_CPU
     with noise.Meter() as meter:

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,6 +109,24 @@ def _matmul(n: int):
     return build
 
 
+@contextmanager
+def cuda_tf32(enabled: bool) -> Iterator[None]:
+    """TF32 for CUDA fp32 matmuls on or off inside the block; restores the exact previous value
+    (restoring another value, e.g. "none", makes torch refuse later reads of `allow_tf32`)."""
+    matmul = torch.backends.cuda.matmul
+    try:
+        old: Any = matmul.fp32_precision  # torch >= 2.9
+        name, value = "fp32_precision", "tf32" if enabled else "ieee"
+    except (AttributeError, RuntimeError):
+        old = matmul.allow_tf32
+        name, value = "allow_tf32", enabled
+    setattr(matmul, name, value)
+    try:
+        yield
+    finally:
+        setattr(matmul, name, old)
+
+
 def _kernels(device: torch.device, scale: int) -> list[Callable]:
     """The kernels, at sizes scaled down by `scale` (a power of two) for a slow path."""
     if device.type == "cuda":
@@ -121,8 +139,6 @@ def _kernels(device: torch.device, scale: int) -> list[Callable]:
 
 def peak_flops(path: str, device: torch.device, *, repeats: int = 3) -> Rate:
     """The best FLOP/s of `path` over the kernels models run (see the module docstring)."""
-    from accelab.measure.hardware import cuda_tf32
-
     dtype, context = _path_setup(path, device)
     tf32 = cuda_tf32(path == "tf32") if device.type == "cuda" else nullcontext()
     best = Rate(0.0, "")

@@ -3,7 +3,7 @@ combination that is known to pay off together (compile with a static KV cache)."
 
 from __future__ import annotations
 
-from accelab.plan.plan import Plan
+from accelab.plan.fields import Plan
 
 _PRESETS = [
     Plan(name="baseline"),

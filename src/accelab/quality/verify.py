@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from accelab import __version__
 from accelab.catalog.spec import ModelSpec
 from accelab.measure.runner import ChildJob, run_isolated
 from accelab.paths import cache_dir
@@ -23,6 +22,7 @@ from accelab.quality.collect import QualityConfig
 from accelab.quality.metrics import compare
 from accelab.quality.verdict import judge
 from accelab.results.result import Result, command_line
+from accelab.version import __version__
 
 log = logging.getLogger(__name__)
 

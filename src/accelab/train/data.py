@@ -16,31 +16,17 @@ the dataset before it starts any worker.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from accelab.train.config import TrainConfig
+from accelab.train.data_spec import TrainData
 
 log = logging.getLogger(__name__)
 
 DIGITS = "digits"
 HELDOUT = ""  # dataset value meaning "the catalog's held-out essay" (text-generation)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
-EVAL_SPLITS = ("test", "validation", "val", "valid")
-
-
-@dataclass(kw_only=True, slots=True)
-class TrainData:
-    """The datasets a worker trains and evaluates on. Items are dicts of tensors
-    (`pixel_values`, `labels` or `input_ids`, `labels`), so the default collate batches them."""
-
-    train: Any  # torch Dataset
-    eval: Any
-    class_names: list[str] | None  # image classification: index = label id
-    eval_split: str  # for people: "digits test split", "20% held out (seed 0)", ...
-    meta: dict[str, Any] = field(default_factory=dict)  # dataset facts for the model's accelab.json
-    skipped: int = 0  # unreadable images left out
 
 
 def detect_kind(dataset: str, task: str) -> str:

@@ -18,7 +18,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from accelab.train.config import TrainConfig
-from accelab.train.data import EVAL_SPLITS, TrainData
+from accelab.train.data_spec import EVAL_SPLITS, TrainData
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import Dataset
 
 from accelab.train.config import TrainConfig
-from accelab.train.data import TrainData
+from accelab.train.data_spec import TrainData
 
 log = logging.getLogger(__name__)
 

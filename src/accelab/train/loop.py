@@ -24,7 +24,8 @@ from torch.utils.data import DataLoader
 from accelab.train import checkpoint as ckpt
 from accelab.train.accel import make_accelerator, uses_cuda
 from accelab.train.config import TrainConfig, epochs_needed, total_steps, warmup_for
-from accelab.train.data import TrainData, build, class_names
+from accelab.train.data import build, class_names
+from accelab.train.data_spec import TrainData
 from accelab.train.evaluate import evaluate
 from accelab.train.model import TrainModel, identity, load_for_training, read_model_config
 from accelab.train.sampler import EpochSampler
