@@ -107,18 +107,20 @@ def _run_python(code: str) -> subprocess.CompletedProcess:
 def test_threads_set_inside_and_restored_after_close():
     before = torch.get_num_threads()
     wanted = 1 if before != 1 else 2
-    stack = system.apply(Plan(threads=wanted), CPU)
+    runnable = Runnable(model=None, processor=None, device=CPU, task="")
+    system.apply(runnable, Plan(threads=wanted))
     try:
         assert torch.get_num_threads() == wanted
     finally:
-        stack.close()
+        runnable.close()
     assert torch.get_num_threads() == before
 
 
 def test_tf32_and_cudnn_benchmark_flags_restored_after_close():
     matmul, conv = torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision
     benchmark = torch.backends.cudnn.benchmark
-    with system.apply(Plan(tf32=True, cudnn_benchmark=True), CPU):  # apply does not refuse CPU; check does
+    with Runnable(model=None, processor=None, device=CPU, task="") as runnable:
+        system.apply(runnable, Plan(tf32=True, cudnn_benchmark=True))  # apply does not refuse CPU; check does
         assert torch.backends.cuda.matmul.fp32_precision == "tf32"
         assert torch.backends.cudnn.conv.fp32_precision == "tf32"
         assert torch.backends.cudnn.benchmark is True
@@ -140,12 +142,13 @@ def test_interop_threads_set_once_in_a_fresh_process():
         """
         import torch
         from accelab.plan.plan import Plan
-        from accelab.plan.runtime import Unsupported
+        from accelab.plan.runtime import Runnable, Unsupported
         from accelab.plan.techniques import system
-        system.apply(Plan(interop_threads=1), torch.device("cpu"))
+        runnable = Runnable(model=None, processor=None, device=torch.device("cpu"), task="")
+        system.apply(runnable, Plan(interop_threads=1))
         print("interop", torch.get_num_interop_threads())
         try:
-            system.apply(Plan(interop_threads=2), torch.device("cpu"))
+            system.apply(runnable, Plan(interop_threads=2))
         except Unsupported as exc:
             print("second:", exc)
         """
@@ -217,6 +220,23 @@ def test_bf16_autocast_active_inside_forward_and_generate(fresh_accelerate_state
     assert len(seen) == 3 and all(seen_item == (True, torch.bfloat16) for seen_item in seen)
 
 
+def test_a_second_precision_in_one_process_is_refused_by_type(llama_spec, fresh_accelerate_state):
+    first = Runnable(model=_tiny_llama(), processor=None, device=CPU, task="text-generation")
+    precision.apply(first, Plan(precision="bf16-autocast"))
+    second = Runnable(model=_tiny_llama(), processor=None, device=CPU, task="text-generation")
+    with pytest.raises(precision.PrecisionConflict, match="mixed_precision='bf16'.*own process"):
+        precision.apply(second, Plan(precision="fp8"))
+    precision.apply(second, Plan(precision="bf16-autocast"))  # the same precision again is fine
+
+
+def test_every_technique_applies_to_a_runnable_and_a_plan():
+    import inspect
+
+    for module in (system, placement, memory_format, quantization, precision, kv_cache, compile_):
+        assert list(inspect.signature(module.apply).parameters) == ["runnable", "plan"], module.__name__
+        assert list(inspect.signature(module.check).parameters) == ["plan", "spec", "device"], module.__name__
+
+
 # -- placement -------------------------------------------------------------------------------
 def test_disk_offload_places_layers_on_disk_and_keeps_logits(llama_spec):
     plan = Plan(placement="disk-offload")
@@ -229,7 +249,9 @@ def test_disk_offload_places_layers_on_disk_and_keeps_logits(llama_spec):
     assert os.path.isdir(folder)
 
     offloaded = transformers.LlamaForCausalLM.from_pretrained(llama_spec.source, dtype=torch.float32, **kwargs)
-    offloaded = placement.apply(offloaded, plan, CPU)
+    runnable = Runnable(model=offloaded, processor=None, device=CPU, task="text-generation")
+    placement.apply(runnable, plan)
+    assert runnable.model is offloaded and runnable.placement == placement.describe(offloaded)
     where = placement.describe(offloaded)
     assert "disk" in where.values() and "cpu" in where.values()
     assert any(p.device.type == "meta" for p in offloaded.parameters())  # really not in memory
@@ -274,7 +296,9 @@ def test_channels_last_sets_conv_weights_and_refuses_vit(tmp_path):
     pixels = torch.randn(2, 3, 32, 32)
     with torch.inference_mode():
         expected = model(pixel_values=pixels).logits
-    model = memory_format.apply(model, plan)
+    runnable = Runnable(model=model, processor=None, device=CPU, task="image-classification")
+    memory_format.apply(runnable, plan)
+    model = runnable.model
     convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
     assert convs and all(c.weight.is_contiguous(memory_format=torch.channels_last) for c in convs)
     assert not convs[0].weight.is_contiguous()  # 7x7 stem: NHWC differs from NCHW
@@ -300,14 +324,16 @@ def test_int8_weights_really_int8_and_close(llama_spec, choice):
     tokens = _tokens()
     with torch.inference_mode():
         expected = model(tokens).logits
-    model = quantization.apply(model, plan, CPU)
+    runnable = Runnable(model=model, processor=None, device=CPU, task="text-generation")
+    quantization.apply(runnable, plan)
+    model = runnable.model
 
     weight = model.model.layers[0].mlp.down_proj.weight
     inner, _ = weight.__tensor_flatten__()
     assert getattr(weight, inner[0]).dtype == torch.int8  # qdata
     assert type(model.lm_head.weight) is torch.nn.Parameter and model.lm_head.weight.dtype == torch.float32
-    assert model._accelab_quantized == 4 * 7  # q, k, v, o, gate, up, down per layer; lm_head kept
-    assert any("kept lm_head" in note for note in model._accelab_notes)
+    assert runnable.quantized_layers == 4 * 7  # q, k, v, o, gate, up, down per layer; lm_head kept
+    assert any("kept lm_head" in note for note in runnable.notes)
     with torch.inference_mode():
         got = model(tokens).logits
     assert ((got - expected).norm() / expected.norm()).item() < 0.05

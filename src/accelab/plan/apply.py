@@ -9,7 +9,10 @@ The order, and why:
 5. mixed precision (accelerate's autocast wrapper): wraps forward; compile then traces through it.
 6. KV cache implementation: generate arguments only.
 7. torch.compile, last: it must see the model exactly as it will run.
-Each step raises `Unsupported` with the reason when it cannot help on this device.
+Each step raises `Unsupported` with the reason when it cannot help on this device. Every
+technique module has the same two functions: `check(plan, spec, device)` before anything loads,
+and `apply(runnable, plan)`, which records on the Runnable what it did (its model, notes,
+generate arguments, settings to restore); steps 2's `load_kwargs` are from_pretrained arguments.
 """
 
 from __future__ import annotations
@@ -63,52 +66,42 @@ def apply_plan(spec: ModelSpec, plan: Plan, device: torch.device, *, offload_dir
     `accelab.runtimes.load_runnable`, the one way in)."""
     if plan.backend != "torch":
         raise ValueError(f"apply_plan runs torch plans; backend={plan.backend} loads through accelab.runtimes.load_runnable")
-
-    # 1. process settings, restored when the Runnable closes (or now, if a later step fails)
-    runnable_stack = system.apply(plan, device)
+    # the Runnable exists from the start: each step records on it what it did (its model, notes,
+    # settings to restore), and closing it undoes step 1 (or a failure at any later step does)
+    runnable = Runnable(model=None, processor=None, device=device, task=spec.task, spec=spec, plan=plan)
     try:
-        return _load_and_apply(spec, plan, device, runnable_stack, offload_dir)
+        # 1. process settings, restored when the Runnable closes
+        system.apply(runnable, plan)
+        _load(runnable, spec, plan, offload_dir)
+        _accelerate(runnable, plan)
     except BaseException:
-        runnable_stack.close()
+        runnable.close()
         raise
+    return runnable
 
 
-def _load_and_apply(
-    spec: ModelSpec, plan: Plan, device: torch.device, runnable_stack: Any, offload_dir: str | None
-) -> Runnable:
+def _load(runnable: Runnable, spec: ModelSpec, plan: Plan, offload_dir: str | None) -> None:
     # 2. load with the plan's from_pretrained arguments
     from accelab.catalog.load import load
 
     kwargs: dict[str, Any] = {}
     kwargs.update(attention.load_kwargs(plan, spec))
     kwargs.update(precision.load_kwargs(plan))
-    kwargs.update(placement.load_kwargs(plan, device, offload_dir=offload_dir, spec=spec, exit_stack=runnable_stack))
+    kwargs.update(placement.load_kwargs(plan, runnable.device, offload_dir=offload_dir, spec=spec,
+                                        exit_stack=runnable.exit_stack))
     log.info("loading %s with %s", spec.name, kwargs)
     loaded = load(spec, **kwargs)
-    return _accelerate(loaded.model, loaded.processor, spec, plan, device, runnable_stack)
+    runnable.model, runnable.processor = loaded.model, loaded.processor
 
 
-def _accelerate(model: Any, processor: Any, spec: ModelSpec | None, plan: Plan, device: torch.device,
-                runnable_stack: Any) -> Runnable:
-    """Steps 3-7 on a model in memory (loaded by step 2, or handed over by `apply_to_model`)."""
+def _accelerate(runnable: Runnable, plan: Plan) -> None:
+    """Steps 3-7 on a model in memory (loaded by step 2, or handed over by `apply_to_model`);
+    every technique is `apply(runnable, plan)`."""
     # 3. device and memory format
-    model = placement.apply(model, plan, device)
-    model = memory_format.apply(model, plan)
-
+    placement.apply(runnable, plan)
+    memory_format.apply(runnable, plan)
     # 4. weight quantization
-    model = quantization.apply(model, plan, device)
-
-    runnable = Runnable(
-        model=model,
-        processor=processor,
-        device=device,
-        task=spec.task if spec is not None else "",
-        exit_stack=runnable_stack,
-        placement=placement.describe(model),
-        spec=spec,
-        plan=plan,
-    )
-    runnable.notes.extend(getattr(model, "_accelab_notes", ()))  # left by memory format / quantization
+    quantization.apply(runnable, plan)
     # 5. mixed precision (autocast through accelerate)
     precision.apply(runnable, plan)
     # 6. KV cache
@@ -116,7 +109,6 @@ def _accelerate(model: Any, processor: Any, spec: ModelSpec | None, plan: Plan, 
     # 7. compile
     compile_.apply(runnable, plan)
     runnable.notes.extend(_notes(plan, runnable))
-    return runnable
 
 
 def apply_to_model(model: torch.nn.Module, plan: Plan, device: torch.device, *, processor: Any = None) -> Runnable:
@@ -132,8 +124,9 @@ def apply_to_model(model: torch.nn.Module, plan: Plan, device: torch.device, *, 
     stand_in = ModelSpec(name=type(model).__name__, task="image-classification", source="")  # these checks read no files
     for module in (system, precision, quantization, compile_):
         module.check(plan, stand_in, device)
-    stack = system.apply(plan, device)
+    runnable = Runnable(model=model, processor=processor, device=device, task="", plan=plan)
     try:
+        system.apply(runnable, plan)
         if plan.attention != "default":
             setter = getattr(model, "set_attn_implementation", None)
             if setter is None:
@@ -142,11 +135,12 @@ def apply_to_model(model: torch.nn.Module, plan: Plan, device: torch.device, *, 
             setter(plan.attention)
         dtype = precision.load_kwargs(plan)["dtype"]
         if dtype != torch.float32:
-            model = model.to(dtype)
-        return _accelerate(model, processor, None, plan, device, stack)
+            runnable.model = model.to(dtype)
+        _accelerate(runnable, plan)
     except BaseException:
-        stack.close()
+        runnable.close()
         raise
+    return runnable
 
 
 def _notes(plan: Plan, runnable: Runnable) -> list[str]:

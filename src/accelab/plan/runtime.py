@@ -37,6 +37,7 @@ class Runnable:
     exit_stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # global flags to restore
     generate_fn: Callable[..., Any] | None = None  # backends that generate without a torch model
     weight_bytes: int | None = None
+    quantized_layers: int = 0  # Linear layers torchao quantized (compile then fuses their scale multiply)
     spec: Any = None  # the ModelSpec it was loaded from
     plan: Any = None  # the Plan applied
     # processes outside this one that do its work (a backend's engine server): the noise meter

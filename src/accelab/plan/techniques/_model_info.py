@@ -63,12 +63,3 @@ def meta_model(spec: ModelSpec, config: Any, dtype: torch.dtype = torch.float32)
         return None
     with torch.device("meta"):
         return cls._from_config(config, dtype=dtype)
-
-
-def add_note(model: Any, note: str) -> None:
-    """Notes a technique leaves on the model; `apply_plan` moves them to `Runnable.notes`."""
-    notes = getattr(model, "_accelab_notes", None)
-    if notes is None:
-        notes = []
-        model._accelab_notes = notes
-    notes.append(note)

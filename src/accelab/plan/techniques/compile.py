@@ -80,7 +80,7 @@ def apply(runnable: Runnable, plan: Plan) -> None:
         for block in blocks:
             block.compile(**options)
         scope = f"regional, {len(blocks)} {type(blocks[0]).__name__} blocks"
-    if getattr(model, "_accelab_quantized", 0):
+    if runnable.quantized_layers:
         # torchao's int8 matmuls fuse their scale multiply only with this flag; scoped to the run
         runnable.exit_stack.enter_context(torch._inductor.config.patch(force_fuse_int_mm_with_mul=True))
     # generate must not compile a second time on top of ours (transformers does with a static cache)

@@ -15,7 +15,7 @@ import torch
 
 from accelab.catalog.spec import ModelSpec
 from accelab.plan.plan import Plan
-from accelab.plan.runtime import Unsupported
+from accelab.plan.runtime import Runnable, Unsupported
 from accelab.plan.techniques import _model_info
 
 log = logging.getLogger(__name__)
@@ -42,13 +42,13 @@ def count_conv2d(model: torch.nn.Module) -> int:
     return sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
 
 
-def apply(model: Any, plan: Plan) -> Any:
+def apply(runnable: Runnable, plan: Plan) -> None:
     if plan.memory_format != "channels_last":
-        return model
-    model = model.to(memory_format=torch.channels_last)  # converts only 4-D (conv) weights
-    _model_info.add_note(model, f"channels_last weights ({count_conv2d(model)} conv layers); inputs converted per batch")
-    log.info("channels_last: %d conv layers", count_conv2d(model))
-    return model
+        return
+    runnable.model = runnable.model.to(memory_format=torch.channels_last)  # converts only 4-D (conv) weights
+    convs = count_conv2d(runnable.model)
+    runnable.notes.append(f"channels_last weights ({convs} conv layers); inputs converted per batch")
+    log.info("channels_last: %d conv layers", convs)
 
 
 def prepare_batch(batch: dict[str, Any], plan: Plan) -> dict[str, Any]:

@@ -27,7 +27,7 @@ import torch
 from accelab.catalog.facts import weight_bytes
 from accelab.catalog.spec import ModelSpec
 from accelab.plan.plan import Plan, parse_max_memory
-from accelab.plan.runtime import Unsupported
+from accelab.plan.runtime import Runnable, Unsupported
 from accelab.plan.techniques import _model_info
 
 log = logging.getLogger(__name__)
@@ -130,12 +130,14 @@ def _temporary_dir(exit_stack: contextlib.ExitStack | None) -> str:
     return folder.name
 
 
-def apply(model: Any, plan: Plan, device: torch.device) -> Any:
-    """Move the model to the run's device, unless a device map already placed its layers."""
-    if getattr(model, "hf_device_map", None):
-        return model  # accelerate's hooks move each layer's inputs and weights per call
-    target = torch.device("cpu") if plan.placement == "cpu" else device
-    return model.to(target)
+def apply(runnable: Runnable, plan: Plan) -> None:
+    """Move the model to the run's device, unless a device map already placed its layers (then
+    `runnable.placement` says where each went)."""
+    runnable.placement = describe(runnable.model)
+    if runnable.placement:
+        return  # accelerate's hooks move each layer's inputs and weights per call
+    target = torch.device("cpu") if plan.placement == "cpu" else runnable.device
+    runnable.model = runnable.model.to(target)
 
 
 def describe(model: Any) -> dict[str, str] | None:

@@ -108,18 +108,26 @@ def apply(runnable: Runnable, plan: Plan) -> None:
     log.info("%s: forward wrapped in %s autocast", plan.precision, mixed_precision)
 
 
+class PrecisionConflict(RuntimeError):
+    """accelerate's state, a process singleton, already holds another precision (or device)."""
+
+
 def _accelerator(mixed_precision: str, device: torch.device) -> Any:
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, is_initialized
+    from accelerate.utils import DistributedType
 
-    try:
-        return Accelerator(mixed_precision=mixed_precision, cpu=device.type == "cpu")
-    except ValueError as exc:
-        if "mixed_precision" in str(exc) or "AcceleratorState" in str(exc):
-            raise RuntimeError(
-                f"accelerate's state already holds another precision in this process ({exc}); "
-                "run each precision in its own process"
-            ) from exc
-        raise
+    cpu = device.type == "cpu"
+    if is_initialized():  # what accelerate would refuse, asked of its state rather than read from its error text
+        state = AcceleratorState()
+        held = state.mixed_precision
+        if (cpu and state.device.type != "cpu") or (
+                held != mixed_precision and state.distributed_type != DistributedType.DEEPSPEED):
+            raise PrecisionConflict(
+                f"accelerate's state already holds mixed_precision={held!r} on {state.device} in this process "
+                f"(asked: {mixed_precision!r} on {device}); run each precision in its own process"
+            )
+    return Accelerator(mixed_precision=mixed_precision, cpu=cpu)
 
 
 def _cpu_dtype_note(precision: str) -> str | None:

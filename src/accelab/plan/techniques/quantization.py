@@ -22,7 +22,7 @@ import torch
 
 from accelab.catalog.spec import ModelSpec
 from accelab.plan.plan import Plan
-from accelab.plan.runtime import Unsupported
+from accelab.plan.runtime import Runnable, Unsupported
 from accelab.plan.techniques import _model_info
 
 log = logging.getLogger(__name__)
@@ -98,24 +98,24 @@ def make_config(quantization: str, device: torch.device) -> Any:
     raise ValueError(f"quantization={quantization!r} has no torchao config; choose int8-weight, int8-dynamic, int4-weight")
 
 
-def apply(model: Any, plan: Plan, device: torch.device) -> Any:
-    """Quantize the body's Linear layers in place; leaves a note and `_accelab_quantized` (count)."""
+def apply(runnable: Runnable, plan: Plan) -> None:
+    """Quantize the body's Linear layers in place; records their count (`quantized_layers`) and notes."""
     if plan.quantization == "none":
-        return model
+        return
     from torchao.quantization import quantize_
 
+    model, device = runnable.model, runnable.device
     skip = head_modules(model)
     chosen = layer_filter(plan.quantization, skip)
     names = [name for name, module in model.named_modules() if chosen(module, name)]
     quantize_(model, make_config(plan.quantization, device), filter_fn=chosen)
     total = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
-    model._accelab_quantized = len(names)
+    runnable.quantized_layers = len(names)
     kept = f" (kept {', '.join(sorted(skip))} in full precision)" if skip else ""
-    _model_info.add_note(model, f"torchao {plan.quantization}: {len(names)} of {total} Linear layers{kept}")
+    runnable.notes.append(f"torchao {plan.quantization}: {len(names)} of {total} Linear layers{kept}")
     if device.type == "cpu" and plan.compile == "off":
-        _model_info.add_note(model, "torchao int kernels dequantize per call in eager mode on CPU: expect slower without compile")
+        runnable.notes.append("torchao int kernels dequantize per call in eager mode on CPU: expect slower without compile")
     log.info("quantized %d of %d Linear layers to %s", len(names), total, plan.quantization)
-    return model
 
 
 def head_modules(model: torch.nn.Module) -> set[str]:

@@ -1,7 +1,7 @@
 """Process settings: intra-/inter-op threads, TF32, cudnn.benchmark.
 
-Every change is made through `apply`, which returns an ExitStack whose callbacks put the
-previous values back, so no flag outlives the run that asked for it. The one exception is
+Every change is made through `apply`, which registers the previous values on the Runnable's
+exit stack, so no flag outlives the run that asked for it (closing the Runnable restores them). The one exception is
 inter-op threads: torch accepts `set_num_interop_threads` once per process, before any
 parallel work, and never again, so it cannot be restored; accelab runs one plan per child
 process, where the first call succeeds.
@@ -17,7 +17,7 @@ import torch
 
 from accelab.catalog.spec import ModelSpec
 from accelab.plan.plan import Plan
-from accelab.plan.runtime import Unsupported
+from accelab.plan.runtime import Runnable, Unsupported
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +42,9 @@ def check(plan: Plan, spec: ModelSpec, device: torch.device) -> None:
             )
 
 
-def apply(plan: Plan, device: torch.device) -> contextlib.ExitStack:
-    """Set the plan's process settings; closing the returned stack restores them."""
+def apply(runnable: Runnable, plan: Plan) -> None:
+    """Set the plan's process settings; closing the Runnable restores them (and a failure here
+    restores at once what this step had set)."""
     stack = contextlib.ExitStack()
     try:
         _set_threads(stack, plan)
@@ -57,7 +58,7 @@ def apply(plan: Plan, device: torch.device) -> contextlib.ExitStack:
     except BaseException:
         stack.close()
         raise
-    return stack
+    runnable.exit_stack.enter_context(stack)
 
 
 def _set_threads(stack: contextlib.ExitStack, plan: Plan) -> None:
