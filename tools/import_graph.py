@@ -230,6 +230,36 @@ def heavy_modules(src: Path) -> dict[str, frozenset[str]]:
     return {m: load(m, frozenset()) for m in sorted(known)}
 
 
+def startup_modules(src: Path) -> frozenset[str]:
+    """The accelab modules `accelab --help` imports: accelab.cli, the command modules it names in
+    COMMAND_MODULES (it imports them by name), and what their module-level imports pull in."""
+    cli = ast.parse((src / "accelab" / "cli.py").read_text())
+    roots = ["accelab.cli"]
+    for node in ast.walk(cli):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "COMMAND_MODULES"
+                                                for t in node.targets):
+            roots += [e.value for e in node.value.elts if isinstance(e, ast.Constant)]  # type: ignore[attr-defined]
+    found = statements(src)
+    known = {module_name(p, src) for p in (src / "accelab").rglob("*.py")}
+    links: dict[str, set[str]] = defaultdict(set)
+    for s in found:
+        if s.in_function or s.type_checking:
+            continue
+        for name in s.names:
+            parts = name.split(".")
+            links[s.source].update(".".join(parts[:n]) for n in range(1, len(parts) + 1)
+                                   if ".".join(parts[:n]) in known)
+    seen: set[str] = set()
+    todo = [m for root in roots for m in (root.rsplit(".", 1)[0], root)]
+    while todo:
+        module = todo.pop()
+        if module in seen or module not in known:
+            continue
+        seen.add(module)
+        todo.extend(links[module])
+    return frozenset(seen)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LazyImport:
     source: str
@@ -241,22 +271,29 @@ class LazyImport:
 def lazy_imports(src: Path) -> list[LazyImport]:
     """Every import inside a function, and the reason it is there (or None)."""
     heavy = heavy_modules(src)
+    startup = startup_modules(src)
+    at_startup = {name.split(".")[0] for s in statements(src) if s.source in startup and not s.in_function
+                  and not s.type_checking for name in s.names if not name.startswith("accelab")}
     out = []
     for s in statements(src):
         if not s.in_function:
             continue
         for name in s.names:
             top = name.split(".")[0]
+            reason = None
             if top == "accelab":
                 parts = name.split(".")
                 target = next((".".join(parts[:n]) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in heavy),
                               "accelab")
                 extra = heavy[target] - heavy.get(s.source, frozenset())
-                reason = f"loads {', '.join(sorted(extra))}" if extra else None
+                if extra:
+                    reason = f"loads {', '.join(sorted(extra))}"
+                elif s.source in startup and target not in startup:
+                    reason = "start-up: `accelab --help` does not import it"
             elif ok := _lazy_ok(name):
                 reason = None if ok in heavy.get(s.source, frozenset()) else LAZY_OK[ok]
-            else:
-                reason = None
+            elif s.source in startup and top not in at_startup and top not in sys.stdlib_module_names:
+                reason = "start-up: `accelab --help` does not import it"
             out.append(LazyImport(source=s.source, name=name, line=s.line, reason=reason))
     return out
 

@@ -6,8 +6,12 @@ puts a plan into your own code; `CustomModel` describes a custom nn.Module with 
 inputs and task. `import accelab` stays cheap: nothing imports torch until a function runs.
 """
 
+import inspect
 import types
 
+# api imports nothing heavy at module level; bench and tune are the commands' subpackages
+from accelab import api, bench, tune
+from accelab.api import apply, compare, verify
 from accelab.version import __version__
 
 __all__ = ["CustomModel", "Plan", "__version__", "apply", "bench", "compare", "tune", "verify"]
@@ -20,21 +24,12 @@ class _CommandPackage(types.ModuleType):
     time Python imports it.)"""
 
     def __call__(self, *args, **kwargs):
-        from accelab import api
-
         return getattr(api, self.__name__.rsplit(".", 1)[1])(*args, **kwargs)
 
     @property
     def __signature__(self):  # help() and IDEs show the API function's parameters
-        import inspect
-
-        from accelab import api
-
         return inspect.signature(getattr(api, self.__name__.rsplit(".", 1)[1]))
 
-
-from accelab import bench, tune  # noqa: E402 - the subpackages exist before they become callable
-from accelab.api import apply, compare, verify  # noqa: E402 - api imports nothing heavy at module level
 
 for _package in (bench, tune):
     _package.__class__ = _CommandPackage

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
+
 import typer
 
 app = typer.Typer(
@@ -39,8 +41,6 @@ def _root(
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Let Hub models run the Python code "
                                            "of their repository (read it first); off by default."),
 ) -> None:
-    import os
-
     # what the user asked for goes where every process of this run (the measuring children
     # too) and huggingface_hub read it: the environment
     if offline:

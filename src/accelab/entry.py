@@ -9,10 +9,10 @@ from collections.abc import Callable
 
 import typer
 
+from accelab.quiet import quiet_third_party_process_wide
+
 
 def run_app(app: typer.Typer) -> None:
-    from accelab.quiet import quiet_third_party_process_wide
-
     # a process entry point (the `accelab` command, `python -m accelab.<capability>`): quiet
     # third-party libraries for the whole process, keeping any variable the user set
     quiet_third_party_process_wide()

@@ -14,6 +14,7 @@ for train and predict: see `_start` and `_stop`.
 
 from __future__ import annotations
 
+import ctypes
 import faulthandler
 import json
 import logging
@@ -184,7 +185,6 @@ def _die_with_parent(sig: signal.Signals, parent: int) -> Callable[[], None] | N
     launch from a thread that outlives the run (the main thread does)."""
     if not sys.platform.startswith("linux"):
         return None
-    import ctypes
 
     prctl = ctypes.CDLL(None, use_errno=True).prctl
 

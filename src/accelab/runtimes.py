@@ -15,7 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
+from accelab.backends import BACKENDS
 from accelab.catalog.spec import ModelSpec
+from accelab.plan import apply
+from accelab.plan.apply import check_techniques
 from accelab.plan.plan import Plan
 from accelab.plan.runtime import Runnable, Unsupported
 
@@ -32,8 +35,6 @@ class Runtime:
 
 
 def _torch_load(spec: ModelSpec, plan: Plan, device: torch.device) -> Runnable:
-    from accelab.plan import apply
-
     return apply.apply_plan(spec, plan, device)
 
 
@@ -42,8 +43,6 @@ def _no_check(spec: ModelSpec, plan: Plan, device: torch.device) -> None:
 
 
 def _table() -> dict[str, Runtime]:
-    from accelab.backends import BACKENDS
-
     table = {"torch": Runtime(check=_no_check, load=_torch_load)}
     table.update({name: Runtime(check=entry.check, load=entry.load) for name, entry in BACKENDS.items()})
     return table
@@ -61,8 +60,6 @@ def _runtime(plan: Plan) -> Runtime:
 
 def check_supported(plan: Plan, spec: ModelSpec, device: torch.device) -> None:
     """Raise Unsupported before loading anything when the plan cannot run here."""
-    from accelab.plan.apply import check_techniques
-
     check_techniques(plan, spec, device)
     _runtime(plan).check(spec, plan, device)
 

@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from accelab.catalog.custom import files_of
+from accelab.catalog.load import load, load_processor
 from accelab.catalog.spec import ModelSpec
 from accelab.paths import cache_dir
 from accelab.plan.runtime import Unsupported
@@ -115,8 +117,6 @@ def dynamic_axes(task: str, input_names: Sequence[str], output_name: str, *,
 def export_key(spec: ModelSpec, input_names: Sequence[str]) -> str:
     output = output_name_of(spec)
     if spec.custom:  # the builder's module or the saved object, not every file beside it
-        from accelab.catalog.custom import files_of
-
         files = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files_of(spec.builder, spec.source)]  # type: ignore[arg-type]
     else:
         files = model_files(spec.source)
@@ -174,7 +174,6 @@ def model_input_names(spec: ModelSpec) -> tuple[str, ...]:
     """The inputs the graph takes: the processor's model_input_names (text) or pixel_values."""
     if spec.task == "image-classification":
         return ("pixel_values",)
-    from accelab.catalog.load import load_processor
 
     if spec.custom:
         return load_processor(spec).call.keys
@@ -209,7 +208,6 @@ def build_atomically(directory: Path, build: Callable[[Path], None]) -> None:
 def export_to(spec: ModelSpec, input_names: tuple[str, ...], directory: Path) -> None:
     """Load the model (fp32, eager attention), export it and write export.json into `directory`."""
     from accelab.catalog.inputs import forward_batch
-    from accelab.catalog.load import load
 
     loaded = load(spec, attn_implementation=None if spec.custom else "eager")
     # batch 2 of 16 tokens with padding: the trace must not specialise on batch 1 or a full mask

@@ -12,9 +12,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers import AutoConfig
 from transformers.modeling_outputs import BaseModelOutput, ImageClassifierOutput
 
 from accelab.backends.export import Graph
+from accelab.catalog.custom import load
+from accelab.catalog.load import load_processor
 from accelab.catalog.spec import ModelSpec
 from accelab.plan.plan import Plan
 from accelab.plan.runtime import Runnable
@@ -67,10 +70,7 @@ def model_config(spec: ModelSpec) -> Any:
     """The transformers config (the batch builders read max positions and image size from it);
     a custom model's stand-in (its class names)."""
     if spec.custom:
-        from accelab.catalog.custom import load
-
         return load(spec)[0].config
-    from transformers import AutoConfig
 
     gguf = {"gguf_file": spec.gguf_file} if spec.gguf_file else {}
     return AutoConfig.from_pretrained(spec.source, **gguf)
@@ -80,8 +80,6 @@ def graph_runnable(
     spec: ModelSpec, plan: Plan, device: torch.device, model: GraphModel, graph: Graph, notes: list[str]
 ) -> Runnable:
     """The Runnable around a graph model (shared with OpenVINO); closing it drops the session."""
-    from accelab.catalog.load import load_processor
-
     runnable = Runnable(model=model, processor=load_processor(spec), device=device, task=spec.task,
                         notes=notes, weight_bytes=graph.weight_bytes(), spec=spec, plan=plan)
     runnable.exit_stack.callback(_release, model)

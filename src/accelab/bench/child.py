@@ -16,10 +16,22 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from accelab import runtimes  # looked up per call: tests/faults replaces runtimes.load_runnable
+from accelab.catalog import inputs
+from accelab.catalog.facts import weight_bytes
 from accelab.catalog.spec import ModelSpec
+from accelab.measure.flops import count_flops, decode_roofline, mfu
+from accelab.measure.memory import PeakMemorySampler, combine_reports
+from accelab.measure.stats import summarize
+from accelab.plan.apply import resolve_device
 from accelab.plan.plan import Plan
-from accelab.quality.collect import QualityConfig
+from accelab.plan.runtime import Unsupported, input_device, to_device
+from accelab.plan.techniques.memory_format import prepare_batch
+from accelab.quality.collect import QualityConfig, collect
 from accelab.results import contract as K
+from accelab.scenarios.forward import ForwardScenario
 from accelab.scenarios.workload import RoundSpec, Workload
 
 log = logging.getLogger(__name__)
@@ -105,17 +117,12 @@ class BenchChild:
         raise TypeError(f"unknown request {type(request).__name__}")
 
     def load(self) -> Loaded:
-        from accelab.measure.memory import PeakMemorySampler
-        from accelab.plan.apply import resolve_device
-        from accelab.plan.runtime import Unsupported, input_device, to_device
-        from accelab.runtimes import load_runnable
-
         job = self.job
         # 1. load and apply the plan
         try:
             self.device = resolve_device(job.plan, job.device)
             t0 = time.perf_counter()
-            self.runnable = load_runnable(job.spec, job.plan, self.device)
+            self.runnable = runtimes.load_runnable(job.spec, job.plan, self.device)
             self.load_s = time.perf_counter() - t0
         except Unsupported as why:
             return Loaded(status="unsupported", reason=str(why))
@@ -134,9 +141,6 @@ class BenchChild:
                       worker_pids=tuple(getattr(self.runnable, "worker_pids", ())))
 
     def round(self, spec: RoundSpec) -> RoundDone:
-        from accelab.measure.memory import PeakMemorySampler
-        from accelab.measure.stats import summarize
-
         if self.scenario is None:
             raise RuntimeError("Round before a successful Load")
         # 4. one timed round, memory sampled around it
@@ -148,10 +152,6 @@ class BenchChild:
                          cv=summarize(timed.durations).cv)
 
     def finish(self, kept: tuple[int, ...]) -> BenchOutput:
-        import torch
-
-        from accelab.measure.memory import combine_reports
-
         if self.scenario is None or not self.rounds:
             raise RuntimeError("Finish before any timed round")
         runnable, device = self.runnable, self.device
@@ -172,8 +172,6 @@ class BenchChild:
             # 6. outputs for the quality guard, after timing so they cannot disturb it
             outputs = None
             if self.job.quality is not None:
-                from accelab.quality.collect import collect
-
                 outputs = collect(runnable, self.job.quality)
             notes = list(runnable.notes) + [metrics[k] for k in (K.MFU_UNKNOWN, K.ROOFLINE_UNKNOWN) if k in metrics]
             return BenchOutput(status="ok", metrics=metrics, notes=notes, outputs=outputs)
@@ -193,8 +191,6 @@ def measure_in_child(job: BenchJob) -> BenchOutput:
 
 def _scenario(runnable: Any, batch: dict[str, Any], workload: Workload) -> Any:
     if workload.scenario == "forward":
-        from accelab.scenarios.forward import ForwardScenario
-
         return ForwardScenario(runnable, batch, workload)
     if workload.scenario == "generate":
         from accelab.scenarios.generate import GenerateScenario
@@ -204,8 +200,6 @@ def _scenario(runnable: Any, batch: dict[str, Any], workload: Workload) -> Any:
 
 
 def _build_batch(runnable: Any, workload: Workload) -> dict[str, Any]:
-    from accelab.catalog import inputs
-
     synthetic = workload.inputs == "synthetic"
     if workload.scenario == "generate":
         return inputs.generate_batch(runnable.as_loaded(), workload.batch_size, synthetic=synthetic)
@@ -215,10 +209,6 @@ def _build_batch(runnable: Any, workload: Workload) -> dict[str, Any]:
 
 
 def _prepare_layout(batch: dict[str, Any], plan: Plan) -> dict[str, Any]:
-    try:
-        from accelab.plan.techniques.memory_format import prepare_batch
-    except ImportError:  # pragma: no cover - technique module always present
-        return batch
     return prepare_batch(batch, plan)
 
 
@@ -237,8 +227,6 @@ def _hardware_figures(runnable: Any, batch: dict, workload: Workload, metrics: d
     models run, so a figure above them means they were measured under worse conditions (a
     busy machine). Then they are measured again, once; a figure still above 100% is reported
     as unknown, with the reason, instead of an impossible number."""
-    from accelab.catalog.facts import weight_bytes
-    from accelab.measure.flops import count_flops, decode_roofline, mfu
     from accelab.measure.hardware import hardware_limits
 
     figures: dict[str, Any] = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional
 
@@ -111,11 +112,9 @@ def compare_command(
     store: bool = typer.Option(True, "--store/--no-store"),
 ) -> None:
     """Several plans side by side: latency, throughput, memory, speed-up and a quality verdict."""
-    import json
-
     from accelab.bench.compare import quality_config_for, run_compare
-    from accelab.bench.rounds import RoundsConfig
     from accelab.bench.options import build_request, resolve_plan
+    from accelab.bench.rounds import RoundsConfig
     from accelab.measure.budget import PlanBudget
     from accelab.measure.capabilities import slow_techniques
     from accelab.plan.apply import resolve_device

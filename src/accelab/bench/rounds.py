@@ -32,14 +32,17 @@ from accelab.bench.child import BenchJob, BenchOutput, Finish, Load, Loaded, Rou
 from accelab.catalog.spec import ModelSpec
 from accelab.measure import noise
 from accelab.measure.budget import PlanBudget
+from accelab.measure.capabilities import plan_techniques
+from accelab.measure.environment import environment, fingerprint
 from accelab.measure.paired import MIN_PAIRS, paired_ratio, unpaired_ratio
 from accelab.measure.runner import ChildOutcome
 from accelab.measure.session import WarmChild
 from accelab.plan.plan import Plan
 from accelab.quality.collect import QualityConfig
+from accelab.quality.verify import judge_outputs, reference_outputs
 from accelab.results import contract as K
 from accelab.results.result import Result, command_line
-from accelab.scenarios.workload import RoundSpec, Workload
+from accelab.scenarios.workload import RoundSpec, Workload, resolve_batch_size
 
 log = logging.getLogger(__name__)
 
@@ -264,8 +267,6 @@ def measure_plans(spec: ModelSpec, plans: Sequence[Plan], workloads: Sequence[Wo
                   config: RoundsConfig | None = None, console: Console | None = None) -> list[Result]:
     """Measure every plan in alternating rounds; one Result per plan, in order. With several
     plans, each Result after the first that ran carries its paired speed-up (`speedup`)."""
-    from accelab.measure.capabilities import plan_techniques
-
     console = console or Console(stderr=True)
     contenders = [Contender(plan=p, workload=w, techniques=plan_techniques(p),
                             job=BenchJob(spec=spec, plan=p, workload=w, device=device, quality=quality))
@@ -287,8 +288,6 @@ def measure_plans(spec: ModelSpec, plans: Sequence[Plan], workloads: Sequence[Wo
 def result_shell(spec: ModelSpec, plan: Plan, workload: Workload, *, kind: str, tag: str | None,
                  group_id: str | None) -> Result:
     """A Result with everything but the measurement (status "error" until one is filled in)."""
-    from accelab.measure.environment import environment, fingerprint
-
     machine = environment()
     return Result(kind=kind, status="error", model=spec.to_dict(), plan=plan.to_dict(), workload=workload.to_dict(),
                   environment=machine, fingerprint=fingerprint(machine), command=command_line(), tag=tag,
@@ -306,8 +305,6 @@ def _result(c: Contender, spec: ModelSpec, *, kind: str, tag: str | None, group_
                                                 [c.usable(i) for i, w in enumerate(c.windows) if w is not None])
         result.metrics[K.ROUNDS] = rounds_record(c)
         if quality is not None and output.outputs is not None:
-            from accelab.quality.verify import judge_outputs, reference_outputs
-
             reference = reference_outputs(spec, quality, device=device, timeout_s=timeout_s)
             result.quality = judge_outputs(spec.task, reference, output.outputs, tolerance)
     elif c.loaded is not None and c.loaded.status != "ok":
@@ -322,6 +319,4 @@ def _result(c: Contender, spec: ModelSpec, *, kind: str, tag: str | None, group_
 
 def with_rows(workload: Workload, plans: Sequence[Plan]) -> list[Workload]:
     """compare's rule: each plan runs at its own batch_size when it has one, else the shared one."""
-    from accelab.scenarios.workload import resolve_batch_size
-
     return [replace(workload, batch_size=resolve_batch_size(None, p, workload.batch_size)) for p in plans]

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
 
+import cloudpickle
 import torch
 
 log = logging.getLogger(__name__)
@@ -108,8 +109,6 @@ def save_object(model: Any, *, inputs: Inputs = None, task: str | None = None, l
                 directory: Path) -> Resolved:
     """Write a model object (with its inputs) once with cloudpickle; the file's name is the hash
     of its bytes, so the same object twice is one file (and one cached fp32 reference)."""
-    import cloudpickle
-
     bundle = model if isinstance(model, CustomModel) else CustomModel(model=model, inputs=inputs, task=task, labels=labels)
     _check_model(bundle.model, type(bundle.model).__name__)
     chosen = _choose_task(bundle, task or bundle.task, type(bundle.model).__name__)
@@ -150,8 +149,6 @@ def load(spec: Any, dtype: torch.dtype = torch.float32) -> tuple["CustomModule",
 
 def build(builder: str, source: str) -> CustomModel:
     if builder.startswith(PICKLE_PREFIX):
-        import cloudpickle
-
         path = Path(builder[len(PICKLE_PREFIX):])
         if not path.is_file():
             raise ValueError(f"the saved model object {path} is gone (the accelab cache was cleared?); pass the model again")

@@ -23,6 +23,9 @@ import re
 import sys
 from pathlib import Path
 
+import httpx2
+from tqdm.auto import tqdm
+
 log = logging.getLogger(__name__)
 
 TRUST_ENV = "ACCELAB_TRUST_REMOTE_CODE"
@@ -43,8 +46,7 @@ def offline() -> bool:
 
 def snapshot(repo: str, revision: str | None = None) -> Path:
     """The local directory of `repo` at `revision` (default: main), downloaded when needed."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub import errors as hub_errors
+    from huggingface_hub import errors as hub_errors, snapshot_download
 
     where = f"{repo}@{revision}" if revision else repo
     if offline():
@@ -78,7 +80,6 @@ def _progress_bar_class() -> type | None:
     that is not huggingface_hub's own is shown as is."""
     if not sys.stderr.isatty():
         return None
-    from tqdm.auto import tqdm
 
     return tqdm
 
@@ -97,7 +98,6 @@ def _explain(err: Exception, repo: str, revision: str | None) -> ValueError | No
     A Hub that cannot be reached at all, or answers 5xx, becomes LocalEntryNotFoundError. Any of
     these is raised only when the snapshot is not in the cache: a cached one is returned instead.
     """
-    import httpx2
     from huggingface_hub import errors as hub_errors
 
     where, endpoint = (f"{repo}@{revision}" if revision else repo), _endpoint()

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from accelab.catalog import custom
 from accelab.catalog.facts import MODEL_CLASSES
 from accelab.catalog.spec import ModelSpec
 
@@ -61,7 +62,6 @@ def _load_custom(spec: ModelSpec, dtype: torch.dtype, attn_implementation: str |
     options = [*(["attn_implementation"] if attn_implementation is not None else []), *kwargs]
     if options:
         raise ValueError(f"{spec.name} is a custom nn.Module: transformers' load options ({', '.join(options)}) do not apply")
-    from accelab.catalog import custom
 
     log.info("building the custom model %s (%s)", spec.name, spec.task)
     model, inputs = custom.load(spec, dtype)
@@ -70,8 +70,6 @@ def _load_custom(spec: ModelSpec, dtype: torch.dtype, attn_implementation: str |
 
 def load_processor(spec: ModelSpec) -> Any:
     if spec.custom:
-        from accelab.catalog import custom
-
         return custom.load(spec)[1]
     from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 from accelab.catalog import custom, hub
 from accelab.catalog.entries import CATALOG
-from accelab.catalog.fetch import fetch as fetch_entry
-from accelab.catalog.fetch import is_fetched
+from accelab.catalog.fetch import fetch as fetch_entry, is_fetched
 from accelab.catalog.spec import TASKS, ModelSpec
 from accelab.catalog.store import model_dir, read_meta, stored_models
 from accelab.catalog.taskinfer import infer_task
+from accelab.paths import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +101,6 @@ def from_object(model: object, *, inputs: object = None, task: str | None = None
                 labels: list[str] | None = None) -> ModelSpec:
     """A ModelSpec for a model object in this process (the Python API): saved once, so every
     child process loads the same model (see `catalog.custom.save_object`)."""
-    from accelab.paths import cache_dir
-
     found = custom.save_object(model, inputs=inputs, task=task, labels=labels, directory=cache_dir() / "objects")
     name = type(model.model if isinstance(model, custom.CustomModel) else model).__name__
     return ModelSpec(name=name, task=found.task, source=found.source, builder=found.builder,  # type: ignore[arg-type]

@@ -14,12 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from rich.table import Table
 
 from accelab.loadtest.client import LoadConfig, discover_model, run_load
 from accelab.loadtest.findmax import FindMax, find_max, goodput_at_least
+from accelab.loadtest.plot import plot_cdf, plot_find_max
 from accelab.loadtest.summary import SLO, summarize_run
 from accelab.results import contract as K
 from accelab.results.result import Result, command_line
+from accelab.results.table import make_console
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +140,6 @@ def load_inputs(endpoint: str, path: Path | None) -> list[str]:
 
 def run_loadtest(request: LoadTestRequest, console: Any = None) -> Result:
     """One run, or a find-max search, against the server; printed, plotted as asked, not stored."""
-    from accelab.results.table import make_console
-
     console = console or make_console()
     config, objectives = request.config, request.slo
     served = discover_model(config)
@@ -149,8 +150,6 @@ def run_loadtest(request: LoadTestRequest, console: Any = None) -> Result:
     result = build_result(config, served, objectives, summary=summary, tag=request.tag)
     print_summary(console, summary)
     if request.plot:
-        from accelab.loadtest.plot import plot_cdf
-
         ok = [r for r in records if r.ok]
         plot_cdf({"e2e": [r.e2e * 1000 for r in ok], "TTFT": [r.ttft * 1000 for r in ok if r.ttft is not None]},
                  request.plot, title=f"{served} {config.endpoint}: latency CDF")
@@ -175,8 +174,6 @@ def _find_max(request: LoadTestRequest, served: str, console: Any) -> Result:
     console.print(f"max sustainable rate: [bold]{best}[/bold]" + ("" if search.saturated else
                                                                    " (never saturated: raise --max-steps)"))
     if request.plot:
-        from accelab.loadtest.plot import plot_find_max
-
         plot_find_max(result.metrics[K.PROBES], request.plot, best_rate=search.best_rate,
                       title=f"{served} {config.endpoint}: latency and goodput vs load")
     return result
@@ -188,8 +185,6 @@ def _p(summary: dict[str, Any], key: str, q: str = "p99") -> str:
 
 
 def print_summary(console: Any, s: dict[str, Any]) -> None:
-    from rich.table import Table
-
     table = Table(title="load test", show_header=True)
     table.add_column("metric")
     table.add_column("value", justify="right")

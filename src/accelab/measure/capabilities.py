@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
+from accelab.backends.vllm_launch import find_vllm
+from accelab.measure import hardware
+from accelab.measure.environment import environment
 from accelab.measure.hardware import HardwareLimits
 from accelab.measure.probes import SLOW_BELOW, describe
 
@@ -241,8 +244,6 @@ CHECKS: dict[str, Callable[[_Machine], Check]] = {
 
 def _vllm() -> Check:
     """vLLM runs from its own venv (accelab.backends.vllm_launch), so the versions of this one say nothing."""
-    from accelab.backends.vllm_launch import find_vllm
-
     install, reason = find_vllm()
     if install is None:
         return "unsupported", reason
@@ -276,13 +277,10 @@ def slow_techniques(device: Any, *, measure: bool = False) -> dict[str, str]:
     """Techniques the capability report expects slower than fp32 eager on `device`, with why:
     from the probes and peaks of `accelab env` (measured now when `measure`, else only when
     cached), or from instruction-set flags when nothing was measured."""
-    from accelab.measure.environment import environment
-    from accelab.measure.hardware import cached_limits, hardware_limits
-
     env = environment()
     if device.type == "cpu" and env.get("gpus"):
         return {}  # the report judges this machine's GPUs, not its CPU
     limits = None
     if device.type == "cpu":
-        limits = hardware_limits("cpu") if measure else cached_limits("cpu")
+        limits = hardware.hardware_limits("cpu") if measure else hardware.cached_limits("cpu")  # tests replace them
     return {c.technique: c.reason for c in capabilities(env, limits) if c.status == "slow"}

@@ -30,6 +30,7 @@ import torch
 
 from accelab.measure import kernels, noise
 from accelab.measure.paired import Ratio, paired_ratio, relative_half_width
+from accelab.plan.techniques.quantization import make_config
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +58,6 @@ def _variant(technique: str, device: torch.device) -> tuple[torch.nn.Module, tor
         return model.to(dtype), dtype, nullcontext
     if technique in ("int8-weight", "int8-dynamic"):
         from torchao.quantization import quantize_
-
-        from accelab.plan.techniques.quantization import make_config
 
         quantize_(model, make_config(technique, device))
         return model, torch.float32, nullcontext

@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 import psutil
 
+from accelab.quiet import quiet_third_party_process_wide
+
 log = logging.getLogger(__name__)
 
 Status = Literal["ok", "error", "oom", "timeout", "crashed"]
@@ -82,8 +84,6 @@ def _is_oom(err: BaseException) -> bool:
 
 
 def _child_main(conn: Any, job: ChildJob) -> None:
-    from accelab.quiet import quiet_third_party_process_wide
-
     os.environ.update(job.env)
     quiet_third_party_process_wide()  # a spawned child's entry point; keeps the variables it inherited
     try:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from accelab.measure.runner import ChildOutcome, _describe_exit, _is_oom, _kill_tree, _main_not_rerun, _Message
+from accelab.quiet import quiet_third_party_process_wide
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +44,6 @@ def _failure(err: BaseException) -> _Message:
 
 
 def _session_main(conn: Any, start: _Start) -> None:
-    from accelab.quiet import quiet_third_party_process_wide
-
     os.environ.update(start.env)
     quiet_third_party_process_wide()  # a spawned child's entry point
     try:

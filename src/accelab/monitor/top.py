@@ -15,6 +15,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
 from accelab.monitor.scrape import NOT_API, Snapshot, Window, api_requests, quantile, top_kinds
 
 log = logging.getLogger(__name__)
@@ -150,10 +155,6 @@ def state_rows(snap: Snapshot) -> list[tuple[str, str]]:
 
 
 def render(snaps: deque[Snapshot], options: TopOptions, error: str | None = None):
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
-
     new = snaps[-1]
     window = Window(old=snaps[0], new=new) if len(snaps) > 1 else None
     span = f"last {window.seconds:.0f} s" if window else "last window (one more scrape)"
@@ -178,9 +179,6 @@ def render(snaps: deque[Snapshot], options: TopOptions, error: str | None = None
 def run_top(options: TopOptions, *, fetch: Callable[[str], str] | None = None,
             clock: Callable[[], float] = time.monotonic, frames: int | None = None) -> int:
     """Redraw until Ctrl+C (or `frames` redraws); returns the exit status."""
-    from rich.console import Console
-    from rich.live import Live
-
     fetch = fetch or _http_fetch(options)
     console = Console()
     snaps: deque[Snapshot] = deque()

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from accelab.catalog.load import load
 from accelab.catalog.spec import ModelSpec
 from accelab.plan.plan import Plan
 from accelab.plan.runtime import Runnable, Unsupported
@@ -82,7 +83,6 @@ def apply_plan(spec: ModelSpec, plan: Plan, device: torch.device, *, offload_dir
 
 def _load(runnable: Runnable, spec: ModelSpec, plan: Plan, offload_dir: str | None) -> None:
     # 2. load with the plan's from_pretrained arguments
-    from accelab.catalog.load import load
 
     kwargs: dict[str, Any] = {}
     kwargs.update(attention.load_kwargs(plan, spec))

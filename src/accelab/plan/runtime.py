@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from accelab.catalog.load import Loaded
+
 
 class Unsupported(Exception):
     """A technique cannot run (or would do nothing) on this device; the message says why.
@@ -46,8 +48,6 @@ class Runnable:
 
     def as_loaded(self) -> Any:
         """The catalog's `Loaded` view (model, processor, spec), for its batch builders."""
-        from accelab.catalog.load import Loaded
-
         return Loaded(model=self.model, processor=self.processor, spec=self.spec)
 
     def forward(self, batch: dict[str, torch.Tensor]) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -62,18 +63,16 @@ def predict_command(
     store: bool = typer.Option(True, "--store/--no-store", help="Append the run to the results store."),
 ) -> None:
     """Run a model over a whole dataset with a plan, in one process or many; resumable, ordered output."""
-    import tempfile
-
     from accelab.launch import refuse_outer_launcher
 
     refuse_outer_launcher("predict")
 
+    from accelab.launch import LaunchOptions, outcome_elsewhere
     from accelab.plan.runtime import Unsupported
     from accelab.plan.techniques.system import available_cpus
     from accelab.predict import launch as launcher
     from accelab.predict.options import build_request
     from accelab.predict.report import print_run, result_of
-    from accelab.launch import LaunchOptions, outcome_elsewhere
     from accelab.results.store import keep
 
     launch = LaunchOptions(nproc=nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,

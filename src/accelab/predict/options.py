@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from accelab.bench.options import spec_max_sequence_length
 from accelab.catalog.spec import ModelSpec
 from accelab.launch import LaunchOptions
-from accelab.plan.plan import Plan
+from accelab.plan.plan import Plan, load_plan
 from accelab.predict.chunks import rounded_chunk_size
 from accelab.predict.config import (
     DEFAULT_BATCH,
@@ -27,8 +28,9 @@ from accelab.predict.config import (
     default_workers,
     output_format,
 )
-from accelab.predict.parts import Parts, parts_path, sidecar_path
 from accelab.predict.launch import threads_per_process
+from accelab.predict.parts import Parts, parts_path, sidecar_path
+from accelab.predict.sources import open_source
 from accelab.scenarios.workload import resolve_batch_size
 
 log = logging.getLogger(__name__)
@@ -54,8 +56,6 @@ def build_request(*, model: str, task: str | None, plan: str, overrides: list[st
                   workers: int | None = None, **options: Any) -> PredictRequest:
     """`options`: text_field, split, limit, top_k, max_length, max_new_tokens, prompt, progress, timeout_s."""
     from accelab.catalog.resolve import resolve
-    from accelab.plan.plan import load_plan
-    from accelab.predict.sources import open_source
 
     # cheap checks first: no model is fetched for a typo
     plan_obj = load_plan(plan, [*overrides, *([f"threads={threads}"] if threads is not None else [])])
@@ -91,8 +91,6 @@ def build_request(*, model: str, task: str | None, plan: str, overrides: list[st
 
 
 def _check_max_length(spec: ModelSpec, max_length: int | None) -> None:
-    from accelab.bench.options import spec_max_sequence_length
-
     limit = spec_max_sequence_length(spec)
     if max_length is not None and limit is not None and max_length > limit:
         raise ValueError(f"--max-length {max_length} is more than {spec.name} takes ({limit} tokens); "

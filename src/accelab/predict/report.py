@@ -14,13 +14,14 @@ from rich.console import Console
 from rich.table import Table
 
 from accelab.launch import Outcome
+from accelab.measure.environment import environment, fingerprint
+from accelab.predict.config import task_options
 from accelab.predict.options import PredictRequest
 from accelab.results.result import Result, command_line
 
 
 def workload_of(request: PredictRequest) -> dict[str, Any]:
     config, launch = request.config, request.launch
-    from accelab.predict.config import task_options
 
     return {
         "scenario": "predict", "task": config.task, "source": config.source, "source_format": request.source_format,
@@ -58,8 +59,6 @@ def metrics_of(summary: dict[str, Any], wall_s: float) -> dict[str, Any]:
 
 def result_of(request: PredictRequest, outcome: Outcome | None, *, unsupported: str | None = None,
               tag: str | None = None) -> Result:
-    from accelab.measure.environment import environment, fingerprint
-
     env = environment()
     if unsupported is not None or outcome is None:
         status, reason, metrics, notes = "unsupported", unsupported, {}, []

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from PIL import Image
+
 log = logging.getLogger(__name__)
 
 ItemKind = Literal["image", "text"]
@@ -125,8 +127,6 @@ def _open_folder(root: Path) -> Source:
 
 
 def _open_image(path: Path) -> Any:
-    from PIL import Image
-
     try:
         with Image.open(path) as image:
             return image.convert("RGB")  # forces the full decode: a truncated file fails here

@@ -18,6 +18,8 @@ from typing import Any, Protocol
 
 import torch
 
+from accelab.catalog.embedding import embed
+from accelab.catalog.facts import max_sequence_length
 from accelab.predict.config import PredictConfig
 
 Batch = dict[str, torch.Tensor]
@@ -61,8 +63,6 @@ class Embed:
         return dict(encoded)  # input_ids / attention_mask (/ token_type_ids): [B, S]
 
     def predict(self, runnable: Any, batch: Batch) -> list[Row]:
-        from accelab.catalog.embedding import embed
-
         vectors = embed(runnable.forward(batch), batch["attention_mask"])  # [B, H]
         return [{"embedding": v} for v in vectors.float().cpu().tolist()]  # note: sync point
 
@@ -123,8 +123,6 @@ class GenerateFromImage(_Generate):
 
 
 def _max_length(config: PredictConfig, model: Any) -> int:
-    from accelab.catalog.facts import max_sequence_length
-
     limit = max_sequence_length(model)
     if config.max_length is not None:
         if limit is not None and config.max_length > limit:

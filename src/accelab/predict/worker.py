@@ -28,12 +28,23 @@ from typing import Any
 
 import torch
 
+from accelab import runtimes  # looked up per call: tests/faults replaces runtimes.load_runnable
+from accelab.catalog.spec import ModelSpec
 from accelab.launch import EXIT_USER_ERROR, exit_worker, run_worker, start_worker
+from accelab.measure.memory import PeakMemorySampler, process_cpu_seconds_reader, process_rss_reader
+from accelab.plan.apply import resolve_device
+from accelab.plan.plan import Plan
+from accelab.plan.runtime import Unsupported, input_device, to_device
 from accelab.predict import dist
 from accelab.predict.chunks import Chunk, WorkPlan, plan_work
 from accelab.predict.config import PredictConfig
+from accelab.predict.outputs import merge
 from accelab.predict.parts import Parts
-from accelab.predict.sources import Source
+from accelab.predict.pipeline import make_loader
+from accelab.predict.progress import progress_bar
+from accelab.predict.sources import Source, open_source
+from accelab.predict.tasks import make_handler
+from accelab.quiet import quiet_third_party_process_wide
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +78,6 @@ class RankStats:
 
 def run(config: PredictConfig, group: dist.Group | None = None) -> dict[str, Any] | None:
     """The whole run on this rank; the summary on global rank 0, None on the others."""
-    from accelab.catalog.spec import ModelSpec
-    from accelab.plan.plan import Plan
-    from accelab.runtimes import load_runnable
-
     cuda = _wants_cuda(config)
     group = group or dist.start(cpu=not cuda, timeout_s=config.timeout_s)
     try:
@@ -85,7 +92,7 @@ def run(config: PredictConfig, group: dist.Group | None = None) -> dict[str, Any
         # 4. model and plan
         spec, plan = ModelSpec.from_dict(config.spec), Plan.from_dict(config.plan)
         log.info("rank %d: loading %s with plan %s on %s", group.rank, spec.name, plan.name, device)
-        with load_runnable(spec, plan, device) as runnable:
+        with runtimes.load_runnable(spec, plan, device) as runnable:
             # 5. this rank's chunks
             stats = _run_chunks(config, source, work.for_rank(group.rank), runnable, group, device)
             notes = list(runnable.notes)
@@ -103,17 +110,12 @@ def _wants_cuda(config: PredictConfig) -> bool:
 
 
 def _device(config: PredictConfig, group: dist.Group, cuda: bool) -> torch.device:
-    from accelab.plan.apply import resolve_device
-    from accelab.plan.plan import Plan
-
     if isinstance(group, dist.Distributed):
         return group.device if cuda else torch.device("cpu")  # one GPU per local rank
     return resolve_device(Plan.from_dict(config.plan), config.device)
 
 
 def _open(config: PredictConfig) -> Source:
-    from accelab.predict.sources import open_source
-
     want = "image" if config.task in ("image-classification", "image-text-to-text") else "text"
     source = open_source(config.source, want=want, text_field=config.text_field, split=config.split,  # type: ignore[arg-type]
                          limit=config.limit)
@@ -159,12 +161,6 @@ class _ChunkFiles:
 
 def _run_chunks(config: PredictConfig, source: Source, chunks: list[Chunk], runnable: Any, group: dist.Group,
                 device: torch.device) -> RankStats:
-    from accelab.measure.memory import PeakMemorySampler, process_cpu_seconds_reader, process_rss_reader
-    from accelab.plan.runtime import input_device, to_device
-    from accelab.predict.pipeline import make_loader
-    from accelab.predict.progress import progress_bar
-    from accelab.predict.tasks import make_handler
-
     handler = make_handler(config, runnable)
     planned = [(chunk, batch) for chunk in chunks for batch in chunk.batches(config.batch_size)]
     loader = make_loader(source, [batch for _, batch in planned], handler.encode, workers=config.workers,
@@ -204,8 +200,6 @@ def _run_chunks(config: PredictConfig, source: Source, chunks: list[Chunk], runn
 
 def _finish(config: PredictConfig, source: Source, work: WorkPlan, ranks: list[RankStats],
             notes: list[str]) -> dict[str, Any]:
-    from accelab.predict.outputs import merge
-
     start = time.perf_counter()
     parts = Parts(config.out)
     merged = merge(parts, total=len(source), out=config.out, fmt=config.output_format)
@@ -234,9 +228,6 @@ def _finish(config: PredictConfig, source: Source, work: WorkPlan, ranks: list[R
 
 # -- entry point ------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    from accelab.plan.runtime import Unsupported
-    from accelab.quiet import quiet_third_party_process_wide
-
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m accelab.predict.worker CONFIG.json (written by `accelab predict`)", file=sys.stderr)

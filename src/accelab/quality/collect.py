@@ -14,7 +14,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from accelab.catalog import inputs
+from accelab.catalog.embedding import embed
+from accelab.catalog.facts import max_sequence_length
+from accelab.catalog.store import read_meta
 from accelab.plan.runtime import Runnable, input_device, to_device
+from accelab.plan.techniques.memory_format import prepare_batch
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +68,6 @@ def _classification(runnable: Runnable, config: QualityConfig) -> dict[str, Any]
 def _labelled_images(runnable: Runnable, n: int) -> tuple[list[Any], list[int] | None]:
     """A model trained on digits is checked on the digits test split, with its labels;
     any other classifier on the real photos (no labels: agreement only)."""
-    from accelab.catalog import inputs
-    from accelab.catalog.store import read_meta
-
     meta = read_meta(Path(runnable.spec.source)) or {}
     if meta.get("dataset") == "digits":
         images, labels = inputs.digits("test", image_size=int(meta.get("image_size", 32)))
@@ -74,9 +76,6 @@ def _labelled_images(runnable: Runnable, n: int) -> tuple[list[Any], list[int] |
 
 
 def _embeddings(runnable: Runnable, config: QualityConfig) -> dict[str, Any]:
-    from accelab.catalog import inputs
-    from accelab.catalog.embedding import embed
-
     sentences = inputs.sentences(config.samples)
     vectors = []
     for idx in _batches(len(sentences), config.batch_size):
@@ -99,7 +98,6 @@ def _custom_embeddings(runnable: Runnable, config: QualityConfig) -> dict[str, A
 
 
 def _generation(runnable: Runnable, config: QualityConfig) -> dict[str, Any]:
-    from accelab.catalog import inputs
     from accelab.scenarios.generate import generate_once
 
     loaded = inputs_view(runnable)
@@ -117,9 +115,6 @@ def _generation(runnable: Runnable, config: QualityConfig) -> dict[str, Any]:
 
 def _heldout_nll(runnable: Runnable, max_tokens: int) -> tuple[float, int]:
     """Mean negative log-likelihood per token of the held-out text, in non-overlapping windows."""
-    from accelab.catalog import inputs
-    from accelab.catalog.facts import max_sequence_length
-
     tokenizer = runnable.processor
     ids = tokenizer(inputs.heldout_text(), return_tensors="pt").input_ids[0][:max_tokens]
     window = min(512, max_sequence_length(runnable.model) or 512)
@@ -142,8 +137,6 @@ def _heldout_nll(runnable: Runnable, max_tokens: int) -> tuple[float, int]:
 
 
 def _layout(batch: dict[str, Any], runnable: Runnable) -> dict[str, Any]:
-    from accelab.plan.techniques.memory_format import prepare_batch
-
     return prepare_batch(batch, runnable.plan)
 
 

@@ -14,11 +14,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from accelab import runtimes  # looked up per call: tests/faults replaces runtimes.load_runnable
+from accelab.catalog.custom import files_of
 from accelab.catalog.spec import ModelSpec
+from accelab.measure.environment import environment, fingerprint
 from accelab.measure.runner import ChildJob, run_isolated
 from accelab.paths import cache_dir
+from accelab.plan.apply import resolve_device
 from accelab.plan.plan import Plan
-from accelab.quality.collect import QualityConfig
+from accelab.plan.runtime import Unsupported
+from accelab.plan.techniques import attention
+from accelab.quality.collect import QualityConfig, collect
 from accelab.quality.metrics import compare
 from accelab.quality.verdict import judge
 from accelab.results.result import Result, command_line
@@ -32,11 +40,6 @@ REFERENCE_PLAN = Plan(name="reference-fp32-eager", attention="eager")
 def reference_plan(spec: ModelSpec) -> Plan:
     """fp32 with eager attention; a model without attention layers (a ResNet, a ConvNeXt) keeps
     its default, which is the same computation (asking it for eager attention is refused)."""
-    import torch
-
-    from accelab.plan.runtime import Unsupported
-    from accelab.plan.techniques import attention
-
     try:
         attention.check(REFERENCE_PLAN, spec, torch.device("cpu"))
     except Unsupported:
@@ -61,13 +64,8 @@ class CollectOutput:
 
 
 def collect_in_child(job: CollectJob) -> CollectOutput:
-    from accelab.plan.apply import resolve_device
-    from accelab.runtimes import load_runnable
-    from accelab.plan.runtime import Unsupported
-    from accelab.quality.collect import collect
-
     try:
-        runnable = load_runnable(job.spec, job.plan, resolve_device(job.plan, job.device))
+        runnable = runtimes.load_runnable(job.spec, job.plan, resolve_device(job.plan, job.device))
     except Unsupported as why:
         return CollectOutput(status="unsupported", reason=str(why))
     with runnable:
@@ -76,8 +74,6 @@ def collect_in_child(job: CollectJob) -> CollectOutput:
 
 def _reference_key(spec: ModelSpec, config: QualityConfig, device: str | None) -> str:
     if spec.custom:  # the builder's module or the saved object: what makes it this model
-        from accelab.catalog.custom import files_of
-
         files = files_of(spec.builder, spec.source)  # type: ignore[arg-type]
     else:
         files = [p for p in Path(spec.source).glob("*") if p.is_file()]
@@ -125,8 +121,6 @@ def verify(
     timeout_s: float = 1800,
     tag: str | None = None,
 ) -> Result:
-    from accelab.measure.environment import environment, fingerprint
-
     reference = reference_outputs(spec, config, device=device, timeout_s=timeout_s)
     outcome = run_isolated(
         ChildJob(

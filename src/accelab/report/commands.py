@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 from dataclasses import asdict
@@ -89,8 +90,6 @@ def report_command(
 ) -> None:
     """A report with plots: environment, latency distributions, throughput and memory against batch
     size, the tune Pareto chart, load curves, training curves, speed-up and quality tables."""
-    import datetime as dt
-
     from accelab.report import regress
     from accelab.report.build import build_document
     from accelab.report.plots import draw

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from accelab.paths import default_db
 from accelab.results.result import Result
 
 log = logging.getLogger(__name__)
@@ -161,8 +162,6 @@ def _row(result: Result) -> tuple[Any, ...]:
 
 
 def open_store(path: str | Path | None = None) -> Store:
-    from accelab.paths import default_db
-
     return Store(path or default_db())
 
 

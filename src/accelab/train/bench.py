@@ -22,14 +22,15 @@ from accelab.bench.rounds import turn_order
 from accelab.launch import LaunchOptions
 from accelab.measure import noise
 from accelab.measure.budget import PlanBudget
+from accelab.measure.environment import environment
 from accelab.measure.paired import paired_ratio
+from accelab.measure.stats import summarize
 from accelab.results import contract as K
 from accelab.results.result import Result, new_run_id
+from accelab.train import launch as launcher, turns
 from accelab.train.accel import precision_problem
-from accelab.train import launch as launcher
 from accelab.train.config import TrainConfig
 from accelab.train.report import result_of
-from accelab.train import turns
 from accelab.train.threads import threads_per_process
 
 
@@ -111,8 +112,6 @@ def run_bench(config: TrainConfig, spec: Any, rows: list[BenchRow], *, timeout_s
     that ran, its paired speed-up over it. idle: CPUs idle at launch (CPU runs), measured once so
     every row shares one thread policy. A row past its `budget` (see accelab.measure.budget; the
     first row that finishes is the yardstick) is stopped, and its Result says so."""
-    from accelab.measure.environment import environment
-
     env = environment()
     group = new_run_id()
     budget = budget or PlanBudget()
@@ -210,8 +209,6 @@ def _take_turns(running: list[_Running], table: turns.Table, *, timeout_s: float
 
 
 def _cv(durations: list[float]) -> float:
-    from accelab.measure.stats import summarize
-
     return summarize(durations).cv if len(durations) > 1 else 0.0
 
 

@@ -16,6 +16,9 @@ before it starts the worker(s) (`launch.py`), then prints and stores the Result(
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
+import json
 from pathlib import Path
 from typing import Optional
 
@@ -107,8 +110,7 @@ def train_command(
 ) -> None:
     """Train an image classifier or fine-tune a causal LM with accelerate (mixed precision, accumulation,
     data parallel); store the model where bench, verify and serve find it."""
-    from accelab.launch import refuse_outer_launcher
-    from accelab.launch import LaunchOptions
+    from accelab.launch import LaunchOptions, refuse_outer_launcher
     from accelab.train.options import build_request
 
     refuse_outer_launcher("train")
@@ -140,8 +142,6 @@ def train_command(
 
 
 def _bench_dir(model: str) -> Path:
-    import datetime as dt
-
     from accelab.paths import cache_dir
 
     name = Path(model.rstrip("/")).name or "model"
@@ -158,8 +158,6 @@ def _idle_cpus(config) -> float | None:  # type: ignore[no-untyped-def]
 
 
 def _with_threads(request, idle: float | None):  # type: ignore[no-untyped-def]
-    import dataclasses
-
     from accelab.train.threads import affinity, note, threads_per_process
 
     if idle is None:
@@ -195,8 +193,6 @@ def _train(request, timeout: float, json_out: Optional[Path], db: Optional[Path]
 
 def _bench(request, bench_nproc: Optional[int], accum: int, timeout: float, json_out: Optional[Path],  # type: ignore[no-untyped-def]
            db: Optional[Path], tag: Optional[str], store: bool, max_seconds_per_plan: Optional[float]) -> None:
-    import json
-
     import torch
 
     from accelab.results.store import open_store

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from torch.utils.data import DataLoader
 
 from accelab.train import checkpoint as ckpt
@@ -270,8 +271,6 @@ class RichProgress:
     """A rich progress bar over optimizer steps (main process only)."""
 
     def __init__(self, total: int, done: int):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
         self._progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                                   TextColumn("{task.fields[status]}"))
         self._task = self._progress.add_task("train", total=total, completed=done, status="")

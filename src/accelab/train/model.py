@@ -19,6 +19,9 @@ from typing import Any
 
 import torch
 
+from accelab.catalog.facts import max_sequence_length
+from accelab.catalog.load import load_processor
+from accelab.catalog.spec import ModelSpec
 from accelab.train.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -136,9 +139,6 @@ class TrainModel:
 def load_for_training(config: TrainConfig, classes: list[str] | None) -> TrainModel:
     import transformers
 
-    from accelab.catalog.load import load_processor
-    from accelab.catalog.spec import ModelSpec
-
     spec = ModelSpec(name=config.model, task=config.task, source=config.model_source)
     model_config = read_model_config(config.model_source)
     kwargs: dict[str, Any] = {"dtype": torch.float32}
@@ -190,8 +190,6 @@ def _without_gguf_marker(source: str) -> Any:
 
 
 def check_block_size(model_config: Any, block_size: int, model: str) -> None:
-    from accelab.catalog.facts import max_sequence_length
-
     limit = max_sequence_length(model_config)
     if limit is not None and block_size > limit:
         raise ValueError(f"--block-size {block_size} is longer than {model} accepts ({limit} positions); "

@@ -17,9 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from accelab.catalog.spec import ModelSpec
+from accelab.catalog.store import check_name
+from accelab.launch import LaunchOptions
+from accelab.paths import cache_dir
+from accelab.plan.plan import load_plan
 from accelab.train import checkpoint as ckpt
 from accelab.train.config import TrainConfig
-from accelab.launch import LaunchOptions
+from accelab.train.data import class_names, detect_kind
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +55,6 @@ def plan_settings(plan_ref: str | None) -> tuple[dict[str, Any], list[str]]:
     """The training options a Plan sets, and notes on the fields training does not use."""
     if plan_ref is None:
         return {}, []
-    from accelab.plan.plan import load_plan
 
     plan = load_plan(plan_ref)
     if plan.precision not in _PLAN_PRECISION:
@@ -102,8 +105,6 @@ def build_request(*, model: str, task: str | None, dataset: str | None, explicit
                   save_as: str | None, save: bool) -> TrainRequest:
     """`explicit`: TrainConfig fields given on the command line (None where not given)."""
     from accelab.catalog.resolve import resolve
-    from accelab.paths import cache_dir
-    from accelab.train.data import detect_kind
 
     plan_values, notes = plan_settings(plan)  # cheap checks first: a typo fails before any fetch
     spec = resolve(model, task)
@@ -126,8 +127,6 @@ def build_request(*, model: str, task: str | None, dataset: str | None, explicit
                          "every rank's RNG state, and all nodes must write to the same run directory")
     name = save_as or default_name(dataset, kind, model)
     if save:
-        from accelab.catalog.store import check_name
-
         check_name(name)
     runs_root = cache_dir() / "runs" / name
     checkpoint = ckpt.resolve_resume(resume, [output_dir] if output_dir else run_dirs(runs_root)) if resume else None
@@ -152,7 +151,6 @@ def build_request(*, model: str, task: str | None, dataset: str | None, explicit
 def check(config: TrainConfig, spec: ModelSpec, launch: LaunchOptions) -> list[str]:
     """The checks that read the model's config and the dataset's labels; returns warnings."""
     from accelab.train.accel import precision_problem
-    from accelab.train.data import class_names
     from accelab.train.model import identity, image_size_for, label_fit, read_model_config, read_processor_config
 
     notes: list[str] = []

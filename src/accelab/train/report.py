@@ -8,18 +8,18 @@ from rich.console import Console
 from rich.table import Table
 
 from accelab.catalog.spec import ModelSpec
+from accelab.launch import LaunchOptions, Outcome
+from accelab.measure.environment import environment, fingerprint
+from accelab.plan.plan import Plan
 from accelab.results import contract as K
 from accelab.results.result import Result, command_line
 from accelab.results.table import noise_cell, noise_line, speedup_text
 from accelab.train.config import TrainConfig
-from accelab.launch import LaunchOptions, Outcome
 
 _PRECISION_NAMES = {"no": "fp32", "bf16": "bf16-autocast", "fp16": "fp16-autocast"}
 
 
 def plan_of(name: str, config: TrainConfig) -> dict[str, Any]:
-    from accelab.plan.plan import Plan
-
     return Plan(name=name, precision=_PRECISION_NAMES[config.mixed_precision], compile=config.compile,
                 batch_size=config.batch_size, threads=config.threads).to_dict()
 
@@ -59,8 +59,6 @@ def metrics_of(summary: dict[str, Any]) -> dict[str, Any]:
 def result_of(*, name: str, spec: ModelSpec, config: TrainConfig, launch: LaunchOptions, outcome: Outcome | None,
               unsupported: str | None = None, group_id: str | None = None, tag: str | None = None,
               env: dict[str, Any] | None = None, notes: list[str] | None = None) -> Result:
-    from accelab.measure.environment import environment, fingerprint
-
     env = env if env is not None else environment()
     metrics: dict[str, Any] = {}
     if unsupported is not None:

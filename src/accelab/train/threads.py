@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import os
 
+import psutil
+
 log = logging.getLogger(__name__)
 
 SAMPLE_S = 0.5  # how long CPU use is sampled before the run
@@ -28,8 +30,6 @@ def affinity() -> list[int]:
 
 def idle_cpus(sample_s: float = SAMPLE_S) -> float:
     """CPUs of our affinity set left idle by everything running now (0.0 .. len(affinity))."""
-    import psutil
-
     busy = psutil.cpu_percent(interval=sample_s, percpu=True)  # blocks sample_s; the host's CPUs
     mine = affinity()
     return sum(1.0 - busy[i] / 100.0 for i in mine if i < len(busy))

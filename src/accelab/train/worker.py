@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from accelab.catalog.store import register_local_model
 from accelab.launch import EXIT_USER_ERROR, exit_worker, run_worker, start_worker
+from accelab.measure.memory import PeakMemorySampler
+from accelab.train import loop
 from accelab.train.accel import Unsupported, uses_cuda
 from accelab.train.config import TrainConfig
+from accelab.train.timing import StepTimer
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +34,6 @@ FINAL_MODEL = "model"
 
 def train(config: TrainConfig) -> dict[str, Any] | None:
     """Run the training; the summary on the main process, None on the others."""
-    from accelab.measure.memory import PeakMemorySampler
-    from accelab.train import loop
-    from accelab.train.timing import StepTimer
-
     session = loop.setup(config)
     accelerator = session.accelerator
     try:
@@ -112,8 +113,6 @@ def _summary(session: Any, start: Any, record: Any, timer: Any, peaks: dict[str,
 
 
 def _register(session: Any, summary: dict[str, Any], final_dir: Path) -> Path:
-    from accelab.catalog.store import register_local_model
-
     config = session.config
     final = summary["final"]
     metrics = ({"test_accuracy": final.get("accuracy"), "test_loss": final.get("loss")}
@@ -152,8 +151,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _rank() -> int:
-    import os
-
     return int(os.environ.get("RANK", "0"))
 
 

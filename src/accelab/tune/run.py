@@ -13,16 +13,20 @@ from typing import Literal
 from rich.console import Console
 from rich.markup import escape
 
+from accelab.bench.options import default_scenario, validate
 from accelab.catalog.spec import ModelSpec
+from accelab.measure import noise
 from accelab.plan.plan import Plan
 from accelab.plan.presets import PRESETS
 from accelab.quality.collect import QualityConfig
-from accelab.results.store import Store
-from accelab.scenarios.workload import Workload
-from accelab.measure import noise
+from accelab.quality.verdict import LEVELS, rules_for
+from accelab.results.store import Store, open_store
+from accelab.results.table import make_console
+from accelab.scenarios.workload import Workload, resolve_batch_size
+from accelab.tune import report
 from accelab.tune.measure import BenchMeasurer
 from accelab.tune.search import Constraints, Goal, Search, SearchLog
-from accelab.tune.space import Space
+from accelab.tune.space import Space, search_space
 from accelab.units import parse_duration_s, parse_size_mib
 
 GOALS = ("throughput", "latency")
@@ -31,8 +35,6 @@ PERCENTILES = ("p50", "p99")
 
 def check_options(*, goal: str, percentile: str, quality: str, max_memory: str | None, budget: str | None) -> None:
     """The checks that need no model: `accelab tune` makes them before it resolves (downloads) one."""
-    from accelab.quality.verdict import LEVELS
-
     if goal not in GOALS:
         raise ValueError(f"--goal {goal!r} must be throughput or latency")
     if percentile not in PERCENTILES:
@@ -109,11 +111,6 @@ class TuneSetup:
 
 def setup_of(request: TuneRequest) -> TuneSetup:
     """The workload, the space (pruned for this device) and the limits a request searches."""
-    from accelab.bench.options import default_scenario, validate
-    from accelab.quality.verdict import rules_for
-    from accelab.scenarios.workload import resolve_batch_size
-    from accelab.tune.space import search_space
-
     spec, goal, quality = request.spec, request.goal, request.quality
     chosen = default_scenario(spec.task) if request.scenario == "auto" else request.scenario
     generate = chosen == "generate"
@@ -192,10 +189,6 @@ def write_plan(plan: Plan, path: Path, header: str) -> None:
 def tune(request: TuneRequest, console: Console | None = None) -> TuneOutcome:
     """Search, print the table, draw and write what the request asks; the outcome's plan is the
     winner (None when no plan met every limit: then nothing is written but the table and JSON)."""
-    from accelab.results.store import open_store
-    from accelab.results.table import make_console
-    from accelab.tune import report
-
     console = console or make_console()
     setup = setup_of(request)
     space = setup.space

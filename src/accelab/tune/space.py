@@ -7,8 +7,11 @@ from dataclasses import dataclass
 import torch
 
 from accelab.catalog.spec import ModelSpec
+from accelab.plan.apply import resolve_device
 from accelab.plan.plan import Plan
 from accelab.plan.presets import PRESETS
+from accelab.plan.runtime import Unsupported
+from accelab.runtimes import check_supported
 
 # Candidate variants per scenario, each a preset. Batch size is searched separately.
 VARIANTS: dict[str, tuple[str, ...]] = {
@@ -72,10 +75,6 @@ def search_space(
     """The presets of `scenario` (or `include`) that can run here, and the batch ladder.
     With `prune_slow`, presets that use a technique the capability report calls slow here are
     left out too (they cannot win on speed)."""
-    from accelab.plan.apply import resolve_device
-    from accelab.plan.runtime import Unsupported
-    from accelab.runtimes import check_supported
-
     names = list(include) if include else list(VARIANTS[scenario])
     unknown = [n for n in names + list(exclude or []) if n not in PRESETS]
     if unknown:

@@ -15,14 +15,13 @@ import torch
 
 from accelab.catalog.facts import MODEL_CLASSES
 from accelab.catalog.spec import ModelSpec
+from accelab.plan.runtime import Unsupported
 
 log = logging.getLogger(__name__)
 
 
 def needs_transformers(spec: ModelSpec, what: str) -> None:
     """Unsupported for a custom nn.Module, naming what needs a transformers model and why."""
-    from accelab.plan.runtime import Unsupported
-
     if spec.custom:
         raise Unsupported(f"{what} needs a transformers model; {spec.name} is a custom nn.Module")
 

@@ -15,6 +15,7 @@ from accelab.catalog.spec import ModelSpec
 from accelab.plan.plan import Plan
 from accelab.plan.runtime import Unsupported
 from accelab.plan.techniques import _model_info
+from accelab.plan.techniques.compile import find_cpp_compiler
 
 # Plan.attention -> the class flag transformers uses to say the model implements it
 _SUPPORT_FLAGS = {
@@ -34,8 +35,6 @@ def check(plan: Plan, spec: ModelSpec, device: torch.device) -> None:
         if importlib.util.find_spec("flash_attn") is None:
             raise Unsupported("flash_attention_2 needs the flash_attn package, which is not installed")
     if plan.attention == "flex_attention" and device.type == "cpu":
-        from accelab.plan.techniques.compile import find_cpp_compiler
-
         if find_cpp_compiler() is None:
             raise Unsupported("flex_attention compiles its kernel with torch.compile, which needs a C++ compiler on CPU")
     config = _model_info.load_config(spec)

@@ -16,6 +16,7 @@ unsupported there. "max-autotune" on CPU still autotunes the C++ GEMM templates.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import shutil
@@ -57,8 +58,6 @@ def check(plan: Plan, spec: ModelSpec, device: torch.device) -> None:
                 "tensors, so on CPU it is the same as compile=default"
             )
     elif device.type == "cuda":
-        import importlib.util
-
         if importlib.util.find_spec("triton") is None:
             raise Unsupported("torch.compile (inductor) needs triton on CUDA; it is not installed")
 

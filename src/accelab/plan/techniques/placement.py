@@ -28,7 +28,7 @@ from accelab.catalog.facts import weight_bytes
 from accelab.catalog.spec import ModelSpec
 from accelab.plan.plan import Plan, parse_max_memory
 from accelab.plan.runtime import Runnable, Unsupported
-from accelab.plan.techniques import _model_info
+from accelab.plan.techniques import _model_info, precision
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +111,6 @@ def _default_offload_memory(plan: Plan, device: torch.device, spec: ModelSpec | 
 
 def model_bytes(spec: ModelSpec, plan: Plan) -> int:
     """Size of the model's weights at the dtype the plan loads them in, from its config."""
-    from accelab.plan.techniques import precision
-
     config = _model_info.load_config(spec)
     dtype = precision.load_kwargs(plan)["dtype"]
     model = _model_info.meta_model(spec, config, dtype) if config is not None else None

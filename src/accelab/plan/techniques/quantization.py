@@ -23,7 +23,7 @@ import torch
 from accelab.catalog.spec import ModelSpec
 from accelab.plan.plan import Plan
 from accelab.plan.runtime import Runnable, Unsupported
-from accelab.plan.techniques import _model_info
+from accelab.plan.techniques import precision
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +61,6 @@ def check(plan: Plan, spec: ModelSpec, device: torch.device) -> None:
 
 
 def _weight_dtype(plan: Plan) -> torch.dtype:
-    from accelab.plan.techniques import precision
-
     return precision.load_kwargs(plan)["dtype"]
 
 
