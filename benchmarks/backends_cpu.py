@@ -99,7 +99,7 @@ class CpuWitness:
     System-wide busy time (steal included: other VMs) minus what this process and its finished
     children used. A measurement taken while it is high says more about the neighbours."""
 
-    def __enter__(self) -> "CpuWitness":
+    def __enter__(self) -> CpuWitness:
         self.start, self.busy, self.ours = time.perf_counter(), _busy_seconds(), _our_seconds()
         self.foreign = 0.0
         return self

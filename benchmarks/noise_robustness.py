@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from busy import switching_load  # noqa: E402
+from busy import switching_load
 
 RESULTS = Path(__file__).parent / "results"
 GENERATE = ["--scenario", "generate", "--new-tokens", "32", "--min-seconds", "2", "--min-iters", "3", "--warmup", "1"]
@@ -52,7 +52,7 @@ UNDECIDED = {"unreliable", "no measurable difference"}
 
 def compare(args: list[str], out: Path) -> dict[str, Any]:
     command = [sys.executable, "-m", "accelab", "compare", *args, "--no-quality", "--no-store", "--json", str(out)]
-    proc = subprocess.run(command, capture_output=True, text=True)
+    proc = subprocess.run(command, capture_output=True, text=True, check=False)
     if proc.returncode not in (0, 1) or not out.exists():
         raise RuntimeError(f"{shlex.join(command)} failed:\n{proc.stderr[-3000:]}")
     return json.loads(out.read_text())

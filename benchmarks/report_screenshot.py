@@ -42,7 +42,7 @@ def screenshot(html: Path, png: Path, *, width: int = 1280, height: int = 2400, 
             "--disable-dev-shm-usage", "--hide-scrollbars", f"--user-data-dir={profile}",
             f"--screenshot={png.resolve()}", f"--window-size={width},{height}", html.resolve().as_uri(),
         ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
     if not png.is_file():
         raise RuntimeError(f"chromium wrote no screenshot (exit {proc.returncode}): {proc.stderr[-2000:]}")
     return png

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import pytest
-
 from fake_clock import FakeClock
 
 

@@ -123,7 +123,7 @@ class _Handler(BaseHTTPRequestHandler):
     hub: FakeHub  # set by FakeHub on the subclass it serves with
     protocol_version = "HTTP/1.1"  # keep-alive, as httpx2 uses it; every answer has a Content-Length
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
     def do_HEAD(self) -> None:

@@ -39,7 +39,7 @@ def test_compare_stops_a_plan_past_its_budget_and_says_so(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "accelab", "compare", "vit-base", "--plans",
                            "baseline,baseline[batch_size=64]", "--no-quality", "--warmup", "1", "--min-iters", "5",
                            "--min-seconds", "2", "--max-seconds-per-plan", "25", "--json", str(out), "--no-store"],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {r["plan"]: r for r in json.loads(out.read_text())["rows"]}
     assert rows["baseline"]["status"] == "ok"

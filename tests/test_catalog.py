@@ -13,7 +13,14 @@ import torch
 from accelab.catalog.entries import CATALOG
 from accelab.catalog.facts import max_sequence_length
 from accelab.catalog.inputs import (
-    digits, embed, forward_batch, generate_batch, heldout_text, photos, prompts, sentences,
+    digits,
+    embed,
+    forward_batch,
+    generate_batch,
+    heldout_text,
+    photos,
+    prompts,
+    sentences,
 )
 from accelab.catalog.load import Loaded, load, load_processor
 from accelab.catalog.resolve import resolve

@@ -25,7 +25,7 @@ QUICK = ["--min-seconds", "0.3", "--min-iters", "3", "--warmup", "1"]
 
 def accelab(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([ACCELAB, *args], cwd=TESTS, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+                          env={**os.environ, **(env or {})}, check=False)
 
 
 @pytest.fixture()
@@ -180,13 +180,13 @@ def test_serve_classifies_an_image_with_the_custom_model(monkeypatch: pytest.Mon
     import io
 
     import httpx
+    from serving import running_server
 
     from accelab.catalog import samples
     from accelab.plan.plan import load_plan
     from accelab.serve.app import create_app
     from accelab.serve.config import ServeConfig
     from accelab.serve.server import engine_factory
-    from serving import running_server
 
     monkeypatch.chdir(TESTS)
     spec = resolve("custom_models:build")

@@ -12,8 +12,8 @@ import typer
 from typer.testing import CliRunner
 
 from accelab.measure import hardware, kernels, noise, probes
-from accelab.measure.environment import environment, fingerprint
 from accelab.measure.capabilities import capabilities
+from accelab.measure.environment import environment, fingerprint
 from accelab.measure.hardware import HardwareLimits, hardware_limits
 
 ENV_KEYS = {

@@ -19,9 +19,9 @@ import termios
 from pathlib import Path
 
 import pytest
+from hub_server import FakeHub, etag_of
 
 from accelab.catalog import hub as hub_ref
-from hub_server import FakeHub, etag_of
 
 pytestmark = pytest.mark.slow
 
@@ -95,7 +95,7 @@ def env_for(endpoint: str, home: Path, **extra: str) -> dict[str, str]:
 
 def accelab(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "accelab", *args], capture_output=True, text=True, timeout=300,
-                          env=env)
+                          env=env, check=False)
 
 
 def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:

@@ -8,6 +8,8 @@ import json
 
 import pytest
 import typer
+from fakes_serve import FakeEmbeddingEngine, FakeGenerationEngine
+from serving import running_server
 from typer.testing import CliRunner
 
 from accelab.loadtest.client import LoadConfig, normalise_url, run_load
@@ -16,8 +18,6 @@ from accelab.loadtest.summary import parse_slo, summarize_run
 from accelab.results.store import open_store
 from accelab.serve.app import create_app
 from accelab.serve.config import ServeConfig
-from fakes_serve import FakeEmbeddingEngine, FakeGenerationEngine
-from serving import running_server
 
 
 def serve(engine, **config):

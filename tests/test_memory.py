@@ -126,7 +126,7 @@ def test_real_cpu_utilisation_of_a_spin_is_about_one_core():
 def test_a_sampler_measures_one_block():
     sampler = PeakMemorySampler(rss_reader=fake_reader([1]))
     with pytest.raises(RuntimeError, match="after the `with` block"):
-        sampler.report
+        _ = sampler.report
     with sampler:
         pass
     with pytest.raises(RuntimeError, match="one block"):

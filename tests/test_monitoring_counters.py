@@ -10,14 +10,14 @@ import asyncio
 
 import httpx
 import pytest
+from fakes_serve import FakeGenerationEngine
 from prometheus_client.parser import text_string_to_metric_families
+from serving import running_server
 
 from accelab.serve.app import create_app
 from accelab.serve.config import ServeConfig
 from accelab.serve.metrics import FrontMetrics, ServeMetrics
 from accelab.serve.replicas import merge_metrics
-from fakes_serve import FakeGenerationEngine
-from serving import running_server
 
 
 def serve(engine, **config):

@@ -27,7 +27,7 @@ DASHBOARD = ROOT / "deploy" / "grafana" / "accelab.json"
 def promtool(*args: str, cwd: Path = PROMETHEUS) -> subprocess.CompletedProcess:
     tool = shutil.which("promtool")
     assert tool, "promtool is not installed: `make test` installs it (make monitoring: apt-get install prometheus)"
-    return subprocess.run([tool, *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+    return subprocess.run([tool, *args], cwd=cwd, capture_output=True, text=True, timeout=60, check=False)
 
 
 def test_promtool_accepts_the_scrape_config_and_the_rules():
@@ -63,7 +63,7 @@ def test_the_rule_unit_tests_fail_on_a_broken_rule(tmp_path, alert, change):
 # -- the dashboard -------------------------------------------------------------------------------------
 def test_the_dashboard_is_what_its_build_script_writes():
     built = subprocess.run([sys.executable, str(ROOT / "deploy" / "grafana" / "build_dashboard.py"), "--check"],
-                           capture_output=True, text=True)
+                           capture_output=True, text=True, check=False)
     assert built.returncode == 0, built.stdout + built.stderr
 
 
@@ -111,7 +111,7 @@ def _walk(obj, path: str, errors: list[str]) -> None:
             _check(getattr(obj, name), hint, f"{path}.{name}", errors)
 
 
-def _check(value, hint, path: str, errors: list[str]) -> None:  # noqa: C901 - one case per kind of type
+def _check(value, hint, path: str, errors: list[str]) -> None:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint in (typing.Any, object):  # a panel's options and custom field config: typed by the panel's plugin
         if type(value).__module__.startswith("grafana_foundation_sdk"):
@@ -192,8 +192,12 @@ def test_every_metric_the_dashboard_and_rules_name_is_one_accelab_exports():
     from accelab.serve.replicas import merge_metrics
 
     class FakeCuda:  # FAKE: this machine has no GPU; the gauges only need these answers
-        def is_available(self): return True  # noqa: E704
-        def device_count(self): return 1  # noqa: E704
+        def is_available(self):
+            return True
+
+        def device_count(self):
+            return 1
+
         memory_allocated = memory_reserved = max_memory_allocated = staticmethod(lambda i: 1.0)
 
     import accelab.serve.metrics as metrics_module

@@ -15,7 +15,6 @@ import subprocess
 import sys
 
 import pytest
-
 from busy import switching_load
 
 ALLOWED_UNDECIDED = {"unreliable", "no measurable difference"}
@@ -29,7 +28,7 @@ def test_compare_under_a_switching_load_is_right_or_says_it_cannot_tell(tmp_path
             [sys.executable, "-m", "accelab", "compare", "minilm-l6", "--plans", "baseline,baseline[threads=1]",
              "--batch-size", "8", "--seq-len", "64", "--no-quality", "--warmup", "1", "--min-seconds", "2",
              "--json", str(out), "--no-store"],
-            capture_output=True, text=True, timeout=600)
+            capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     rows = {r["plan"]: r for r in doc["rows"]}

@@ -27,8 +27,8 @@ def readme_commands():
     commands = []
     for block in code_blocks(README):
         joined = block.replace("\\\n", " ")
-        for line in joined.splitlines():
-            line = line.strip().removeprefix("$ ").split(" #")[0].strip()
+        for raw in joined.splitlines():
+            line = raw.strip().removeprefix("$ ").split(" #")[0].strip()
             line = line.split(" | ")[0].split(" &")[0].strip()
             if line.startswith("accelab "):
                 commands.append(shlex.split(line)[1:])
@@ -37,7 +37,7 @@ def readme_commands():
 
 def test_setup_is_two_make_commands():
     first = code_blocks(README)[0]
-    lines = [l.split("#")[0].strip() for l in first.strip().splitlines()]
+    lines = [line.split("#")[0].strip() for line in first.strip().splitlines()]
     assert lines == ["make demo", "make test"]
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^demo:", makefile, re.M) and re.search(r"^test:", makefile, re.M)
@@ -72,7 +72,7 @@ def test_quick_readme_commands_run(tmp_path):
     env_json = tmp_path / "env.json"
     for args in (["env", "--json", str(env_json)], ["models", "list"]):
         proc = subprocess.run([sys.executable, "-m", "accelab", *args], capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "COLUMNS": "200"})
+                              env={**os.environ, "COLUMNS": "200"}, check=False)
         assert proc.returncode == 0, proc.stderr
     assert "minilm-l6" in proc.stdout and "smollm2-135m" in proc.stdout
     report = json.loads(env_json.read_text())

@@ -17,8 +17,7 @@ from PIL import Image
 from test_report_helpers import OTHER_ENV, OTHER_FINGERPRINT, SYNTHETIC_NOTE, bench, loadtest, train, tune_group
 from typer.testing import CliRunner
 
-from accelab.report import commands
-from accelab.report import series as S
+from accelab.report import commands, series as S
 from accelab.report.build import build_document
 from accelab.report.document import Figure
 from accelab.report.plots import draw

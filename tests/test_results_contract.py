@@ -17,8 +17,7 @@ from accelab.loadtest import run as loadtest_run
 from accelab.loadtest.client import LoadConfig
 from accelab.loadtest.findmax import find_max, goodput_at_least
 from accelab.loadtest.summary import RequestRecord, parse_slo, summarize_run
-from accelab.report import metrics as M
-from accelab.report import series as S
+from accelab.report import metrics as M, series as S
 from accelab.report.regress import metric_specs
 from accelab.results import contract as K
 from accelab.results.result import Result

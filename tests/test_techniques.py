@@ -99,7 +99,7 @@ def fresh_accelerate_state():
 def _run_python(code: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        env={**os.environ, "PYTHONWARNINGS": "ignore"}, check=False,
     )
 
 

@@ -38,7 +38,8 @@ def test_rows_run_only_in_their_turns_in_alternating_order(tmp_path):
         round_index = index // 2
         before = len(log)
         table.give(row, round_index)
-        assert table.wait_for(lambda: table.report(row, round_index) is not None, timeout_s=10,
+        assert table.wait_for(lambda row=row, round_index=round_index: table.report(row, round_index) is not None,
+                              timeout_s=10,
                               sleep=lambda s: time.sleep(0.001))
         reports[(row, round_index)] = table.report(row, round_index)
         # only the row whose turn it is ran: two steps of 0.03 s fill its 0.05 s turn

@@ -1,6 +1,5 @@
 """The tuner's search with a fake measure function: milliseconds, no models."""
 
-import pytest
 
 from accelab.tune.search import Candidate, Constraints, Measurement, Search
 

@@ -43,7 +43,7 @@ WorkloadLike = Any  # Workload | dict of its fields | None
 def bench(model: ModelLike, plan: PlanLike = "baseline", workload: WorkloadLike = None, *,
           inputs: Any = None, task: str | None = None, processor: Any = None, device: str | None = None,
           quality: bool = False, tolerance: str = "balanced", timeout_s: float = 1800.0,
-          store: bool = True, db: str | Path | None = None, tag: str | None = None) -> "Result":
+          store: bool = True, db: str | Path | None = None, tag: str | None = None) -> Result:
     """Measure `model` under one plan and workload (latency, throughput, memory, MFU or roofline).
 
     `workload`: a Workload or a dict of its fields (scenario, batch_size, seq_len, new_tokens,
@@ -67,7 +67,7 @@ def compare(model: ModelLike, plans: Sequence[PlanLike] = ("baseline", "compile"
             inputs: Any = None, task: str | None = None, processor: Any = None, device: str | None = None,
             quality: bool = True, samples: int = 8, tolerance: str = "balanced", timeout_s: float = 1800.0,
             max_seconds_per_plan: float | None = None, rounds: int = 6, sequential: bool = False,
-            store: bool = True, db: str | Path | None = None, tag: str | None = None) -> list["Result"]:
+            store: bool = True, db: str | Path | None = None, tag: str | None = None) -> list[Result]:
     """Several plans side by side, each in its own warm process, measured in `rounds` alternating
     rounds (or one after another with `sequential`): one Result per plan, the first the
     reference row, the others with their paired speed-up and its interval (`metrics["speedup"]`)
@@ -98,7 +98,7 @@ def compare(model: ModelLike, plans: Sequence[PlanLike] = ("baseline", "compile"
 def verify(model: ModelLike, plan: PlanLike, *, inputs: Any = None, task: str | None = None, processor: Any = None,
            samples: int = 16, new_tokens: int = 16, batch_size: int = 8, tolerance: str = "balanced",
            device: str | None = None, timeout_s: float = 1800.0, store: bool = True, db: str | Path | None = None,
-           tag: str | None = None) -> "Result":
+           tag: str | None = None) -> Result:
     """A plan's outputs against the fp32 eager reference on the same inputs; the verdict
     (pass / warn / fail) and its metrics are in `result.quality`."""
     from accelab.quality.collect import QualityConfig
@@ -119,7 +119,7 @@ def tune(model: ModelLike, *, goal: str = "throughput", percentile: str = "p99",
          max_memory: str | None = None, p99_ms: float | None = None, quality: str = "balanced",
          budget: str | None = None, include: Sequence[str] | None = None, exclude: Sequence[str] | None = None,
          min_seconds: float = 3.0, device: str | None = None, out: str | Path | None = None,
-         db: str | Path | None = None, fresh: bool = False) -> "Plan":
+         db: str | Path | None = None, fresh: bool = False) -> Plan:
     """Search the plan space for `goal` under the memory, latency and quality limits, as
     `accelab tune` does (same search, same store, resumable); returns the winning Plan, with its
     batch size, and writes it as YAML to `out` when given. Raises ValueError when no plan meets
@@ -140,7 +140,7 @@ def tune(model: ModelLike, *, goal: str = "throughput", percentile: str = "p99",
     return outcome.plan
 
 
-def apply(model: "torch.nn.Module", plan: PlanLike, *, device: str | None = None, processor: Any = None) -> "Runnable":
+def apply(model: torch.nn.Module, plan: PlanLike, *, device: str | None = None, processor: Any = None) -> Runnable:
     """`plan`'s techniques on your model object, in this process, in accelab's fixed order
     (threads, weight dtype / attention, device, channels_last, int8 weights, autocast, KV cache,
     compile). Returns the Runnable: `.model` is the accelerated model to call as before (autocast
@@ -159,7 +159,7 @@ def apply(model: "torch.nn.Module", plan: PlanLike, *, device: str | None = None
 
 
 # -- what the functions share ---------------------------------------------------------------------
-def model_spec(model: ModelLike, *, inputs: Any = None, task: str | None = None, processor: Any = None) -> "ModelSpec":
+def model_spec(model: ModelLike, *, inputs: Any = None, task: str | None = None, processor: Any = None) -> ModelSpec:
     """The ModelSpec every function measures:
     - a string: resolved as on the command line (catalog, directory, .gguf, module:callable, Hub id);
     - a transformers model object: saved once (save_pretrained, with `processor` or the one of
@@ -236,13 +236,13 @@ def _processor_of(model: Any) -> Any:
         ) from err
 
 
-def _plan(plan: PlanLike) -> "Plan":
+def _plan(plan: PlanLike) -> Plan:
     from accelab.plan.plan import Plan, load_plan
 
     return plan if isinstance(plan, Plan) else load_plan(plan)
 
 
-def _workload(spec: "ModelSpec", workload: WorkloadLike, plan: "Plan | None") -> "Workload":
+def _workload(spec: ModelSpec, workload: WorkloadLike, plan: Plan | None) -> Workload:
     from accelab.bench.options import default_scenario, validate
     from accelab.scenarios.workload import Workload, resolve_batch_size
 
@@ -261,7 +261,7 @@ def _workload(spec: "ModelSpec", workload: WorkloadLike, plan: "Plan | None") ->
     return work
 
 
-def _keep(results: list["Result"], store: bool, db: str | Path | None) -> None:
+def _keep(results: list[Result], store: bool, db: str | Path | None) -> None:
     if store:
         from accelab.results.store import open_store
 

@@ -264,7 +264,7 @@ def export_module(
                 input_names=names, output_names=[output_name], dynamic_axes={k: dict(v) for k, v in axes.items()},
                 opset_version=OPSET, do_constant_folding=True,
             )
-    except Exception as err:  # noqa: BLE001 - the exporter raises many types; all mean "cannot export"
+    except Exception as err:
         raise ExportFailed(export_error_message(model_name, err)) from err
 
 

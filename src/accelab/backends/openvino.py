@@ -13,8 +13,8 @@ import torch
 
 from accelab.backends.export import onnx_graph
 from accelab.backends.graph_model import GraphModel, graph_runnable, model_config
-from accelab.plan.backend_options import OvOptions
 from accelab.catalog.spec import ModelSpec
+from accelab.plan.backend_options import OvOptions
 from accelab.plan.plan import Plan
 from accelab.plan.runtime import Runnable, Unsupported
 

@@ -279,7 +279,7 @@ def _safe(fn: Any) -> Any:
     """Hardware figures are extras: a model FlopCounterMode cannot trace still gets its timings."""
     try:
         return fn()
-    except Exception as err:  # noqa: BLE001
+    except Exception as err:  # noqa: BLE001 - an extra figure that fails (any error) is skipped, not the run
         log.warning("hardware figure skipped: %s", err)
         return None
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -23,24 +22,24 @@ def register(app: typer.Typer) -> None:
 
 def bench_command(
     model: str = typer.Argument(..., help="Catalog name, local directory, .gguf file, Hub id, or your own model as package.module:callable."),
-    task: Optional[str] = typer.Option(None, help="Override the task inferred from the model's config."),
+    task: str | None = typer.Option(None, help="Override the task inferred from the model's config."),
     plan: str = typer.Option("baseline", "--plan", help=PLAN_HELP),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
     scenario: str = typer.Option("auto", help="forward | generate | auto (generate for generative models)."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", "-b", help=BATCH_HELP),
+    batch_size: int | None = typer.Option(None, "--batch-size", "-b", help=BATCH_HELP),
     seq_len: int = typer.Option(128, "--seq-len", help="Text length of forward inputs, in tokens."),
     new_tokens: int = typer.Option(32, "--new-tokens", help="Tokens to generate per sequence."),
-    image_size: Optional[int] = typer.Option(None, "--image-size", help="Image side in pixels (default: the processor's)."),
+    image_size: int | None = typer.Option(None, "--image-size", help="Image side in pixels (default: the processor's)."),
     inputs: str = typer.Option("real", help="real (the catalog's sample inputs) | synthetic (random, same shape)."),
-    threads: Optional[int] = typer.Option(None, help="Intra-op threads (sets the plan's threads field)."),
-    device: Optional[str] = typer.Option(None, help="cpu | cuda | cuda:N (default: CUDA when present)."),
+    threads: int | None = typer.Option(None, help="Intra-op threads (sets the plan's threads field)."),
+    device: str | None = typer.Option(None, help="cpu | cuda | cuda:N (default: CUDA when present)."),
     warmup: int = typer.Option(2, help="Untimed calls before measuring (the first call is always excluded)."),
     min_iters: int = typer.Option(5, "--min-iters", help="Measure at least this many calls..."),
     min_seconds: float = typer.Option(3.0, "--min-seconds", help="...and for at least this many seconds."),
     timeout: float = typer.Option(1800.0, help="Give up on the run after this many seconds."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the Result as JSON to this file."),
-    db: Optional[Path] = typer.Option(None, help="Results store (SQLite); default in the cache dir."),
-    tag: Optional[str] = typer.Option(None, help="Label this run, e.g. for `accelab regress`."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the Result as JSON to this file."),
+    db: Path | None = typer.Option(None, help="Results store (SQLite); default in the cache dir."),
+    tag: str | None = typer.Option(None, help="Label this run, e.g. for `accelab regress`."),
     store: bool = typer.Option(True, "--store/--no-store", help="Append the run to the results store."),
 ) -> None:
     """Measure one model under one plan and workload: latency, throughput, memory, roofline."""
@@ -78,16 +77,16 @@ def bench_command(
 def compare_command(
     model: str = typer.Argument(..., help="Catalog name, local directory, .gguf file, Hub id, or your own model as package.module:callable."),
     plans: str = typer.Option("baseline,bf16-autocast,compile", "--plans", help="Comma-separated presets or YAML files; the first is the reference row."),
-    task: Optional[str] = typer.Option(None, help="Override the task inferred from the model's config."),
+    task: str | None = typer.Option(None, help="Override the task inferred from the model's config."),
     set_: list[str] = typer.Option([], "--set", help="Override a field in every plan: --set batch_size=8."),
     scenario: str = typer.Option("auto", help="forward | generate | auto."),
     batch_size: int = typer.Option(1, "--batch-size", "-b", help=COMPARE_BATCH_HELP),
     seq_len: int = typer.Option(128, "--seq-len"),
     new_tokens: int = typer.Option(32, "--new-tokens"),
-    image_size: Optional[int] = typer.Option(None, "--image-size"),
+    image_size: int | None = typer.Option(None, "--image-size"),
     inputs: str = typer.Option("real", help="real | synthetic."),
-    threads: Optional[int] = typer.Option(None, help="Intra-op threads for every plan."),
-    device: Optional[str] = typer.Option(None, help="cpu | cuda | cuda:N."),
+    threads: int | None = typer.Option(None, help="Intra-op threads for every plan."),
+    device: str | None = typer.Option(None, help="cpu | cuda | cuda:N."),
     warmup: int = typer.Option(2),
     min_iters: int = typer.Option(5, "--min-iters"),
     min_seconds: float = typer.Option(3.0, "--min-seconds"),
@@ -95,7 +94,7 @@ def compare_command(
     samples: int = typer.Option(8, help="Inputs compared by the quality guard."),
     tolerance: str = typer.Option("balanced", help="strict | balanced | loose, optionally with metric=value overrides."),
     timeout: float = typer.Option(1800.0, help="Per-plan time limit in seconds (a plan past it is an error)."),
-    max_seconds_per_plan: Optional[float] = typer.Option(
+    max_seconds_per_plan: float | None = typer.Option(
         None, "--max-seconds-per-plan", help="Stop a plan after this many seconds as too slow (its row says so). "
         "Default: only plans using a technique `accelab env` measured slower than fp32 here, after 3x the first "
         "plan's time (at least 60 s)."),
@@ -104,11 +103,11 @@ def compare_command(
     sequential: bool = typer.Option(False, "--sequential", help="One plan at a time, each alone in memory (for "
                                     "models too big to hold several copies); speed-ups are then unpaired, and a "
                                     "busy minute can hit one plan only: the noise column says so."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the rows and Results as JSON."),
-    csv_out: Optional[Path] = typer.Option(None, "--csv"),
-    markdown_out: Optional[Path] = typer.Option(None, "--markdown"),
-    db: Optional[Path] = typer.Option(None, help="Results store (SQLite)."),
-    tag: Optional[str] = typer.Option(None),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the rows and Results as JSON."),
+    csv_out: Path | None = typer.Option(None, "--csv"),
+    markdown_out: Path | None = typer.Option(None, "--markdown"),
+    db: Path | None = typer.Option(None, help="Results store (SQLite)."),
+    tag: str | None = typer.Option(None),
     store: bool = typer.Option(True, "--store/--no-store"),
 ) -> None:
     """Several plans side by side: latency, throughput, memory, speed-up and a quality verdict."""
@@ -171,16 +170,16 @@ def verify_command(
     model: str = typer.Argument(..., help="Catalog name, local directory, .gguf file, Hub id, or your own model as package.module:callable."),
     plan: str = typer.Option(..., "--plan", help=PLAN_HELP),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
-    task: Optional[str] = typer.Option(None),
+    task: str | None = typer.Option(None),
     samples: int = typer.Option(16, help="Number of real inputs (images, sentences, prompts) compared."),
     new_tokens: int = typer.Option(16, "--new-tokens", help="Greedy tokens per prompt (generation)."),
     batch_size: int = typer.Option(8, "--batch-size", "-b"),
     tolerance: str = typer.Option("balanced", help="strict | balanced | loose, optionally with metric=value overrides."),
-    device: Optional[str] = typer.Option(None),
+    device: str | None = typer.Option(None),
     timeout: float = typer.Option(1800.0),
-    json_out: Optional[Path] = typer.Option(None, "--json"),
-    db: Optional[Path] = typer.Option(None),
-    tag: Optional[str] = typer.Option(None),
+    json_out: Path | None = typer.Option(None, "--json"),
+    db: Path | None = typer.Option(None),
+    tag: str | None = typer.Option(None),
     store: bool = typer.Option(True, "--store/--no-store"),
 ) -> None:
     """Output fidelity of a plan against the fp32 eager reference on the same real inputs."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from accelab.catalog.build_vision import image_processor_class, save_seeded
 from accelab.paths import model_dir
@@ -83,7 +84,10 @@ def build_smolvlm_tiny(target: Path, step: Step) -> None:
         vision_config=VISION_SIZES, text_config=_text_config(tokenizer), scale_factor=scale_factor,
         image_token_id=tokenizer.convert_tokens_to_ids("<image>"), tie_word_embeddings=True,
     )
-    make = lambda: _with_generation_config(Idefics3ForConditionalGeneration(config), tokenizer)  # noqa: E731
+
+    def make() -> Any:
+        return _with_generation_config(Idefics3ForConditionalGeneration(config), tokenizer)
+
     save_seeded(target, step, make, processor)
 
 
@@ -104,5 +108,8 @@ def build_llava_tiny(target: Path, step: Step) -> None:
         text_config=_text_config(tokenizer), image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
         vision_feature_layer=-2, vision_feature_select_strategy="default", tie_word_embeddings=True,
     )
-    make = lambda: _with_generation_config(LlavaForConditionalGeneration(config), tokenizer)  # noqa: E731
+
+    def make() -> Any:
+        return _with_generation_config(LlavaForConditionalGeneration(config), tokenizer)
+
     save_seeded(target, step, make, processor)

@@ -26,9 +26,10 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import cloudpickle
 import torch
@@ -137,7 +138,7 @@ def files_of(builder: str, source: str) -> list[Path]:
 
 
 # -- load: in every process -----------------------------------------------------------------------
-def load(spec: Any, dtype: torch.dtype = torch.float32) -> tuple["CustomModule", "CustomInputs"]:
+def load(spec: Any, dtype: torch.dtype = torch.float32) -> tuple[CustomModule, CustomInputs]:
     """The model (eval mode, weights in `dtype`) behind `CustomModule`, and its inputs."""
     bundle = build(spec.builder, spec.source)
     model = bundle.model.eval()
@@ -281,7 +282,7 @@ class CustomInputs:
     make: Callable[[int], Any] | None = None  # the user's batch_size -> inputs, when given
 
     @classmethod
-    def from_example(cls, inputs: Inputs, task: str) -> "CustomInputs":
+    def from_example(cls, inputs: Inputs, task: str) -> CustomInputs:
         example, call = _as_named(_example(inputs, 1))
         make = inputs if callable(inputs) and not torch.is_tensor(inputs) else None
         if task == "image-classification":

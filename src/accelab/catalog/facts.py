@@ -9,7 +9,8 @@ imported only by `weight_bytes`, so the parent process can ask the other questio
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch

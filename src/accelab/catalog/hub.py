@@ -65,7 +65,7 @@ def snapshot(repo: str, revision: str | None = None) -> Path:
     log.info("downloading %s from %s (what is already in the cache is kept)", where, _endpoint())
     try:
         path = snapshot_download(repo, revision=revision, tqdm_class=_progress_bar_class())
-    except Exception as err:  # noqa: BLE001 - each kind the Hub raises is told apart below; others re-raise
+    except Exception as err:
         explained = _explain(err, repo, revision)
         if explained is None:
             raise

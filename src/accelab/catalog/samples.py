@@ -83,7 +83,7 @@ def _real_photos() -> tuple[Image.Image, ...]:
             import skimage.data
 
             arrays.append(getattr(skimage.data, name)())
-        except Exception as err:  # some scikit-image versions fetch a few images on demand
+        except Exception as err:  # noqa: BLE001 - some scikit-image versions fetch a few images on demand (any error)
             log.info("skipping skimage.data.%s: %s", name, err)
     return tuple(Image.fromarray(np.asarray(a)).convert("RGB") for a in arrays)
 

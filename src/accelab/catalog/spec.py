@@ -41,5 +41,5 @@ class ModelSpec:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ModelSpec":
+    def from_dict(cls, data: dict) -> ModelSpec:
         return cls(**data)

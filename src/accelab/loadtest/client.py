@@ -130,7 +130,7 @@ async def _run(config: LoadConfig, model: str, rate: float | None) -> list[Reque
         return await _closed_loop(sender, config)
 
 
-async def _open_loop(sender: "_Sender", config: LoadConfig, rate: float) -> list[RequestRecord]:
+async def _open_loop(sender: _Sender, config: LoadConfig, rate: float) -> list[RequestRecord]:
     schedule = arrival_times(rate, n=config.requests, duration_s=config.duration_s, burstiness=config.burstiness,
                              seed=config.seed)
     floor = min(MIN_REQUESTS, config.requests or MIN_REQUESTS)
@@ -153,7 +153,7 @@ async def _open_loop(sender: "_Sender", config: LoadConfig, rate: float) -> list
     return list(await asyncio.gather(*tasks)) + refused
 
 
-async def _closed_loop(sender: "_Sender", config: LoadConfig) -> list[RequestRecord]:
+async def _closed_loop(sender: _Sender, config: LoadConfig) -> list[RequestRecord]:
     t0 = time.perf_counter()
     counter = itertools.count(config.warmup)
     limit = config.warmup + (config.requests or 10**12)

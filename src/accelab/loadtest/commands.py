@@ -4,7 +4,6 @@ latency percentiles, throughput, goodput under SLOs, and the highest rate that m
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -16,20 +15,20 @@ def register(app: typer.Typer) -> None:
 def loadtest_command(
     url: str = typer.Argument(..., help="Server base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine)."),
     endpoint: str = typer.Option("chat", help="chat | completions | embeddings."),
-    model: Optional[str] = typer.Option(None, help="Model id to send (default: the first of /v1/models)."),
-    rate: Optional[float] = typer.Option(None, help="Open loop: requests per second (the start rate of "
+    model: str | None = typer.Option(None, help="Model id to send (default: the first of /v1/models)."),
+    rate: float | None = typer.Option(None, help="Open loop: requests per second (the start rate of "
                                          "--find-max)."),
-    concurrency: Optional[int] = typer.Option(None, help="Closed loop: users, each sending its next request "
+    concurrency: int | None = typer.Option(None, help="Closed loop: users, each sending its next request "
                                               "when the last one answered."),
     burstiness: float = typer.Option(1.0, help="Open-loop arrivals: gamma shape; 1 = Poisson, <1 burstier."),
     duration: float = typer.Option(30.0, help="Seconds of sending per run (each find-max probe is one run)."),
-    requests: Optional[int] = typer.Option(None, help="Most requests per run (with --duration, whichever first)."),
+    requests: int | None = typer.Option(None, help="Most requests per run (with --duration, whichever first)."),
     warmup: int = typer.Option(2, help="Requests sent first and left out of the numbers."),
     max_tokens: str = typer.Option("32", "--max-tokens", help="max_tokens of each generation request; a list "
                                    "(16,128,32,96) mixes short and long answers, request i asking for item i mod n."),
     stream: bool = typer.Option(True, "--stream/--no-stream", help="Stream generations (needed for TTFT/ITL)."),
     timeout: float = typer.Option(60.0, help="Seconds before one request counts as failed."),
-    slo: Optional[str] = typer.Option(None, help="Per-request objectives, e.g. ttft=500ms,e2e=2s (keys: ttft, "
+    slo: str | None = typer.Option(None, help="Per-request objectives, e.g. ttft=500ms,e2e=2s (keys: ttft, "
                                       "tpot, e2e); goodput counts requests meeting all."),
     find_max_: bool = typer.Option(False, "--find-max", help="Search the highest rate whose goodput meets "
                                    "--goodput-target (doubling, then bisection)."),
@@ -40,16 +39,16 @@ def loadtest_command(
                                    "backlog)."),
     max_in_flight: int = typer.Option(1024, "--max-in-flight", help="Open loop: an arrival finding this many "
                                       "requests unanswered fails at once instead of opening another connection."),
-    prompts_file: Optional[Path] = typer.Option(None, "--prompts-file", help="Inputs to send: a JSON list of "
+    prompts_file: Path | None = typer.Option(None, "--prompts-file", help="Inputs to send: a JSON list of "
                                                 "strings or one per line (default: accelab's sample prompts / "
                                                 "sentences)."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="ACCELAB_API_KEY", show_envvar=True),
+    api_key: str | None = typer.Option(None, "--api-key", envvar="ACCELAB_API_KEY", show_envvar=True),
     seed: int = typer.Option(0, help="Seed of the arrival schedule."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the Result as JSON to this file."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="PNG: latency CDF (one run) or latency and goodput "
+    json_out: Path | None = typer.Option(None, "--json", help="Write the Result as JSON to this file."),
+    plot: Path | None = typer.Option(None, "--plot", help="PNG: latency CDF (one run) or latency and goodput "
                                         "against offered load (--find-max)."),
-    db: Optional[Path] = typer.Option(None, help="Results store (SQLite); default in the cache dir."),
-    tag: Optional[str] = typer.Option(None, help="Label this run."),
+    db: Path | None = typer.Option(None, help="Results store (SQLite); default in the cache dir."),
+    tag: str | None = typer.Option(None, help="Label this run."),
     store: bool = typer.Option(True, "--store/--no-store", help="Append the run to the results store."),
 ) -> None:
     """Load-test a server: TTFT, TPOT, ITL and end-to-end percentiles, throughput, goodput."""

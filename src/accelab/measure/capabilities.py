@@ -6,8 +6,9 @@ probes (each technique timed on a small transformer MLP against fp32), never fro
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from accelab.backends.vllm_launch import find_vllm
 from accelab.measure import hardware

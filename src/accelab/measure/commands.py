@@ -38,8 +38,8 @@ def build_report(*, measure: bool = True, refresh: bool = False) -> dict[str, An
     import torch
 
     from accelab.measure import noise
-    from accelab.measure.environment import environment, fingerprint
     from accelab.measure.capabilities import capabilities
+    from accelab.measure.environment import environment, fingerprint
     from accelab.measure.hardware import hardware_limits
 
     now = noise.sample_now(1.0)  # before measuring: what the machine does on its own

@@ -176,7 +176,7 @@ def _safe_call(fn: Any) -> Any:
         return None
     try:
         return fn()
-    except Exception:
+    except Exception:  # noqa: BLE001 - a private probe may raise anything; its figure is then unknown
         return None
 
 

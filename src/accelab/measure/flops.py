@@ -9,7 +9,8 @@ bytes of the weights from `accelab.catalog.facts.weight_bytes`.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count

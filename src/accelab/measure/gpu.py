@@ -36,7 +36,7 @@ def _pynvml() -> Any | None:
         return None
     try:
         pynvml.nvmlInit()  # reference-counted by NVML: every init is paired with a shutdown
-    except Exception as err:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+    except Exception as err:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ... (no common base)
         log.debug("NVML unavailable: %s", err)
         return None
     return pynvml
@@ -72,7 +72,7 @@ def _handle_for(nvml: Any, torch_index: int) -> Any:
         if bus_id is not None:
             try:
                 return nvml.nvmlDeviceGetHandleByPciBusId(bus_id)
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - any NVML error: fall back to the index
                 log.debug("NVML has no GPU at PCI %s (%s); using index %d", bus_id, err, torch_index)
     return nvml.nvmlDeviceGetHandleByIndex(torch_index)
 
@@ -81,7 +81,7 @@ def _call(fn: Any, *args: Any) -> Any | None:
     """One NVML query; None when this GPU or driver does not support it."""
     try:
         return fn(*args)
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - a telemetry read that fails is a missing figure, not an error
         log.debug("NVML %s failed: %s", getattr(fn, "__name__", fn), err)
         return None
 
@@ -97,7 +97,7 @@ class NvmlGpu:
         if self._nvml is not None:
             try:
                 self._handle = _handle_for(self._nvml, torch_index)
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - any NVML error: no telemetry for this GPU
                 log.debug("NVML has no GPU %d: %s", torch_index, err)
                 self.close()
 

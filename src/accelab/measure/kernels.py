@@ -201,7 +201,7 @@ def bandwidth(device: torch.device, *, nbytes: int | None = None, repeats: int =
     z = torch.empty(n, device=device)
     inner = CUDA_INNER if device.type == "cuda" else 1
     kernels = {
-        "read": (lambda: x.sum(), nbytes),
+        "read": (x.sum, nbytes),
         "copy": (lambda: z.copy_(x), 2 * nbytes),
         "triad": (lambda: torch.add(x, y, alpha=2.0, out=z), 3 * nbytes),
     }

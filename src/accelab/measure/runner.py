@@ -97,7 +97,7 @@ def _child_main(conn: Any, job: ChildJob) -> None:
         )
     try:
         conn.send(message)
-    except Exception as err:  # an unpicklable value: report that instead of dying silently
+    except Exception as err:  # noqa: BLE001 - an unpicklable value (any error): report it instead of dying silently
         conn.send(_Message(status="error", reason=f"child result could not be sent back: {err}"))
     finally:
         conn.close()

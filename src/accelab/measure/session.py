@@ -67,7 +67,7 @@ def _session_main(conn: Any, start: _Start) -> None:
             message = _failure(err)
         try:
             conn.send(message)
-        except Exception as err:  # an unpicklable value
+        except Exception as err:  # noqa: BLE001 - an unpicklable value (any error): report it
             conn.send(_Message(status="error", reason=f"child result could not be sent back: {err}"))
     conn.close()
 

@@ -25,7 +25,7 @@ class Snapshot:
     samples: dict[tuple[str, Labels], float]
 
     @classmethod
-    def parse(cls, text: str, *, at: float) -> "Snapshot":
+    def parse(cls, text: str, *, at: float) -> Snapshot:
         samples: dict[tuple[str, Labels], float] = {}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:

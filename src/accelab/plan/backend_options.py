@@ -106,7 +106,7 @@ class OrtOptions:
             )
 
     @classmethod
-    def parse(cls, options: dict[str, str]) -> "OrtOptions":
+    def parse(cls, options: dict[str, str]) -> OrtOptions:
         _check("onnxruntime", options)
         return cls(**{k.removeprefix("ort_"): v for k, v in options.items()})
 
@@ -122,7 +122,7 @@ class OvOptions:
     hint: OvHint = "LATENCY"
 
     @classmethod
-    def parse(cls, options: dict[str, str]) -> "OvOptions":
+    def parse(cls, options: dict[str, str]) -> OvOptions:
         _check("openvino", options)
         return cls(**{k.removeprefix("ov_"): v for k, v in options.items()})
 
@@ -135,7 +135,7 @@ class LlamaOptions:
     quant: LlamaQuant = "gguf"
 
     @classmethod
-    def parse(cls, options: dict[str, str]) -> "LlamaOptions":
+    def parse(cls, options: dict[str, str]) -> LlamaOptions:
         _check("llamacpp", options)
         values: dict[str, int | str] = {}
         for key, value in options.items():
@@ -172,7 +172,7 @@ class VllmOptions:
                 f"raise it to {self.max_num_seqs} or more")
 
     @classmethod
-    def parse(cls, options: dict[str, str]) -> "VllmOptions":
+    def parse(cls, options: dict[str, str]) -> VllmOptions:
         _check("vllm", options)
         values: dict[str, int | str] = {}
         for key, value in options.items():

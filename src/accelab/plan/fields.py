@@ -75,7 +75,7 @@ class Plan:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Plan":
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(unknown_field_message(sorted(unknown)[0]))
@@ -88,13 +88,13 @@ class Plan:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     @classmethod
-    def from_yaml(cls, text: str) -> "Plan":
+    def from_yaml(cls, text: str) -> Plan:
         data = yaml.safe_load(text)
         if not isinstance(data, dict):
             raise ValueError("a plan file must be a YAML mapping of field: value")
         return cls.from_dict(data)
 
-    def with_changes(self, **changes: Any) -> "Plan":
+    def with_changes(self, **changes: Any) -> Plan:
         return dataclasses.replace(self, **changes)
 
     def differs_from_baseline(self) -> list[str]:

@@ -63,7 +63,7 @@ class Runnable:
     def close(self) -> None:
         self.exit_stack.close()
 
-    def __enter__(self) -> "Runnable":
+    def __enter__(self) -> Runnable:
         return self
 
     def __exit__(self, *exc: object) -> None:

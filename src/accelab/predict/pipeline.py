@@ -72,14 +72,14 @@ class Collator:
         good = [e for e in examples if e.error is None]
         try:
             return self._collate(good, skipped)
-        except Exception:  # noqa: BLE001, S110 - find out below which items the processor rejects
+        except Exception:  # noqa: BLE001 - find out below which items the processor rejects
             pass
         usable = []
         for e in good:
             try:
                 self.encode([e.payload])
                 usable.append(e)
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:  # noqa: BLE001 - any error of the user's preprocessing skips that item alone
                 skipped.append((e.index, f"preprocessing failed: {type(err).__name__}: {err}"))
         return self._collate(usable, skipped)  # items that pass alone but not together: a real bug, raised
 

@@ -7,8 +7,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from accelab.report import metrics as M
-from accelab.report import series as S
+from accelab.report import metrics as M, series as S
 from accelab.report.document import Cards, Document, Facts, Figure, Note, Section, Table, cell
 from accelab.report.history import short_time
 from accelab.report.regress import Comparison, PairResult

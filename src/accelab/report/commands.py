@@ -7,7 +7,7 @@ import json
 import logging
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -42,15 +42,15 @@ def register(app: typer.Typer) -> None:
 
 
 def history_command(
-    model: Optional[str] = typer.Argument(None, help="Only runs of this model (the name it was run with)."),
-    since: Optional[str] = typer.Option(None, help="Only runs since a date (2026-11-01) or an age (30m, 12h, 7d, 2w)."),
-    kind: Optional[str] = typer.Option(None, help="bench | compare | verify | tune | train | loadtest | ..."),
-    tag: Optional[str] = typer.Option(None, help="Only runs with this tag."),
-    group: Optional[str] = typer.Option(None, help="Only runs of this compare / tune group."),
+    model: str | None = typer.Argument(None, help="Only runs of this model (the name it was run with)."),
+    since: str | None = typer.Option(None, help="Only runs since a date (2026-11-01) or an age (30m, 12h, 7d, 2w)."),
+    kind: str | None = typer.Option(None, help="bench | compare | verify | tune | train | loadtest | ..."),
+    tag: str | None = typer.Option(None, help="Only runs with this tag."),
+    group: str | None = typer.Option(None, help="Only runs of this compare / tune group."),
     limit: int = typer.Option(50, help="At most this many runs, newest first (0: all)."),
-    csv_out: Optional[Path] = typer.Option(None, "--csv", help="Also write the rows as CSV."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Also write rows and full Results as JSON (a REF for regress)."),
-    db: Optional[Path] = typer.Option(None, help=DB_HELP),
+    csv_out: Path | None = typer.Option(None, "--csv", help="Also write the rows as CSV."),
+    json_out: Path | None = typer.Option(None, "--json", help="Also write rows and full Results as JSON (a REF for regress)."),
+    db: Path | None = typer.Option(None, help=DB_HELP),
 ) -> None:
     """The runs in the results store: id, kind, model, plan, workload, status, key metric, machine."""
     from rich.console import Console
@@ -78,15 +78,15 @@ def history_command(
 def report_command(
     out: Path = typer.Option(..., "--out", "-o", help=".html: one self-contained file; .md: markdown, PNGs beside it."),
     run: list[str] = typer.Option([], "--run", help=f"Include these runs (repeatable). {REF_HELP}"),
-    last: Optional[int] = typer.Option(None, "--last", help="Include the newest N runs (default 10 when nothing else is chosen)."),
-    group: Optional[str] = typer.Option(None, "--group", help="Include every run of this compare / tune group."),
-    compare: Optional[tuple[str, str]] = typer.Option(None, "--compare", help="BASELINE CANDIDATE refs: adds the regress tables."),
-    model: Optional[str] = typer.Option(None, help="With --last: only runs of this model."),
-    title: Optional[str] = typer.Option(None, help="Report title."),
+    last: int | None = typer.Option(None, "--last", help="Include the newest N runs (default 10 when nothing else is chosen)."),
+    group: str | None = typer.Option(None, "--group", help="Include every run of this compare / tune group."),
+    compare: tuple[str, str] | None = typer.Option(None, "--compare", help="BASELINE CANDIDATE refs: adds the regress tables."),
+    model: str | None = typer.Option(None, help="With --last: only runs of this model."),
+    title: str | None = typer.Option(None, help="Report title."),
     threshold: str = typer.Option("5%", help="With --compare: latency / throughput threshold."),
     memory_threshold: str = typer.Option("10%", "--memory-threshold", help="With --compare: peak memory threshold."),
     allow_different_machines: bool = typer.Option(False, "--allow-different-machines", help="With --compare."),
-    db: Optional[Path] = typer.Option(None, help=DB_HELP),
+    db: Path | None = typer.Option(None, help=DB_HELP),
 ) -> None:
     """A report with plots: environment, latency distributions, throughput and memory against batch
     size, the tune Pareto chart, load curves, training curves, speed-up and quality tables."""
@@ -130,8 +130,8 @@ def regress_command(
     noise_factor: float = typer.Option(2.0, "--noise-factor", help="Noise limit = this x the runs' combined spread."),
     allow_different_machines: bool = typer.Option(
         False, "--allow-different-machines", help="Compare runs with different machine fingerprints (with a warning)."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the comparison as JSON."),
-    db: Optional[Path] = typer.Option(None, help=DB_HELP),
+    json_out: Path | None = typer.Option(None, "--json", help="Also write the comparison as JSON."),
+    db: Path | None = typer.Option(None, help=DB_HELP),
 ) -> None:
     """Regression gate: compare a candidate against a baseline, like with like; exit 1 on a regression."""
     from rich.console import Console
@@ -156,7 +156,7 @@ def regress_command(
         raise typer.Exit(1)
 
 
-def _thresholds(threshold: str, memory_threshold: str, noise_factor: float) -> "Thresholds":
+def _thresholds(threshold: str, memory_threshold: str, noise_factor: float) -> Thresholds:
     from accelab.report.regress import Thresholds
     from accelab.units import parse_percent
 
@@ -174,7 +174,7 @@ def _value(value: float | str | None, unit: str) -> str:
     return f"{text} {unit}" if unit else text
 
 
-def print_comparison(comparison: "Comparison", console: "Console") -> None:
+def print_comparison(comparison: Comparison, console: Console) -> None:
     """The regress table per pair: metric | baseline | candidate | change | limit | verdict | why."""
     from rich.table import Table
 

@@ -4,7 +4,7 @@ renderers (`render.py`) and the plotting (`plots.py`) read it; nothing here draw
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 Tone = Literal["", "good", "warn", "bad", "muted", "id"]  # id: a run id / fingerprint, never wrapped
 ChartKind = Literal["latency_cdf", "batch_curve", "pareto", "load_curve", "train_curves"]
@@ -50,7 +50,7 @@ class Facts:
     items: list[tuple[str, str]]  # (label, value)
 
 
-Block = Union[Cell, Table, Figure, Note, Cards, Facts]
+Block = Cell | Table | Figure | Note | Cards | Facts
 
 
 @dataclass(kw_only=True, slots=True)

@@ -62,6 +62,6 @@ class Result:
         return json.dumps(self.to_dict(), indent=indent, default=str)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Result":
+    def from_dict(cls, data: dict[str, Any]) -> Result:
         known = {name for name in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})

@@ -54,7 +54,7 @@ class Workload:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Workload":
+    def from_dict(cls, data: dict) -> Workload:
         return cls(**data)
 
 

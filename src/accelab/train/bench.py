@@ -189,8 +189,8 @@ def _take_turns(running: list[_Running], table: turns.Table, *, timeout_s: float
             table.give(r.slug, index)
             started = time.monotonic()
             with noise.Meter([os.getpid()]) as meter:  # the rows are this process's descendants: all "own"
-                done = table.wait_for(lambda: table.report(r.slug, index) is not None or table.finished(r.slug)
-                                      or not r.alive, timeout_s=max(1.0, (limit or timeout_s) - r.own_s))
+                done = table.wait_for(lambda r=r, index=index: table.report(r.slug, index) is not None  # this turn's
+                                      or table.finished(r.slug) or not r.alive, timeout_s=max(1.0, (limit or timeout_s) - r.own_s))
             r.own_s += time.monotonic() - started
             durations = table.report(r.slug, index)
             if durations:

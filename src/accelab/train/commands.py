@@ -20,7 +20,6 @@ import dataclasses
 import datetime as dt
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -34,78 +33,78 @@ def register(app: typer.Typer) -> None:
 
 def train_command(
     model: str = typer.Option("vit-tiny", "--model", "-m", help="Catalog name, user model or local model directory."),
-    task: Optional[str] = typer.Option(None, help="image-classification | text-generation (default: the model's)."),
-    dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="digits (built in), a directory of class "
+    task: str | None = typer.Option(None, help="image-classification | text-generation (default: the model's)."),
+    dataset: str | None = typer.Option(None, "--dataset", "-d", help="digits (built in), a directory of class "
                                           "subfolders, a `datasets` dataset saved to disk, or a text file (text-generation; "
                                           "default: the catalog's held-out essay)."),
-    image_column: Optional[str] = typer.Option(None, "--image-column", help="Image column of a saved dataset."),
-    label_column: Optional[str] = typer.Option(None, "--label-column", help="Label column of a saved dataset."),
-    image_size: Optional[int] = typer.Option(None, "--image-size", help="Training image side (default: the model's)."),
-    block_size: Optional[int] = typer.Option(None, "--block-size", help="Tokens per packed block (text). Default 128."),
-    eval_fraction: Optional[float] = typer.Option(None, "--eval-fraction", help="Held out for eval when the dataset "
+    image_column: str | None = typer.Option(None, "--image-column", help="Image column of a saved dataset."),
+    label_column: str | None = typer.Option(None, "--label-column", help="Label column of a saved dataset."),
+    image_size: int | None = typer.Option(None, "--image-size", help="Training image side (default: the model's)."),
+    block_size: int | None = typer.Option(None, "--block-size", help="Tokens per packed block (text). Default 128."),
+    eval_fraction: float | None = typer.Option(None, "--eval-fraction", help="Held out for eval when the dataset "
                                                   "has no test split. Default 0.2."),
     reinit_head: bool = typer.Option(False, "--reinit-head", help="Replace a classifier head whose label count does "
                                      "not match the dataset (new random weights)."),
-    epochs: Optional[int] = typer.Option(None, help="Epochs. Default 10 for models with random weights (training "
+    epochs: int | None = typer.Option(None, help="Epochs. Default 10 for models with random weights (training "
                                          "from scratch), 3 for pretrained ones."),
-    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Train exactly this many optimizer steps."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", "-b", help=BATCH_HELP),
-    grad_accum: Optional[int] = typer.Option(None, "--grad-accum", help="Accumulation micro-steps per optimizer step."),
-    lr: Optional[float] = typer.Option(None, help="Peak learning rate (AdamW). Default 4e-4 for models with random "
+    max_steps: int | None = typer.Option(None, "--max-steps", help="Train exactly this many optimizer steps."),
+    batch_size: int | None = typer.Option(None, "--batch-size", "-b", help=BATCH_HELP),
+    grad_accum: int | None = typer.Option(None, "--grad-accum", help="Accumulation micro-steps per optimizer step."),
+    lr: float | None = typer.Option(None, help="Peak learning rate (AdamW). Default 4e-4 for models with random "
                                        "weights, 5e-5 for pretrained ones."),
-    weight_decay: Optional[float] = typer.Option(None, "--weight-decay"),
-    schedule: Optional[str] = typer.Option(None, help="linear | cosine | constant, after the warm-up. Default cosine."),
-    warmup_steps: Optional[int] = typer.Option(None, "--warmup-steps", help="LR warm-up steps (default: --warmup-ratio)."),
-    warmup_ratio: Optional[float] = typer.Option(None, "--warmup-ratio", help="Warm-up share of all steps. Default 0.1."),
-    max_grad_norm: Optional[float] = typer.Option(None, "--max-grad-norm", help="Clip gradients to this norm; 0 = off. "
+    weight_decay: float | None = typer.Option(None, "--weight-decay"),
+    schedule: str | None = typer.Option(None, help="linear | cosine | constant, after the warm-up. Default cosine."),
+    warmup_steps: int | None = typer.Option(None, "--warmup-steps", help="LR warm-up steps (default: --warmup-ratio)."),
+    warmup_ratio: float | None = typer.Option(None, "--warmup-ratio", help="Warm-up share of all steps. Default 0.1."),
+    max_grad_norm: float | None = typer.Option(None, "--max-grad-norm", help="Clip gradients to this norm; 0 = off. "
                                                   "Default 1.0."),
-    seed: Optional[int] = typer.Option(None, help="Seed of the weights' init and the data order. Default 0."),
-    mixed_precision: Optional[str] = typer.Option(None, "--mixed-precision", help="no | bf16 | fp16 (fp16 uses a "
+    seed: int | None = typer.Option(None, help="Seed of the weights' init and the data order. Default 0."),
+    mixed_precision: str | None = typer.Option(None, "--mixed-precision", help="no | bf16 | fp16 (fp16 uses a "
                                                   "GradScaler and needs a GPU)."),
-    compile_: Optional[bool] = typer.Option(None, "--compile/--no-compile", help="torch.compile the model."),
+    compile_: bool | None = typer.Option(None, "--compile/--no-compile", help="torch.compile the model."),
     compile_mode: str = typer.Option("default", "--compile-mode", help="default | reduce-overhead | max-autotune | "
                                      "max-autotune-no-cudagraphs."),
     gradient_checkpointing: bool = typer.Option(False, "--gradient-checkpointing", help="Recompute activations in "
                                                 "backward to save memory."),
-    threads: Optional[int] = typer.Option(None, help="Intra-op threads per process. Default on CPU: the CPUs idle at "
+    threads: int | None = typer.Option(None, help="Intra-op threads per process. Default on CPU: the CPUs idle at "
                                           "launch / processes (a busy core stalls every OpenMP op: vit-tiny here ran "
                                           "4.8 samples/s with 2 threads on a half-busy 2-core machine, 120 with 1)."),
     cpu: bool = typer.Option(False, "--cpu", help="Train on CPU even where CUDA is present (gloo)."),
-    plan: Optional[str] = typer.Option(None, "--plan", help="A Plan (preset or YAML): precision *-autocast, compile, "
+    plan: str | None = typer.Option(None, "--plan", help="A Plan (preset or YAML): precision *-autocast, compile, "
                                        "batch_size, threads, attention apply; explicit options win."),
     nproc: int = typer.Option(1, "--nproc", help="Processes on this node (data parallel; torchrun when > 1)."),
     nnodes: int = typer.Option(1, "--nnodes", help="Nodes (torchrun); run the same command on each."),
-    node_rank: Optional[int] = typer.Option(None, "--node-rank"),
-    master_addr: Optional[str] = typer.Option(None, "--master-addr"),
-    master_port: Optional[int] = typer.Option(None, "--master-port"),
-    rdzv_backend: Optional[str] = typer.Option(None, "--rdzv-backend"),
-    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint"),
-    rdzv_id: Optional[str] = typer.Option(None, "--rdzv-id"),
-    rdzv_conf: Optional[str] = typer.Option(None, "--rdzv-conf"),
-    output_dir: Optional[Path] = typer.Option(None, "--output-dir", "-o", help="Run directory (checkpoints, "
+    node_rank: int | None = typer.Option(None, "--node-rank"),
+    master_addr: str | None = typer.Option(None, "--master-addr"),
+    master_port: int | None = typer.Option(None, "--master-port"),
+    rdzv_backend: str | None = typer.Option(None, "--rdzv-backend"),
+    rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint"),
+    rdzv_id: str | None = typer.Option(None, "--rdzv-id"),
+    rdzv_conf: str | None = typer.Option(None, "--rdzv-conf"),
+    output_dir: Path | None = typer.Option(None, "--output-dir", "-o", help="Run directory (checkpoints, "
                                               "tensorboard, final model). Default: <cache>/runs/<name>/<time>."),
-    checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every", help="Save a checkpoint every N "
+    checkpoint_every: int | None = typer.Option(None, "--checkpoint-every", help="Save a checkpoint every N "
                                                    "optimizer steps (and always at epoch ends)."),
-    resume: Optional[str] = typer.Option(None, "--resume", help="PATH to a checkpoint or run directory, or 'latest'."),
+    resume: str | None = typer.Option(None, "--resume", help="PATH to a checkpoint or run directory, or 'latest'."),
     log_with: str = typer.Option("none", "--log-with", help="none | tensorboard."),
-    save_as: Optional[str] = typer.Option(None, "--save-as", help="Store the trained model under this name "
+    save_as: str | None = typer.Option(None, "--save-as", help="Store the trained model under this name "
                                           "(default <dataset>-<model>); bench, verify and serve find it."),
     save: bool = typer.Option(True, "--save/--no-save", help="Store the trained model."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
     bench: bool = typer.Option(False, "--bench", help="Compare baseline, bf16, fp16, accumulation and N processes."),
-    bench_nproc: Optional[int] = typer.Option(None, "--bench-nproc", help="Processes of the data-parallel bench row "
+    bench_nproc: int | None = typer.Option(None, "--bench-nproc", help="Processes of the data-parallel bench row "
                                               "(default 2, or the GPU count)."),
     bench_accum: int = typer.Option(4, "--bench-accum", help="Micro-steps of the accumulation bench row."),
-    max_seconds_per_plan: Optional[float] = typer.Option(
+    max_seconds_per_plan: float | None = typer.Option(
         None, "--max-seconds-per-plan", help="--bench: stop a row after this many seconds as too slow (its row says "
         "so). Default: only rows using a technique `accelab env` measured slower than fp32 here, after 3x the "
         "baseline row's time (at least 60 s)."),
-    bench_warmup: Optional[int] = typer.Option(None, "--bench-warmup", help="Optimizer steps left out of samples/s. "
+    bench_warmup: int | None = typer.Option(None, "--bench-warmup", help="Optimizer steps left out of samples/s. "
                                                "Default 2."),
     timeout: float = typer.Option(7200.0, help="Give up on a run (or bench row) after this many seconds."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the Result(s) as JSON to this file."),
-    db: Optional[Path] = typer.Option(None, help="Results store (SQLite); default in the cache dir."),
-    tag: Optional[str] = typer.Option(None, help="Label this run in the results store."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the Result(s) as JSON to this file."),
+    db: Path | None = typer.Option(None, help="Results store (SQLite); default in the cache dir."),
+    tag: str | None = typer.Option(None, help="Label this run in the results store."),
     store: bool = typer.Option(True, "--store/--no-store", help="Append the run(s) to the results store."),
 ) -> None:
     """Train an image classifier or fine-tune a causal LM with accelerate (mixed precision, accumulation,
@@ -168,7 +167,7 @@ def _with_threads(request, idle: float | None):  # type: ignore[no-untyped-def]
     return dataclasses.replace(request, config=request.config.with_changes(threads=threads), notes=notes)
 
 
-def _train(request, timeout: float, json_out: Optional[Path], db: Optional[Path], tag: Optional[str],  # type: ignore[no-untyped-def]
+def _train(request, timeout: float, json_out: Path | None, db: Path | None, tag: str | None,  # type: ignore[no-untyped-def]
            store: bool) -> None:
     from accelab.launch import outcome_elsewhere
     from accelab.results.store import keep
@@ -191,8 +190,8 @@ def _train(request, timeout: float, json_out: Optional[Path], db: Optional[Path]
         raise typer.Exit(3 if result.status == "unsupported" else 1)
 
 
-def _bench(request, bench_nproc: Optional[int], accum: int, timeout: float, json_out: Optional[Path],  # type: ignore[no-untyped-def]
-           db: Optional[Path], tag: Optional[str], store: bool, max_seconds_per_plan: Optional[float]) -> None:
+def _bench(request, bench_nproc: int | None, accum: int, timeout: float, json_out: Path | None,  # type: ignore[no-untyped-def]
+           db: Path | None, tag: str | None, store: bool, max_seconds_per_plan: float | None) -> None:
     import torch
 
     from accelab.results.store import open_store

@@ -139,14 +139,14 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown TrainConfig field(s) {unknown}; fields are: {', '.join(sorted(known))}")
         return cls(**data)
 
-    def with_changes(self, **changes: Any) -> "TrainConfig":
+    def with_changes(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)
 
 

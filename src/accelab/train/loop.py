@@ -275,7 +275,7 @@ class RichProgress:
                                   TextColumn("{task.fields[status]}"))
         self._task = self._progress.add_task("train", total=total, completed=done, status="")
 
-    def __enter__(self) -> "RichProgress":
+    def __enter__(self) -> RichProgress:
         self._progress.start()
         return self
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -16,25 +15,25 @@ def tune_command(
     model: str = typer.Argument(..., help="Catalog name, local directory, .gguf file, Hub id, or your own model as package.module:callable."),
     goal: str = typer.Option("throughput", help="throughput | latency."),
     percentile: str = typer.Option("p99", help="For --goal latency: p50 | p99."),
-    task: Optional[str] = typer.Option(None),
+    task: str | None = typer.Option(None),
     scenario: str = typer.Option("auto", help="forward | generate | auto."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", "-b", help="Latency goal: the request batch (default 1). Throughput goal: the screening batch (default 8 forward, 4 generate)."),
-    max_batch: Optional[int] = typer.Option(None, "--max-batch", help="Largest batch tried (default 256 forward, 64 generate)."),
+    batch_size: int | None = typer.Option(None, "--batch-size", "-b", help="Latency goal: the request batch (default 1). Throughput goal: the screening batch (default 8 forward, 4 generate)."),
+    max_batch: int | None = typer.Option(None, "--max-batch", help="Largest batch tried (default 256 forward, 64 generate)."),
     seq_len: int = typer.Option(128, "--seq-len"),
     new_tokens: int = typer.Option(32, "--new-tokens"),
-    image_size: Optional[int] = typer.Option(None, "--image-size"),
-    max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Peak memory limit: GPU memory, or process RSS on CPU (e.g. 2GiB)."),
-    p99_ms: Optional[float] = typer.Option(None, "--p99-ms", help="p99 latency SLA per call, in ms."),
+    image_size: int | None = typer.Option(None, "--image-size"),
+    max_memory: str | None = typer.Option(None, "--max-memory", help="Peak memory limit: GPU memory, or process RSS on CPU (e.g. 2GiB)."),
+    p99_ms: float | None = typer.Option(None, "--p99-ms", help="p99 latency SLA per call, in ms."),
     quality: str = typer.Option("balanced", help="strict | balanced | loose | off: the verify tolerance every plan must meet."),
-    budget: Optional[str] = typer.Option(None, help="Wall time for the whole search (e.g. 10m); the best so far wins."),
-    include: Optional[str] = typer.Option(None, help="Comma-separated presets to search instead of the default space."),
-    exclude: Optional[str] = typer.Option(None, help="Comma-separated presets to leave out."),
+    budget: str | None = typer.Option(None, help="Wall time for the whole search (e.g. 10m); the best so far wins."),
+    include: str | None = typer.Option(None, help="Comma-separated presets to search instead of the default space."),
+    exclude: str | None = typer.Option(None, help="Comma-separated presets to leave out."),
     min_seconds: float = typer.Option(3.0, "--min-seconds", help="Length of the final runs."),
-    device: Optional[str] = typer.Option(None),
+    device: str | None = typer.Option(None),
     out: Path = typer.Option(Path("best.yaml"), "--out", help="Where to write the winning Plan."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Pareto chart PNG (throughput vs p99, memory as colour)."),
-    json_out: Optional[Path] = typer.Option(None, "--json"),
-    db: Optional[Path] = typer.Option(None),
+    plot: Path | None = typer.Option(None, "--plot", help="Pareto chart PNG (throughput vs p99, memory as colour)."),
+    json_out: Path | None = typer.Option(None, "--json"),
+    db: Path | None = typer.Option(None),
     fresh: bool = typer.Option(False, "--fresh", help="Ignore earlier measurements of the same tune in the store."),
 ) -> None:
     """Search the plan space for a goal under memory, latency and quality limits; write the best Plan."""
@@ -42,7 +41,9 @@ def tune_command(
     from accelab.tune.run import TuneRequest, check_options, tune
 
     check_options(goal=goal, percentile=percentile, quality=quality, max_memory=max_memory, budget=budget)
-    split = lambda text: [p.strip() for p in text.split(",") if p.strip()] if text else None  # noqa: E731
+    def split(text: str | None) -> list[str] | None:
+        return [p.strip() for p in text.split(",") if p.strip()] if text else None
+
     outcome = tune(TuneRequest(
         spec=resolve(model, task), goal=goal, percentile=percentile, scenario=scenario,  # type: ignore[arg-type]
         batch_size=batch_size, max_batch=max_batch, seq_len=seq_len, new_tokens=new_tokens, image_size=image_size,

@@ -73,7 +73,7 @@ def probe(quantization: str, device: torch.device, dtype: torch.dtype) -> str | 
         quantize_(layer, make_config(quantization, device))
         with torch.inference_mode():
             layer(torch.randn(2, _PROBE_FEATURES, device=device, dtype=dtype))
-    except Exception as exc:  # torchao reports missing kernels as ImportError, AssertionError, NotImplementedError...
+    except Exception as exc:  # noqa: BLE001 - torchao reports missing kernels as ImportError, AssertionError, ...
         return f"{type(exc).__name__}: {exc}".strip()
     return None
 
