@@ -18,7 +18,7 @@ VLLM_TORCH_SPEC ?= $(TORCH_SPEC)
 # CPU torch; text generation needs none of them.
 VLLM_DROP ?= torchvision torchaudio torchcodec
 
-.PHONY: install models browser monitoring demo test clean vllm guidellm
+.PHONY: install models browser monitoring demo test lint clean vllm guidellm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -82,6 +82,12 @@ monitoring:
 	  (apt-get install -y -qq --no-install-recommends prometheus tmux >/dev/null 2>&1 || \
 	   (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus tmux)) || \
 	  echo "note: could not install prometheus and tmux (apt-get install -y prometheus tmux, as root): the monitoring tests will fail"
+
+# ruff (lint) and mypy (types), configured in pyproject.toml; tests/test_import_graph.py (run by
+# pytest) checks the import graph
+lint: install
+	$(BIN)/ruff check src tools tests benchmarks
+	$(BIN)/mypy
 
 test: models browser vllm monitoring guidellm
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -310,7 +310,7 @@ def _result(c: Contender, spec: ModelSpec, *, kind: str, tag: str | None, group_
     elif c.loaded is not None and c.loaded.status != "ok":
         result.status, result.reason = c.loaded.status, c.loaded.reason  # type: ignore[assignment]
     elif c.failure is not None:
-        result.status = "stopped" if c.stopped else c.failure.status  # type: ignore[assignment]
+        result.status = "stopped" if c.stopped else c.failure.status
         result.reason = c.stopped or c.failure.reason
         if c.failure.traceback:
             result.metrics = {K.TRACEBACK: c.failure.traceback}

@@ -142,7 +142,7 @@ def verify(
         tag=tag,
     )
     if not outcome.ok:
-        result.status, result.reason = outcome.status, outcome.reason  # type: ignore[assignment]
+        result.status, result.reason = outcome.status, outcome.reason
         result.metrics = {"traceback": outcome.traceback} if outcome.traceback else {}
         return result
     output: CollectOutput = outcome.value

@@ -140,7 +140,7 @@ def run_bench(config: TrainConfig, spec: Any, rows: list[BenchRow], *, timeout_s
         if r is not None:
             _add_rounds(result, r, reference)
             if r.stopped:
-                result.status, result.reason = "stopped", r.stopped  # type: ignore[assignment]
+                result.status, result.reason = "stopped", r.stopped
         results.append(result)
         if on_row is not None:
             on_row(result)

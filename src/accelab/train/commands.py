@@ -147,7 +147,7 @@ def _bench_dir(model: str) -> Path:
     return cache_dir() / "runs" / "bench" / f"{name}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def _idle_cpus(config) -> float | None:  # type: ignore[no-untyped-def]
+def _idle_cpus(config) -> float | None:
     """CPUs idle now, for the thread policy of CPU runs (threads.py); None on GPUs."""
     import torch
 
@@ -156,7 +156,7 @@ def _idle_cpus(config) -> float | None:  # type: ignore[no-untyped-def]
     return None if torch.cuda.is_available() and not config.cpu else idle_cpus()
 
 
-def _with_threads(request, idle: float | None):  # type: ignore[no-untyped-def]
+def _with_threads(request, idle: float | None):
     from accelab.train.threads import affinity, note, threads_per_process
 
     if idle is None:
@@ -167,7 +167,7 @@ def _with_threads(request, idle: float | None):  # type: ignore[no-untyped-def]
     return dataclasses.replace(request, config=request.config.with_changes(threads=threads), notes=notes)
 
 
-def _train(request, timeout: float, json_out: Path | None, db: Path | None, tag: str | None,  # type: ignore[no-untyped-def]
+def _train(request, timeout: float, json_out: Path | None, db: Path | None, tag: str | None,
            store: bool) -> None:
     from accelab.launch import outcome_elsewhere
     from accelab.results.store import keep
@@ -190,7 +190,7 @@ def _train(request, timeout: float, json_out: Path | None, db: Path | None, tag:
         raise typer.Exit(3 if result.status == "unsupported" else 1)
 
 
-def _bench(request, bench_nproc: int | None, accum: int, timeout: float, json_out: Path | None,  # type: ignore[no-untyped-def]
+def _bench(request, bench_nproc: int | None, accum: int, timeout: float, json_out: Path | None,
            db: Path | None, tag: str | None, store: bool, max_seconds_per_plan: float | None) -> None:
     import torch
 
@@ -205,7 +205,7 @@ def _bench(request, bench_nproc: int | None, accum: int, timeout: float, json_ou
     rows = bench_rows(config, cuda=cuda, bf16_on_gpu=torch.cuda.is_bf16_supported(including_emulation=False) if cuda
                       else None, gpus=gpus, nproc=nproc, accum=accum)
 
-    def say(result) -> None:  # type: ignore[no-untyped-def]
+    def say(result) -> None:
         typer.secho(f"bench row done: {result.plan['name']} ({result.status})", err=True)
 
     from accelab.measure.budget import PlanBudget
