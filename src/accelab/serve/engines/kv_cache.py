@@ -41,6 +41,11 @@ class PagedKVCache:
 
     def write(self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
         """slots: [T] flat positions; keys, values: [T, kv_heads, head_dim]."""
+        if keys.shape[1:] != (self.kv_heads, self.head_dim) or values.shape[1:] != keys.shape[1:]:
+            raise ValueError(f"the model caches keys of {tuple(keys.shape[1:])} and values of "
+                             f"{tuple(values.shape[1:])} per token; the paged cache holds ({self.kv_heads}, "
+                             f"{self.head_dim}) (the config's "
+                             "num_key_value_heads x head_dim): this attention caches something else (latent attention?)")
         self.keys[layer].view(-1, self.kv_heads, self.head_dim).index_copy_(0, slots, keys)
         self.values[layer].view(-1, self.kv_heads, self.head_dim).index_copy_(0, slots, values)
 

@@ -8,8 +8,8 @@ ONE sequence of T tokens for the model's own forward. Each layer:
    sequence's blocks, by its block table, into [B, kv_heads, L, head_dim] and runs ONE
    `scaled_dot_product_attention` for all the decoding sequences (one query each) and one for
    all the prefilling chunks (their queries padded to the longest chunk), each with a mask of
-   the positions each query may see (causal; sliding windows and logit soft-capping where the
-   layer asks for them).
+   the positions each query may see (causal; sliding windows, logit soft-capping and attention
+   sinks where the layer asks for them).
 
 The metadata (slots, padded tables, masks) is built once per step by `StepLayout` and shared
 by every layer; masks per sliding-window size are built on first use.
@@ -134,6 +134,7 @@ def paged_attention(module: Any, query: torch.Tensor, key: Any, value: Any, atte
     view: _LayerView = key
     window = kwargs.get("sliding_window")
     softcap = kwargs.get("softcap")
+    sinks = kwargs.get("s_aux")  # [H] one more logit per head that takes probability but has no value (gpt-oss)
     heads, dim = query.shape[1], query.shape[3]
     packed = query[0].transpose(0, 1)  # [T, H, D]
     groups = view.layout.groups
@@ -142,7 +143,7 @@ def paged_attention(module: Any, query: torch.Tensor, key: Any, value: Any, atte
         keys, values = view.cache.gather(view.layer, group.tables)  # [B, KVH, L, D]
         q = packed[group.rows].transpose(1, 2)  # [B, H, Q, D]
         mask = group.mask(window, keys.shape[2])
-        o = _attend(q, keys, values, mask, scaling, softcap).transpose(1, 2).reshape(-1, heads, dim)  # [B*Q, H, D]
+        o = _attend(q, keys, values, mask, scaling, softcap, sinks).transpose(1, 2).reshape(-1, heads, dim)
         if out is None:  # one group, unpadded: its rows are all the step's tokens, in order
             return o[None], None
         out.index_copy_(0, group.targets, o if group.keep is None else o.index_select(0, group.keep))
@@ -150,17 +151,23 @@ def paged_attention(module: Any, query: torch.Tensor, key: Any, value: Any, atte
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None,
-            softcap: float | None) -> torch.Tensor:
+            softcap: float | None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q: [B, H, Q, D], k/v: [B, KVH, L, D], mask: [B, 1, Q, L] (True: attend) -> [B, H, Q, D]."""
-    if not softcap:
+    if not softcap and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-    # soft-capped logits (Gemma 2): tanh(s / cap) * cap before the mask; SDPA has no such option
+    # SDPA has neither: soft-capped logits (Gemma 2: tanh(s / cap) * cap before the mask), and
+    # sinks (gpt-oss: one more logit per head in the softmax, dropped after it)
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     scores = torch.matmul(q, k.transpose(-1, -2)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
-    scores = torch.tanh(scores / softcap) * softcap
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.matmul(torch.softmax(scores.float(), dim=-1).to(q.dtype), v)
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf")).float()
+    if sinks is None:
+        return torch.matmul(torch.softmax(scores, dim=-1).to(q.dtype), v)
+    sink = sinks.float().reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+    probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+    return torch.matmul(probs.to(q.dtype), v)
 
 
 def register() -> None:

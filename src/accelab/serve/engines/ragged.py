@@ -77,6 +77,9 @@ class RaggedTorchEngine:
         self._original_attention = config._attn_implementation
         register()
         model.set_attn_implementation(ATTENTION_NAME)
+        if config._attn_implementation != ATTENTION_NAME:  # transformers logs it and keeps its own
+            raise Unsupported(f"{type(model).__name__}'s attention does not go through transformers' "
+                              "AttentionInterface, so the packed steps cannot give it the paged KV cache")
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         self._packed = (PackedLinears(model, skip=() if pack_head else (head,))
                         if pack_linears and packed_linear.available(self.device, _dtype_of(model)) else None)
