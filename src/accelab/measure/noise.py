@@ -134,12 +134,20 @@ class Window:
 
 
 def window(before: Snapshot, after: Snapshot, *, hz: int = 100, cores: int | None = None) -> Window:
-    """The figures between two snapshots. `hz`: clock ticks per second of /proc/stat."""
+    """The figures between two snapshots. `hz`: clock ticks per second of /proc/stat.
+
+    Both the machine's counters and the processes' CPU times advance in whole ticks (10 ms
+    at 100 Hz), per core: a window can see one tick per core more or less than happened. That
+    much is forgiven (`slack`), so a 20 ms window does not report "3 cores of other processes"
+    from one stray tick; a window this short tells little either way, and callers measure
+    windows of a few hundred milliseconds or more."""
     seconds = max(after.wall - before.wall, 1e-9)
+    slack = (cores or 1)  # ticks
     total = after.ticks.total - before.ticks.total
-    steal = (after.ticks.steal - before.ticks.steal) / total if total > 0 else 0.0
+    stolen = max(0, after.ticks.steal - before.ticks.steal - slack)
+    steal = stolen / total if total > 0 else 0.0
     busy_s = (after.ticks.busy - before.ticks.busy) / hz
-    others = max(0.0, busy_s - (after.own_cpu_s - before.own_cpu_s)) / seconds
+    others = max(0.0, busy_s - (after.own_cpu_s - before.own_cpu_s) - slack / hz) / seconds
     if cores is not None:
         others = min(others, float(cores))
     return Window(seconds=seconds, steal=min(max(steal, 0.0), 1.0), others_cores=others,

@@ -19,6 +19,7 @@ whole interval is below SLOW_BELOW.
 from __future__ import annotations
 
 import copy
+import math
 import importlib.util
 import logging
 from collections.abc import Callable
@@ -38,7 +39,8 @@ TOKENS, HIDDEN = 32, 768
 SLOW_BELOW = 0.8  # a technique probed below this factor is reported "slow"
 MIN_ROUNDS, MAX_ROUNDS = 4, 16
 TARGET_HALF_WIDTH = 0.05  # stop when the factor is known within +-5%
-REPEATS = 3  # calls per turn; a turn's time is the best of them
+REPEATS = 3  # calls per turn at least; a turn's time is the best of them
+TURN_S = 0.2  # ... and as many as fill this long: a shorter noise window says little (noise.window)
 
 
 def _mlp() -> torch.nn.Module:
@@ -109,10 +111,11 @@ def probe(technique: str, device: torch.device) -> Probe:
     rates: dict[str, list[float]] = {name: [] for name in calls}
     windows: dict[str, list[noise.Window | None]] = {name: [] for name in calls}
     ratio: Ratio | None = None
+    repeats = {name: _repeats(call, device) for name, call in calls.items()}
     for r in range(MAX_ROUNDS):
         for name in (("fp32", technique) if r % 2 == 0 else (technique, "fp32")):
             with noise.Meter() as meter:
-                seconds = kernels.best_seconds(calls[name], device, repeats=REPEATS)
+                seconds = kernels.best_seconds(calls[name], device, repeats=repeats[name])
             rates[name].append(1.0 / seconds)
             windows[name].append(meter.window)
         usable = [_usable(a) and _usable(b) for a, b in zip(windows["fp32"], windows[technique])]
@@ -130,6 +133,12 @@ def probe(technique: str, device: torch.device) -> Probe:
                      dropped=ratio.dropped, trusted=False, noise="unreliable", reason=why)
     return Probe(factor=ratio.value, low=ratio.low, high=ratio.high, rounds=ratio.rounds, dropped=ratio.dropped,
                  trusted=True, noise=level, reason=f"{ratio.low:.2f}-{ratio.high:.2f}, {ratio.rounds} rounds")
+
+
+def _repeats(call: Callable[[], Any], device: torch.device) -> int:
+    """Calls per turn: at least REPEATS, and enough to fill TURN_S."""
+    one = kernels.best_seconds(call, device, repeats=1)
+    return max(REPEATS, math.ceil(TURN_S / max(one, 1e-6)))
 
 
 def _usable(w: noise.Window | None) -> bool:
