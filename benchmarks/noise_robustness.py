@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -150,7 +151,7 @@ def _table(console: Console, name: str, args: list[str], runs: dict[str, Any],
     plain = old_way(runs["sequential"])
     windows = ", ".join(f"{k} {v['window']['seconds']:.0f} s steal {v['window']['steal'] * 100:.1f}%"
                         for k, v in runs.items())
-    table = Table(title=f"{name}: accelab compare {shlex.join(args)}  ({windows})", title_justify="left")
+    table = Table(title=escape(f"{name}: accelab compare {shlex.join(args)}  ({windows})"), title_justify="left")
     for column in ("plan", "quiet", "quiet noise", "loaded", "loaded noise", "vs quiet", "old way (loaded)", "vs quiet"):
         table.add_column(column)
     for plan, q in quiet.items():
@@ -161,7 +162,7 @@ def _table(console: Console, name: str, args: list[str], runs: dict[str, Any],
         for condition, outcome in (("loaded (accelab now)", now), ("old way, loaded", before)):
             if outcome != "-":
                 summary[condition][outcome] = summary[condition].get(outcome, 0) + 1
-        table.add_row(plan, _cell(q), q.get("noise") or "-", _cell(lo) if lo else "-", lo.get("noise") or "-", now,
+        table.add_row(escape(plan), _cell(q), q.get("noise") or "-", _cell(lo) if lo else "-", lo.get("noise") or "-", now,
                       f"{plain[plan]:.2f}x" if plain.get(plan) else "-", before)
     console.print(table)
 

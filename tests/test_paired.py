@@ -7,7 +7,14 @@ import math
 
 import pytest
 
-from accelab.measure.paired import judge, paired_ratio, relative_half_width, t_quantile, unpaired_ratio
+from accelab.measure.paired import (
+    check_overlap,
+    judge,
+    paired_ratio,
+    relative_half_width,
+    t_quantile,
+    unpaired_ratio,
+)
 
 T_975_DF2 = 4.302652729749464  # Student's t, 97.5% quantile, 2 degrees of freedom (tables)
 T_975_DF5 = 2.570581835636314
@@ -91,3 +98,22 @@ def test_welch_interval_for_two_runs_made_apart():
     assert unpaired_ratio([10.0], [10.0, 11.0]).verdict == "unreliable"
     same = unpaired_ratio([10.0, 10.0], [10.0, 10.0])
     assert same.value == 1.0 and same.verdict == "no measurable difference"
+
+
+def test_a_plan_whose_own_quiet_rounds_straddle_the_reference_is_not_called_faster():
+    # measured here: int8 weight-only decoding ran ~30 tok/s in the paired rounds and ~15 in an
+    # unpaired quiet one, against a baseline at ~21: the pairs alone say 1.38x
+    paired = paired_ratio([30.3, 28.4, 28.5, 30.2], [21.8, 19.9, 21.7, 22.0])
+    assert paired.verdict == "faster"
+    checked = check_overlap(paired, [30.3, 14.9, 28.4, 28.5, 30.2], [21.8, 19.9, 21.7, 22.0, 20.7])
+    assert checked.verdict == "no measurable difference" and checked.value == paired.value
+    assert checked.reason.startswith("no measurable difference: its own quiet rounds ran from 0.69x to 1.40x the "
+                                     "reference's median, on both sides of it")
+    assert checked.reason.endswith(paired.reason)
+    # every round on one side: the verdict stands, whatever the spread
+    assert check_overlap(paired, [30.3, 24.0, 28.4], [21.8, 19.9, 21.7]) is paired
+    slower = paired_ratio([10.0, 10.5, 9.5], [20.0, 20.0, 20.0])
+    assert check_overlap(slower, [10.0, 19.0, 9.5], [20.0, 20.0]) is slower
+    assert check_overlap(slower, [10.0, 21.0, 9.5], [20.0, 20.0]).verdict == "no measurable difference"
+    unsure = paired_ratio([1.0, 2.0, 1.0], [1.5, 1.5, 1.5])
+    assert check_overlap(unsure, [1.0, 2.0], [1.5]) is unsure  # undecided stays as it is

@@ -34,7 +34,7 @@ from accelab.measure import noise
 from accelab.measure.budget import PlanBudget
 from accelab.measure.capabilities import plan_techniques
 from accelab.measure.environment import environment, fingerprint
-from accelab.measure.paired import MIN_PAIRS, paired_ratio, unpaired_ratio
+from accelab.measure.paired import MIN_PAIRS, check_overlap, paired_ratio, unpaired_ratio
 from accelab.measure.runner import ChildOutcome
 from accelab.measure.session import WarmChild
 from accelab.plan.plan import Plan
@@ -251,13 +251,15 @@ def speedup_record(c: Contender, reference: Contender, *, paired: bool = True) -
     """The speed-up of `c` over the reference plan, with its interval and verdict: paired by
     round index when they took turns, else (--sequential) Welch's on their quiet rounds."""
     if not paired:
-        ratio = unpaired_ratio([c.rounds[i].rate for i in c.kept], [reference.rounds[i].rate for i in reference.kept])
+        mine, theirs = [c.rounds[i].rate for i in c.kept], [reference.rounds[i].rate for i in reference.kept]
+        ratio = check_overlap(unpaired_ratio(mine, theirs), mine, theirs)
         return {**ratio.to_dict(), "reference": reference.plan.name, "paired": False}
     usable = paired_usable(c, reference)
     n = len(usable)
     loud = noise.worst([w for w in (*c.windows[:n], *reference.windows[:n]) if w is not None])
     ratio = paired_ratio([r.rate for r in c.rounds[:n]], [r.rate for r in reference.rounds[:n]], usable,
                          why_dropped=f"{loud.reason} in the loudest round" if loud is not None and loud.reason else "")
+    ratio = check_overlap(ratio, [c.rounds[i].rate for i in c.kept], [reference.rounds[i].rate for i in reference.kept])
     return {**ratio.to_dict(), "reference": reference.plan.name}
 
 

@@ -133,3 +133,23 @@ def relative_half_width(ratio: Ratio) -> float | None:
     if ratio.value is None or ratio.low is None or ratio.high is None:
         return None
     return (ratio.high - ratio.low) / 2 / ratio.value
+
+
+def check_overlap(ratio: Ratio, candidate: Sequence[float], reference: Sequence[float]) -> Ratio:
+    """A decided ratio stands only if every quiet round of the candidate is on the same side of
+    the reference's median rate. A plan that runs in regimes (measured here: torchao's eager
+    int8 weight-only decoding switching between ~16 and ~30 tokens/s within one process on a
+    quiet machine) can put all of its paired rounds in one regime; its unpaired rounds then
+    show the other, and the paired interval alone would be a confident wrong answer.
+    `candidate` / `reference`: every quiet round's rate, paired or not."""
+    if not ratio.decided or not candidate or not reference or ratio.value is None:
+        return ratio
+    middle = statistics.median(reference)
+    low, high = min(candidate) / middle, max(candidate) / middle
+    straddles = low < 1.0 < high
+    if not straddles:
+        return ratio
+    reason = (f"no measurable difference: its own quiet rounds ran from {low:.2f}x to {high:.2f}x the reference's "
+              f"median, on both sides of it (the plan runs in regimes); the paired rounds alone said {ratio.reason}")
+    return Ratio(value=ratio.value, low=ratio.low, high=ratio.high, rounds=ratio.rounds, dropped=ratio.dropped,
+                 verdict=NO_DIFFERENCE, reason=reason, confidence=ratio.confidence)

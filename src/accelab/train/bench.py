@@ -23,7 +23,7 @@ from accelab.launch import LaunchOptions
 from accelab.measure import noise
 from accelab.measure.budget import PlanBudget
 from accelab.measure.environment import environment
-from accelab.measure.paired import paired_ratio
+from accelab.measure.paired import check_overlap, paired_ratio
 from accelab.measure.stats import summarize
 from accelab.results import contract as K
 from accelab.results.result import Result, new_run_id
@@ -225,6 +225,8 @@ def _add_rounds(result: Result, r: _Running, reference: _Running | None) -> None
         n = min(len(r.rounds), len(reference.rounds))
         ratio = paired_ratio([r.rate(i) for i in range(n)], [reference.rate(i) for i in range(n)],
                              [r.usable(i) and reference.usable(i) for i in range(n)])
+        ratio = check_overlap(ratio, [r.rate(i) for i in range(len(r.rounds)) if r.usable(i)],
+                              [reference.rate(i) for i in range(len(reference.rounds)) if reference.usable(i)])
         result.metrics[K.SPEEDUP] = {**ratio.to_dict(), "reference": reference.row.name}
 
 

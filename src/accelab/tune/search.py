@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from accelab.measure.paired import Ratio, paired_ratio
+from accelab.measure.paired import Ratio, check_overlap, paired_ratio
 
 Phase = Literal["screen", "grow", "final"]
 # Later phases measure longer: a candidate's figure is its latest-phase run. "confirm" is
@@ -267,8 +267,9 @@ class Search:
     def _paired(self, a: Measurement, b: Measurement) -> Ratio:
         n = min(len(a.rates), len(b.rates))
         ua, ub = list(a.usable) or [True] * n, list(b.usable) or [True] * n
-        return paired_ratio(a.rates[:n], b.rates[:n], [x and y for x, y in zip(ua[:n], ub[:n])],
-                            threshold=self.noise_floor)
+        ratio = paired_ratio(a.rates[:n], b.rates[:n], [x and y for x, y in zip(ua[:n], ub[:n])],
+                             threshold=self.noise_floor)
+        return check_overlap(ratio, [r for r, u in zip(a.rates, ua) if u], [r for r, u in zip(b.rates, ub) if u])
 
     def _lead(self, a: Measurement, b: Measurement) -> float:
         """How far a is ahead of b, relative (negative when behind)."""
