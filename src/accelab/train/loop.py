@@ -219,7 +219,8 @@ def _after_step(session: Session, position: Position, record: Record, running: t
     # mean over micro-steps and ranks = the global batch's mean loss (equal shards)
     loss = accelerator.reduce(running / config.grad_accum, reduction="mean").item()  # note: sync point
     seconds = timer.step_done(position.epoch)
-    if session.gate is not None and session.gate.after_step(position.global_step, seconds):
+    gate = getattr(session, "gate", None)  # Session.gate; stand-ins for a Session (unit tests) may not have it
+    if gate is not None and gate.after_step(position.global_step, seconds):
         timer.start()  # it waited for its turn: the next step's clock starts now
     lr = session.scheduler.get_last_lr()[0]
     record.losses.append(loss)
