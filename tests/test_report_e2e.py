@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 
 from accelab.report import commands
 from accelab.report.regress import compare
+from accelab.results import contract as K
 from accelab.results.result import new_run_id
 from accelab.results.store import Store
 
@@ -53,9 +54,10 @@ def measure(threads: int, batch_size: int, tag: str):
 
 
 def derived(real, tag: str, *, slowdown: float = 1.0, threads: int | None = None, spread: float | None = None):
-    """A copy of a real run with every latency x `slowdown` (throughput / slowdown), and with
-    `spread` its cv and tail set to that share of the median: fixed arithmetic, noted in the
-    Result, so what regress decides does not depend on the machine."""
+    """A copy of a real run with every latency x `slowdown` (throughput and per-round rates
+    / `slowdown`), and with `spread` its cv, tail and four quiet rounds set to that share of the
+    median: fixed arithmetic, noted in the Result, so what regress decides does not depend on the
+    machine (a real run measured while CI's machine was busy would say "unreliable")."""
     r = copy.deepcopy(real)
     r.run_id, r.tag = new_run_id(), tag
     latency = r.metrics["latency_ms"]
@@ -63,10 +65,19 @@ def derived(real, tag: str, *, slowdown: float = 1.0, threads: int | None = None
         p50 = latency["p50"]
         latency.update(cv=spread, stdev=spread * p50, mean=p50, min=p50 * (1 - spread), p90=p50 * (1 + spread),
                        p99=p50 * (1 + 2 * spread), max=p50 * (1 + 3 * spread))
+        rate = r.metrics["throughput"]
+        r.metrics[K.ROUNDS] = [{"rate": rate * (1 + k * spread), "seconds": 1.0, "calls": 10, "cv": spread,
+                                "used": True, "steal": 0.0, "others_cores": 0.0, "throttled": 0.0, "level": "quiet"}
+                               for k in (-1, 0, 1, 0)]
+        r.metrics[K.NOISE] = {"level": "quiet", "reason": "DERIVED: set by the test", "steal": 0.0, "steal_max": 0.0,
+                              "others_cores": 0.0, "others_cores_max": 0.0, "throttled": 0.0, "load1": 0.0,
+                              "cv": spread, "rounds": 4, "rounds_used": 4}
     for key in LATENCY_KEYS:
         if latency.get(key) is not None:
             latency[key] *= slowdown
     r.metrics["throughput"] /= slowdown
+    for turn in r.metrics.get(K.ROUNDS) or []:
+        turn["rate"] /= slowdown
     if threads is not None:
         r.plan["threads"] = threads
         r.metrics["threads"]["intra_op"] = threads
