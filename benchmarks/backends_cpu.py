@@ -54,8 +54,14 @@ GRAPH_PLANS = [
     plan("ort-int8", "onnxruntime", ort_quant="int8-dynamic"),  # int8 without the transformer optimizer
     plan("ort-fused-int8", "onnxruntime", ort_fusion="on", ort_quant="int8-dynamic"),
     plan("ort-fused-int8-fullrange", "onnxruntime", ort_fusion="on", ort_quant="int8-dynamic", ort_reduce_range="off"),
-    plan("ort-fused-int8-matmul", "onnxruntime", ort_fusion="on", ort_quant="int8-dynamic", ort_quant_ops="matmul",
-         ort_reduce_range="off"),
+    plan(
+        "ort-fused-int8-matmul",
+        "onnxruntime",
+        ort_fusion="on",
+        ort_quant="int8-dynamic",
+        ort_quant_ops="matmul",
+        ort_reduce_range="off",
+    ),
     plan("openvino", "openvino"),
     plan("openvino-bf16", "openvino", ov_precision="bf16"),
 ]
@@ -82,12 +88,21 @@ def groups(min_seconds: float, threads: int | None = None, only: set[str] | None
     llm_plans = [p.with_changes(threads=threads) for p in LLM_PLANS if threads is None or p.name != "llamacpp-1thread"]
     forward = dict(scenario="forward", seq_len=128, min_iters=5, min_seconds=min_seconds, warmup=2)
     return {
-        "minilm-b1": Group(model="minilm-l6", workload=Workload(batch_size=1, **forward), plans=graph_plans, target=1.5),
-        "minilm-b32": Group(model="minilm-l6", workload=Workload(batch_size=32, **forward), plans=graph_plans,
-                            target=1.15),
-        "smollm2": Group(model="smollm2-135m", unit="tokens/s", plans=llm_plans, target=4.0,
-                         workload=Workload(scenario="generate", batch_size=1, new_tokens=64, min_iters=3,
-                                           min_seconds=min_seconds, warmup=1)),
+        "minilm-b1": Group(
+            model="minilm-l6", workload=Workload(batch_size=1, **forward), plans=graph_plans, target=1.5
+        ),
+        "minilm-b32": Group(
+            model="minilm-l6", workload=Workload(batch_size=32, **forward), plans=graph_plans, target=1.15
+        ),
+        "smollm2": Group(
+            model="smollm2-135m",
+            unit="tokens/s",
+            plans=llm_plans,
+            target=4.0,
+            workload=Workload(
+                scenario="generate", batch_size=1, new_tokens=64, min_iters=3, min_seconds=min_seconds, warmup=1
+            ),
+        ),
         "vit-b1": Group(model="vit-base", workload=Workload(batch_size=1, **forward), plans=graph_plans),
         "vit-b8": Group(model="vit-base", workload=Workload(batch_size=8, **forward), plans=graph_plans),
     }
@@ -158,8 +173,9 @@ class Row:
         return samples[(len(samples) - 1) // 2] if samples else None  # a real sample, with its extras
 
 
-def run_group(title: str, group: Group, rounds: int, console: Console, *, max_foreign: float = 0.3,
-              wait_s: float = 0.0) -> list[Row]:
+def run_group(
+    title: str, group: Group, rounds: int, console: Console, *, max_foreign: float = 0.3, wait_s: float = 0.0
+) -> list[Row]:
     spec = resolve(group.model)
     rows = {p.name: Row(name=p.name) for p in group.plans}
     for r in range(rounds):
@@ -182,19 +198,31 @@ def run_group(title: str, group: Group, rounds: int, console: Console, *, max_fo
             extra = {}
             if group.workload.scenario == "generate":
                 extra = {"ttft_ms": m["ttft_ms"]["p50"], "tpot_ms": m.get("tpot_ms", {}).get("p50")}
-            row.samples.append(Sample(ratio=m["throughput"] / base_rate if base_rate else None, rate=m["throughput"],
-                                      foreign=max(witness.foreign, base_foreign), extra=extra))
+            row.samples.append(
+                Sample(
+                    ratio=m["throughput"] / base_rate if base_rate else None,
+                    rate=m["throughput"],
+                    foreign=max(witness.foreign, base_foreign),
+                    extra=extra,
+                )
+            )
             if result.quality:
                 row.verdict = result.quality["verdict"]
                 row.rules = [line for line in result.quality["rules"] if line.split()[1] != "pass"]
-            console.print(f"  {plan.name}: {m['throughput']:.1f} {group.unit}, other processes used "
-                          f"{witness.foreign:.2f} CPUs meanwhile")
+            console.print(
+                f"  {plan.name}: {m['throughput']:.1f} {group.unit}, other processes used "
+                f"{witness.foreign:.2f} CPUs meanwhile"
+            )
     return list(rows.values())
 
 
 # (fused plan, the same plan without that fusion)
-FUSION_PAIRS = [("onnxruntime", "onnxruntime-unfused"), ("onnxruntime-fused", "onnxruntime-unfused"),
-                ("onnxruntime-fused", "onnxruntime"), ("ort-fused-int8", "ort-int8")]
+FUSION_PAIRS = [
+    ("onnxruntime", "onnxruntime-unfused"),
+    ("onnxruntime-fused", "onnxruntime-unfused"),
+    ("onnxruntime-fused", "onnxruntime"),
+    ("ort-fused-int8", "ort-int8"),
+]
 
 
 def fusion_checks(title: str, rows: list[Row], console: Console, max_foreign: float = 0.3) -> list[dict]:
@@ -211,12 +239,27 @@ def fusion_checks(title: str, rows: list[Row], console: Console, max_foreign: fl
         used = quiet or pairs
         ratios = sorted(x.rate / y.rate for x, y in used)
         median = ratios[(len(ratios) - 1) // 2]
-        verdict = "beats it in every round" if ratios[0] > 1.0 else (
-            "slower in every round" if ratios[-1] < 1.0 else "within the rounds' noise")
+        verdict = (
+            "beats it in every round"
+            if ratios[0] > 1.0
+            else ("slower in every round" if ratios[-1] < 1.0 else "within the rounds' noise")
+        )
         rounds = f"{len(used)}/{len(pairs)} rounds{'' if quiet else ', none quiet'}"
-        console.print(f"{title}: {fused} / {plain} = {median:.2f}x ({rounds}: {ratios[0]:.2f}-{ratios[-1]:.2f}x): {verdict}")
-        out.append({"group": title, "fused": fused, "unfused": plain, "median": median, "ratios": ratios,
-                    "rounds_used": len(used), "rounds": len(pairs), "verdict": verdict})
+        console.print(
+            f"{title}: {fused} / {plain} = {median:.2f}x ({rounds}: {ratios[0]:.2f}-{ratios[-1]:.2f}x): {verdict}"
+        )
+        out.append(
+            {
+                "group": title,
+                "fused": fused,
+                "unfused": plain,
+                "median": median,
+                "ratios": ratios,
+                "rounds_used": len(used),
+                "rounds": len(pairs),
+                "verdict": verdict,
+            }
+        )
     return out
 
 
@@ -233,20 +276,34 @@ def render(title: str, group: Group, rows: list[Row], max_foreign: float, consol
         ratios = [s.ratio for s in used if s.ratio is not None]
         quiet = "" if any(s.foreign <= max_foreign for s in row.samples) else " (none quiet)"
         extra = ", ".join([f"{k} {v:.1f}" for k, v in mid.extra.items() if v is not None] + row.rules)
-        table.add_row(row.name, f"{mid.rate:.1f}", f"{mid.ratio:.2f}x", f"{min(ratios):.2f}-{max(ratios):.2f}x",
-                      f"{len(used)}/{len(row.samples)}{quiet}", row.verdict, extra)
+        table.add_row(
+            row.name,
+            f"{mid.rate:.1f}",
+            f"{mid.ratio:.2f}x",
+            f"{min(ratios):.2f}-{max(ratios):.2f}x",
+            f"{len(used)}/{len(row.samples)}{quiet}",
+            row.verdict,
+            extra,
+        )
     console.print(table)
 
 
 def check_target(title: str, group: Group, rows: list[Row], max_foreign: float, console: Console) -> dict | None:
     if group.target is None:
         return None
-    ratios = {r.name: r.median(max_foreign).ratio for r in rows[1:]
-              if r.status == "ok" and r.verdict == "pass" and r.median(max_foreign)}
+    ratios = {
+        r.name: r.median(max_foreign).ratio
+        for r in rows[1:]
+        if r.status == "ok" and r.verdict == "pass" and r.median(max_foreign)
+    }
     best = max(ratios, key=ratios.get, default=None)
     met = best is not None and ratios[best] >= group.target
-    line = (f"{title}: best passing plan {best} at {ratios[best]:.2f}x (target {group.target}x): "
-            f"{'MET' if met else 'NOT MET'}" if best else f"{title}: no passing plan (target {group.target}x): NOT MET")
+    line = (
+        f"{title}: best passing plan {best} at {ratios[best]:.2f}x (target {group.target}x): "
+        f"{'MET' if met else 'NOT MET'}"
+        if best
+        else f"{title}: no passing plan (target {group.target}x): NOT MET"
+    )
     console.print(line)
     return {"group": title, "best": best, "ratio": ratios.get(best), "target": group.target, "met": met}
 
@@ -256,14 +313,27 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="Interleaved repeats of every group (default 3).")
     parser.add_argument("--groups", default="minilm-b1,minilm-b32,smollm2,vit-b1,vit-b8")
     parser.add_argument("--min-seconds", type=float, default=3.0, help="Timed seconds per measurement.")
-    parser.add_argument("--threads", type=int, help="Threads for every plan (torch intra-op, ORT, OpenVINO, "
-                        "llama.cpp); default: all CPUs. 1 gives steadier ratios on a busy shared machine.")
-    parser.add_argument("--max-foreign", type=float, default=0.3,
-                        help="Rounds during which other processes used more CPUs than this are left out of the "
-                             "medians (when a quieter round exists). Default 0.3.")
-    parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
-                        help="Before each round, wait up to this long for other processes to go below "
-                             "--max-foreign (default 0: do not wait).")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="Threads for every plan (torch intra-op, ORT, OpenVINO, "
+        "llama.cpp); default: all CPUs. 1 gives steadier ratios on a busy shared machine.",
+    )
+    parser.add_argument(
+        "--max-foreign",
+        type=float,
+        default=0.3,
+        help="Rounds during which other processes used more CPUs than this are left out of the "
+        "medians (when a quieter round exists). Default 0.3.",
+    )
+    parser.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="Before each round, wait up to this long for other processes to go below "
+        "--max-foreign (default 0: do not wait).",
+    )
     parser.add_argument("--json", type=Path, help="Write every row and the target checks here.")
     parser.add_argument("--plans", help="Only these plans of the graph groups (comma-separated; baseline always runs)")
     args = parser.parse_args()
@@ -275,8 +345,11 @@ def main() -> None:
         group = all_groups[title]
         rows = run_group(title, group, args.rounds, console, max_foreign=args.max_foreign, wait_s=args.wait_quiet)
         render(title, group, rows, args.max_foreign, console)
-        report["groups"][title] = [asdict(r) | {"median": asdict(r.median(args.max_foreign) or Sample(
-            ratio=None, rate=0, foreign=0, extra={}))} for r in rows]
+        report["groups"][title] = [
+            asdict(r)
+            | {"median": asdict(r.median(args.max_foreign) or Sample(ratio=None, rate=0, foreign=0, extra={}))}
+            for r in rows
+        ]
         report["fusions"] += fusion_checks(title, rows, console, args.max_foreign)
         target = check_target(title, group, rows, args.max_foreign, console)
         if target:
@@ -284,7 +357,9 @@ def main() -> None:
     console.rule("targets")
     for target in report["targets"]:
         status = "MET" if target["met"] else "NOT MET"
-        console.print(f"{target['group']}: {target['best']} {target['ratio'] or 0:.2f}x >= {target['target']}x: {status}")
+        console.print(
+            f"{target['group']}: {target['best']} {target['ratio'] or 0:.2f}x >= {target['target']}x: {status}"
+        )
     console.print("reproduce: " + " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2, default=str))

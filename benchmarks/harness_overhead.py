@@ -48,7 +48,9 @@ def accelab_bench(model_name: str, batch_size: int, seq_len: int, iters: int, th
     from accelab.plan.plan import Plan
     from accelab.scenarios.workload import Workload
 
-    workload = Workload(scenario="forward", batch_size=batch_size, seq_len=seq_len, warmup=3, min_iters=iters, min_seconds=0)
+    workload = Workload(
+        scenario="forward", batch_size=batch_size, seq_len=seq_len, warmup=3, min_iters=iters, min_seconds=0
+    )
     result = bench(resolve(model_name), Plan(name="baseline", threads=threads), workload)
     if not result.ok:
         raise SystemExit(f"accelab bench failed: {result.reason}")
@@ -90,9 +92,21 @@ def main() -> None:
     say(f"reproduce: python {' '.join(sys.argv)}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
-    args.out.with_suffix(".json").write_text(json.dumps(
-        {"model": args.model, "batch_size": args.batch_size, "seq_len": args.seq_len, "threads": args.threads,
-         "plain_p50_ms": plain, "accelab_p50_ms": harness, "ratio": ratio}, indent=2) + "\n")
+    args.out.with_suffix(".json").write_text(
+        json.dumps(
+            {
+                "model": args.model,
+                "batch_size": args.batch_size,
+                "seq_len": args.seq_len,
+                "threads": args.threads,
+                "plain_p50_ms": plain,
+                "accelab_p50_ms": harness,
+                "ratio": ratio,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 if __name__ == "__main__":

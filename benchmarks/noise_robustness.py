@@ -44,8 +44,15 @@ GENERATE = ["--scenario", "generate", "--new-tokens", "32", "--min-seconds", "2"
 TABLES: dict[str, list[str]] = {  # the demo's compare commands (examples/demo.sh), quality off: speed only
     "smollm2": ["smollm2-135m", *GENERATE, "--plans", "baseline,bf16-autocast,fp16-autocast,static-cache,int8-weight"],
     "smollm2-batch": ["smollm2-135m", *GENERATE, "--plans", "baseline,baseline[batch_size=16]"],
-    "minilm": ["minilm-l6", "--batch-size", "32", "--seq-len", "128",
-               "--plans", "baseline,bf16-autocast,fp16-autocast,int8-dynamic,compile"],
+    "minilm": [
+        "minilm-l6",
+        "--batch-size",
+        "32",
+        "--seq-len",
+        "128",
+        "--plans",
+        "baseline,bf16-autocast,fp16-autocast,int8-dynamic,compile",
+    ],
     "resnet50": ["resnet-50", "--batch-size", "8", "--plans", "baseline,channels-last,bf16-autocast,compile"],
 }
 UNDECIDED = {"unreliable", "no measurable difference"}
@@ -131,8 +138,10 @@ def main() -> None:
                     with switching_load(on_s=opts.on, off_s=opts.off, core=opts.core):
                         runs[condition] = compare(args + extra, Path(tmp) / f"{name}-{condition}.json")
                 steal1, total1 = steal_window()
-                runs[condition]["window"] = {"seconds": time.monotonic() - started,
-                                             "steal": (steal1 - steal0) / max(total1 - total0, 1)}
+                runs[condition]["window"] = {
+                    "seconds": time.monotonic() - started,
+                    "steal": (steal1 - steal0) / max(total1 - total0, 1),
+                }
             docs[name] = runs
             _table(console, name, args, runs, summary)
     console.print("\n[bold]rows, of the decided quiet rows:[/]")
@@ -140,19 +149,31 @@ def main() -> None:
         console.print(f"  {condition}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "noise_robustness.txt").write_text(console.export_text())
-    (RESULTS / "noise_robustness.json").write_text(json.dumps({"reproduce": reproduce, "tables": docs}, indent=1,
-                                                               default=str))
+    (RESULTS / "noise_robustness.json").write_text(
+        json.dumps({"reproduce": reproduce, "tables": docs}, indent=1, default=str)
+    )
 
 
-def _table(console: Console, name: str, args: list[str], runs: dict[str, Any],
-           summary: dict[str, dict[str, int]]) -> None:
+def _table(
+    console: Console, name: str, args: list[str], runs: dict[str, Any], summary: dict[str, dict[str, int]]
+) -> None:
     quiet = {r["plan"]: r for r in runs["quiet"]["rows"]}
     loaded = {r["plan"]: r for r in runs["loaded"]["rows"]}
     plain = old_way(runs["sequential"])
-    windows = ", ".join(f"{k} {v['window']['seconds']:.0f} s steal {v['window']['steal'] * 100:.1f}%"
-                        for k, v in runs.items())
+    windows = ", ".join(
+        f"{k} {v['window']['seconds']:.0f} s steal {v['window']['steal'] * 100:.1f}%" for k, v in runs.items()
+    )
     table = Table(title=escape(f"{name}: accelab compare {shlex.join(args)}  ({windows})"), title_justify="left")
-    for column in ("plan", "quiet", "quiet noise", "loaded", "loaded noise", "vs quiet", "old way (loaded)", "vs quiet"):
+    for column in (
+        "plan",
+        "quiet",
+        "quiet noise",
+        "loaded",
+        "loaded noise",
+        "vs quiet",
+        "old way (loaded)",
+        "vs quiet",
+    ):
         table.add_column(column)
     for plan, q in quiet.items():
         lo = loaded.get(plan, {})
@@ -162,8 +183,16 @@ def _table(console: Console, name: str, args: list[str], runs: dict[str, Any],
         for condition, outcome in (("loaded (accelab now)", now), ("old way, loaded", before)):
             if outcome != "-":
                 summary[condition][outcome] = summary[condition].get(outcome, 0) + 1
-        table.add_row(escape(plan), _cell(q), q.get("noise") or "-", _cell(lo) if lo else "-", lo.get("noise") or "-", now,
-                      f"{plain[plan]:.2f}x" if plain.get(plan) else "-", before)
+        table.add_row(
+            escape(plan),
+            _cell(q),
+            q.get("noise") or "-",
+            _cell(lo) if lo else "-",
+            lo.get("noise") or "-",
+            now,
+            f"{plain[plan]:.2f}x" if plain.get(plan) else "-",
+            before,
+        )
     console.print(table)
 
 

@@ -45,9 +45,25 @@ def write_inputs(task: str, items: int, root: Path) -> Path:
 
 
 def predict_command(args: argparse.Namespace, source: Path, out: Path, nproc: int, threads: int) -> list[str]:
-    cmd = ["accelab", "predict", args.model, "--inputs", str(source), "--out", str(out), "--nproc", str(nproc),
-           "--threads", str(threads), "--no-progress", "--overwrite", "--json", str(out.with_suffix(".result.json")),
-           "--tag", "predict-scaling"]
+    cmd = [
+        "accelab",
+        "predict",
+        args.model,
+        "--inputs",
+        str(source),
+        "--out",
+        str(out),
+        "--nproc",
+        str(nproc),
+        "--threads",
+        str(threads),
+        "--no-progress",
+        "--overwrite",
+        "--json",
+        str(out.with_suffix(".result.json")),
+        "--tag",
+        "predict-scaling",
+    ]
     if args.max_length:
         cmd += ["--max-length", str(args.max_length)]
     if args.batch_size:
@@ -102,55 +118,86 @@ def explain(by: dict, results: list, cores: int, load: float) -> list[str]:
     """What limits the ratio, from the measured rows (not from a recipe)."""
     (one_key, _), (dp_key, _) = results[0], results[1]
     one, dp = by[one_key], by[dp_key]
-    cores_line = (f"The cores: every row uses all {cores} of them, so {dp_key[0]} processes can reach at most "
-                  f"~{dp_key[0]}x one single-thread process; they gain over 1 process x {one_key[1]} threads only as "
-                  "far as threads scale worse than processes. The cost of processes: a model copy each (peak RSS) "
-                  "and a start-up each (torchrun, imports, model load).")
+    cores_line = (
+        f"The cores: every row uses all {cores} of them, so {dp_key[0]} processes can reach at most "
+        f"~{dp_key[0]}x one single-thread process; they gain over 1 process x {one_key[1]} threads only as "
+        "far as threads scale worse than processes. The cost of processes: a model copy each (peak RSS) "
+        "and a start-up each (torchrun, imports, model load)."
+    )
     lines = [cores_line]
     if len(results) > 2:
         single = by[results[2][0]]
         scaling = one / single
-        lines.append(f"Threads: 1 process went from {single:.1f} items/s with 1 thread to {one:.1f} with "
-                     f"{one_key[1]} ({scaling:.2f}x). Processes: {dp_key[0]} x 1 thread gave {dp / single:.2f}x "
-                     "over 1 x 1.")
+        lines.append(
+            f"Threads: 1 process went from {single:.1f} items/s with 1 thread to {one:.1f} with "
+            f"{one_key[1]} ({scaling:.2f}x). Processes: {dp_key[0]} x 1 thread gave {dp / single:.2f}x "
+            "over 1 x 1."
+        )
         if scaling < 1:
-            lines.append("More threads were slower: every operator ends with the threads waiting for each other, "
-                         "and when other work holds the cores (load above the core count) one descheduled thread "
-                         "stalls the rest at each barrier; single-thread processes have no such barrier.")
+            lines.append(
+                "More threads were slower: every operator ends with the threads waiting for each other, "
+                "and when other work holds the cores (load above the core count) one descheduled thread "
+                "stalls the rest at each barrier; single-thread processes have no such barrier."
+            )
         if dp / single < 0.8 * dp_key[0]:
-            lines.append(f"The processes got less than {dp_key[0]} cores' worth of CPU (see CPU busy): the machine "
-                         "is shared, so their ratio is bounded by the CPU time they were given, not by the code.")
+            lines.append(
+                f"The processes got less than {dp_key[0]} cores' worth of CPU (see CPU busy): the machine "
+                "is shared, so their ratio is bounded by the CPU time they were given, not by the code."
+            )
     if load > cores:
-        lines.append(f"Load average {load:.1f} on {cores} cores: other processes shared the CPU during the run; "
-                     "compare ratios from one run, and rerun on an idle machine for clean figures.")
+        lines.append(
+            f"Load average {load:.1f} on {cores} cores: other processes shared the CPU during the run; "
+            "compare ratios from one run, and rerun on an idle machine for clean figures."
+        )
     lines.append("On GPUs the same command runs one process per GPU (NCCL), and the ratio is at best the GPU count.")
     return lines
 
 
 def report(console: Console, args: argparse.Namespace, task: str, cores: int, results: list, load: tuple) -> None:
     base = results[0][1]["metrics"]["items_per_s"]
-    table = Table(title=f"predict scaling · {args.model} ({task}) · {args.items} items · {cores} CPU cores",
-                  title_justify="left")
-    for column in ("processes x threads", "items/s", "vs 1 process", "per process items/s", "computing",
-                   "waiting on data", "CPU busy", "peak RSS / process", "start-up + load"):
+    table = Table(
+        title=f"predict scaling · {args.model} ({task}) · {args.items} items · {cores} CPU cores", title_justify="left"
+    )
+    for column in (
+        "processes x threads",
+        "items/s",
+        "vs 1 process",
+        "per process items/s",
+        "computing",
+        "waiting on data",
+        "CPU busy",
+        "peak RSS / process",
+        "start-up + load",
+    ):
         table.add_column(column, justify="left" if column.startswith("processes") else "right")
     for (nproc, threads), result in results:
         m = result["metrics"]
-        table.add_row(f"{nproc} x {threads}", f"{m['items_per_s']:.1f}", f"{m['items_per_s'] / base:.2f}x",
-                      ", ".join(f"{v:.1f}" for v in m["per_process_items_per_s"]), f"{m['compute_fraction']:.0%}",
-                      f"{m['wait_fraction']:.0%}", f"{m['cpu_util_fraction'] * len(m['ranks']):.0%}",
-                      f"{m['peak_rss_mb_max']:.0f} MiB", f"{m['total_wall_s'] - m['wall_s']:.1f} s")
+        table.add_row(
+            f"{nproc} x {threads}",
+            f"{m['items_per_s']:.1f}",
+            f"{m['items_per_s'] / base:.2f}x",
+            ", ".join(f"{v:.1f}" for v in m["per_process_items_per_s"]),
+            f"{m['compute_fraction']:.0%}",
+            f"{m['wait_fraction']:.0%}",
+            f"{m['cpu_util_fraction'] * len(m['ranks']):.0%}",
+            f"{m['peak_rss_mb_max']:.0f} MiB",
+            f"{m['total_wall_s'] - m['wall_s']:.1f} s",
+        )
     console.print(table)
     by = {key: r["metrics"]["items_per_s"] for key, r in results}
     (_, threads_dp) = results[1][0]
     one, dp = by[results[0][0]], by[results[1][0]]
     nproc = results[1][0][0]
-    console.print(f"{nproc} processes x {threads_dp} thread(s) / 1 process x {cores} threads = [bold]{dp / one:.2f}x[/] "
-                  f"on the same {cores} cores (machine load average {load[0]:.1f} before, {load[1]:.1f} after).")
+    console.print(
+        f"{nproc} processes x {threads_dp} thread(s) / 1 process x {cores} threads = [bold]{dp / one:.2f}x[/] "
+        f"on the same {cores} cores (machine load average {load[0]:.1f} before, {load[1]:.1f} after)."
+    )
     for line in explain(by, results, cores, max(load)):
         console.print(f"- {line}")
-    console.print(f"reproduce: python benchmarks/predict_scaling.py --model {args.model} --items {args.items} "
-                  f"--nproc {args.nproc}" + (f" --max-length {args.max_length}" if args.max_length else ""))
+    console.print(
+        f"reproduce: python benchmarks/predict_scaling.py --model {args.model} --items {args.items} "
+        f"--nproc {args.nproc}" + (f" --max-length {args.max_length}" if args.max_length else "")
+    )
 
 
 if __name__ == "__main__":

@@ -27,8 +27,19 @@ from pathlib import Path
 import torch
 
 CATEGORIES = {  # operator name fragments -> category (first match wins)
-    "attention": ("scaled_dot_product", "_flash_attention", "attention", "softmax", "bmm", "_foreach_copy",
-                  "index_copy", "index_select", "gather", "masked_fill", "tril"),
+    "attention": (
+        "scaled_dot_product",
+        "_flash_attention",
+        "attention",
+        "softmax",
+        "bmm",
+        "_foreach_copy",
+        "index_copy",
+        "index_select",
+        "gather",
+        "masked_fill",
+        "tril",
+    ),
     "output layer": ("lm_head",),
     "sampling": ("argmax", "multinomial", "topk", "sort", "cumsum"),
     "linear layers": ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "_linear_pointwise"),
@@ -51,8 +62,19 @@ def prefill(engine, stepper, ids: range, prompt: tuple[int, ...], *, blocks_of=N
     from accelab.serve.engines.base import SamplingParams, StepInput
 
     greedy = SamplingParams(max_tokens=10_000, temperature=0)
-    out = stepper.step([StepInput(seq_id=i, start=0, tokens=prompt, sample=True, params=greedy,
-                                  **({} if blocks_of is None else {"blocks": blocks_of(i)})) for i in ids])
+    out = stepper.step(
+        [
+            StepInput(
+                seq_id=i,
+                start=0,
+                tokens=prompt,
+                sample=True,
+                params=greedy,
+                **({} if blocks_of is None else {"blocks": blocks_of(i)}),
+            )
+            for i in ids
+        ]
+    )
     return [int(getattr(t, "token", t)) for t in out]
 
 
@@ -60,9 +82,19 @@ def decode(stepper, ids: range, tokens: list[int], start: int, *, blocks_of=None
     from accelab.serve.engines.base import SamplingParams, StepInput
 
     greedy = SamplingParams(max_tokens=10_000, temperature=0)
-    out = stepper.step([StepInput(seq_id=i, start=start, tokens=(t,), sample=True, params=greedy,
-                                  **({} if blocks_of is None else {"blocks": blocks_of(i)}))
-                        for i, t in zip(ids, tokens)])
+    out = stepper.step(
+        [
+            StepInput(
+                seq_id=i,
+                start=start,
+                tokens=(t,),
+                sample=True,
+                params=greedy,
+                **({} if blocks_of is None else {"blocks": blocks_of(i)}),
+            )
+            for i, t in zip(ids, tokens)
+        ]
+    )
     return [int(getattr(t, "token", t)) for t in out]
 
 
@@ -110,9 +142,15 @@ def measure(stepper, engine, size: int, steps: int, profile_steps: int) -> dict:
         handle.remove()
     for i in ids:
         stepper.release(i)
-    return {"size": size, "step_ms": 1000 * statistics.median(times), "tok_s": size / statistics.median(times),
-            "profiled_step_ms": 1000 * wall, "split": split(prof, profile_steps, wall), "prompt": len(prompt),
-            "top": prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12)}
+    return {
+        "size": size,
+        "step_ms": 1000 * statistics.median(times),
+        "tok_s": size / statistics.median(times),
+        "profiled_step_ms": 1000 * wall,
+        "split": split(prof, profile_steps, wall),
+        "prompt": len(prompt),
+        "top": prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12),
+    }
 
 
 def split(prof, steps: int, wall_s: float) -> dict[str, float]:
@@ -123,8 +161,10 @@ def split(prof, steps: int, wall_s: float) -> dict[str, float]:
             out["output layer"] += event.cpu_time_total / 1000 / steps  # the region, children included
             continue
         name = event.key
-        category = next((c for c, keys in CATEGORIES.items() if c != "output layer" and any(k in name for k in keys)),
-                        "other operators")
+        category = next(
+            (c for c, keys in CATEGORIES.items() if c != "output layer" and any(k in name for k in keys)),
+            "other operators",
+        )
         out[category] += event.self_cpu_time_total / 1000 / steps
     out["linear layers"] -= out["output layer"]  # the head's mm is inside its region, counted there
     out["Python and dispatch"] = max(0.0, 1000 * wall_s - sum(out.values()))
@@ -136,8 +176,24 @@ def py_spy(argv: list[str]) -> str:
     exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "stacks.txt"
-        subprocess.run([exe, "record", "--format", "raw", "--rate", "200", "--output", str(out), "--",
-                        sys.executable, __file__, *argv], check=True, capture_output=True)
+        subprocess.run(
+            [
+                exe,
+                "record",
+                "--format",
+                "raw",
+                "--rate",
+                "200",
+                "--output",
+                str(out),
+                "--",
+                sys.executable,
+                __file__,
+                *argv,
+            ],
+            check=True,
+            capture_output=True,
+        )
         return summarize_stacks(out.read_text())
 
 
@@ -152,7 +208,7 @@ def summarize_stacks(raw: str) -> str:
             continue
         frames = stack.split(";")
         leaf = frames[-1]
-        where = leaf[leaf.find("(") + 1: leaf.rfind(":")] if "(" in leaf else leaf
+        where = leaf[leaf.find("(") + 1 : leaf.rfind(":")] if "(" in leaf else leaf
         by_file[_short(where)] += int(count)
         total += int(count)
     lines = [f"  {100 * n / total:5.1f}%  {name}" for name, n in by_file.most_common(15)]
@@ -186,8 +242,10 @@ def main() -> int:
         for size in sizes:
             row = measure(stepper, engine, size, opts.steps, opts.profile_steps)
             parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(row["split"].items(), key=lambda kv: -kv[1]))
-            print(f"\n{size} sequences (prompt {row['prompt']} tokens): step {row['step_ms']:.1f} ms = "
-                  f"{row['tok_s']:.1f} tok/s; under the profiler {row['profiled_step_ms']:.1f} ms: {parts} (ms/step)")
+            print(
+                f"\n{size} sequences (prompt {row['prompt']} tokens): step {row['step_ms']:.1f} ms = "
+                f"{row['tok_s']:.1f} tok/s; under the profiler {row['profiled_step_ms']:.1f} ms: {parts} (ms/step)"
+            )
             if not opts.no_tables:
                 print(row["top"])
     finally:

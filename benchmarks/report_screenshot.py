@@ -37,10 +37,21 @@ def screenshot(html: Path, png: Path, *, width: int = 1280, height: int = 2400, 
     png.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as profile:
         cmd = [
-            chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--disable-dev-shm-usage", "--hide-scrollbars", f"--user-data-dir={profile}",
-            f"--screenshot={png.resolve()}", f"--window-size={width},{height}", html.resolve().as_uri(),
+            chromium(),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-dev-shm-usage",
+            "--hide-scrollbars",
+            f"--user-data-dir={profile}",
+            f"--screenshot={png.resolve()}",
+            f"--window-size={width},{height}",
+            html.resolve().as_uri(),
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
     if not png.is_file():
@@ -63,8 +74,10 @@ def colour_stats(png: Path) -> tuple[int, float]:
 def assert_not_blank(png: Path) -> tuple[int, float]:
     distinct, share = colour_stats(png)
     if distinct < MIN_COLOURS or share > MAX_SHARE_OF_ONE_COLOUR:
-        raise AssertionError(f"{png} looks blank: {distinct} distinct colours (want >= {MIN_COLOURS}), "
-                             f"{share:.0%} of pixels one colour (want <= {MAX_SHARE_OF_ONE_COLOUR:.0%})")
+        raise AssertionError(
+            f"{png} looks blank: {distinct} distinct colours (want >= {MIN_COLOURS}), "
+            f"{share:.0%} of pixels one colour (want <= {MAX_SHARE_OF_ONE_COLOUR:.0%})"
+        )
     return distinct, share
 
 

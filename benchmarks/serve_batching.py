@@ -32,8 +32,8 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from accelab.catalog.inputs import sentences
@@ -44,7 +44,7 @@ from accelab.loadtest.summary import parse_slo
 from accelab.results.store import open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' server harness, one copy
-from serving import ServerProcess  # noqa: E402
+from serving import ServerProcess
 
 SERVERS = {  # label -> batching options; everything else is the same
     "one request per call": ["--max-batch-size", "1", "--max-wait-ms", "0"],
@@ -76,30 +76,73 @@ class Turns:
 
 
 def server_args(opts: argparse.Namespace, batching: list[str]) -> list[str]:
-    args = ["accelab.serve", opts.model, "--port", "0", *batching, "--max-queue", "128",
-            "--request-timeout", str(opts.request_timeout)]
+    args = [
+        "accelab.serve",
+        opts.model,
+        "--port",
+        "0",
+        *batching,
+        "--max-queue",
+        "128",
+        "--request-timeout",
+        str(opts.request_timeout),
+    ]
     for item in opts.set:
         args += ["--set", item]
     return args
 
 
 def loadtest_cli(opts: argparse.Namespace, url: str) -> list[str]:
-    return ["accelab", "loadtest", url, "--endpoint", "embeddings", "--find-max", "--rate", str(opts.start_rate),
-            "--slo", opts.slo, "--goodput-target", str(opts.goodput_target), "--duration", str(opts.duration),
-            "--max-steps", str(opts.max_steps), "--warmup", "8", "--timeout", "10", "--cooldown", str(opts.cooldown),
-            "--max-in-flight", "256"]
+    return [
+        "accelab",
+        "loadtest",
+        url,
+        "--endpoint",
+        "embeddings",
+        "--find-max",
+        "--rate",
+        str(opts.start_rate),
+        "--slo",
+        opts.slo,
+        "--goodput-target",
+        str(opts.goodput_target),
+        "--duration",
+        str(opts.duration),
+        "--max-steps",
+        str(opts.max_steps),
+        "--warmup",
+        "8",
+        "--timeout",
+        "10",
+        "--cooldown",
+        str(opts.cooldown),
+        "--max-in-flight",
+        "256",
+    ]
 
 
 def search(label: str, url: str, opts: argparse.Namespace, turns: Turns, out: dict[str, Any]) -> None:
     slo = parse_slo(opts.slo)
-    config = LoadConfig(url=url, endpoint="embeddings", inputs=tuple(sentences(224)), model=opts.model,
-                        rate=opts.start_rate, duration_s=opts.duration, warmup=8, timeout_s=10, seed=0,
-                        max_in_flight=256)
+    config = LoadConfig(
+        url=url,
+        endpoint="embeddings",
+        inputs=tuple(sentences(224)),
+        model=opts.model,
+        rate=opts.start_rate,
+        duration_s=opts.duration,
+        warmup=8,
+        timeout_s=10,
+        seed=0,
+        max_in_flight=256,
+    )
 
     def show(rate: float, s: dict[str, Any]) -> None:
         p99 = (s.get("e2e_ms") or {}).get("p99", float("nan"))
-        print(f"  [{label}] {rate:7.1f} req/s offered: {s['request_throughput']:7.1f} served, goodput "
-              f"{s['goodput_fraction']:6.1%}, e2e p99 {p99:8.1f} ms, errors {s['errors_by_status'] or 0}", flush=True)
+        print(
+            f"  [{label}] {rate:7.1f} req/s offered: {s['request_throughput']:7.1f} served, goodput "
+            f"{s['goodput_fraction']:6.1%}, e2e p99 {p99:8.1f} ms, errors {s['errors_by_status'] or 0}",
+            flush=True,
+        )
 
     def probe(rate: float) -> dict[str, Any]:
         time.sleep(opts.cooldown)  # both servers shed any backlog of the last probe first
@@ -111,10 +154,12 @@ def search(label: str, url: str, opts: argparse.Namespace, turns: Turns, out: di
         return summary
 
     try:
-        found = find_max(measure, goodput_at_least(opts.goodput_target), start_rate=opts.start_rate,
-                         max_steps=opts.max_steps)
-        result = build_result(config, opts.model, slo, search=found, goodput_target=opts.goodput_target,
-                              tag="serve-batching")
+        found = find_max(
+            measure, goodput_at_least(opts.goodput_target), start_rate=opts.start_rate, max_steps=opts.max_steps
+        )
+        result = build_result(
+            config, opts.model, slo, search=found, goodput_target=opts.goodput_target, tag="serve-batching"
+        )
         result.notes.append(f"benchmarks/serve_batching.py: {label}")
         open_store(opts.db).add(result)
         out[label] = found
@@ -128,12 +173,13 @@ def model_ceiling(opts: argparse.Namespace, max_batch: int, seconds: float = 3.0
     import torch
 
     from accelab.catalog.resolve import resolve
-    from accelab.runtimes import load_runnable
     from accelab.plan.plan import load_plan
+    from accelab.runtimes import load_runnable
     from accelab.serve.engines import build_engine
 
-    engine = build_engine(load_runnable(resolve(opts.model), load_plan("baseline", opts.set), torch.device("cpu")),
-                          name=opts.model)
+    engine = build_engine(
+        load_runnable(resolve(opts.model), load_plan("baseline", opts.set), torch.device("cpu")), name=opts.model
+    )
     try:
         units = [engine.prepare_text(text) for text in sentences(224)]
         best = {1: float("inf"), max_batch: float("inf")}
@@ -143,7 +189,7 @@ def model_ceiling(opts: argparse.Namespace, max_batch: int, seconds: float = 3.0
                 done, start = 0, time.perf_counter()
                 while time.perf_counter() - start < seconds:
                     first = done % (len(units) - size)
-                    engine.embed(units[first:first + size])
+                    engine.embed(units[first : first + size])
                     done += size
                 best[size] = min(best[size], (time.perf_counter() - start) / done)
         return best
@@ -157,8 +203,9 @@ PEER_SCRIPT = Path(__file__).parent / "peers" / "litserve_embeddings.py"
 def ensure_litserve() -> None:
     if importlib.util.find_spec("litserve") is None:
         print("installing the peer: pip install 'litserve>=0.2.19,<0.3' pyzmq (the accelab[peers] extra)", flush=True)
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "litserve>=0.2.19,<0.3", "pyzmq>=26"],
-                       check=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "litserve>=0.2.19,<0.3", "pyzmq>=26"], check=True
+        )
 
 
 def start_litserve(opts: argparse.Namespace, threads: int) -> tuple[subprocess.Popen, str, list[str]]:
@@ -167,8 +214,19 @@ def start_litserve(opts: argparse.Namespace, threads: int) -> tuple[subprocess.P
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    args = [sys.executable, str(PEER_SCRIPT), str(model_dir(opts.model)), "--port", str(port), "--threads",
-            str(threads), "--max-batch-size", str(opts.peer_batch), "--batch-timeout", str(opts.peer_wait_ms / 1000)]
+    args = [
+        sys.executable,
+        str(PEER_SCRIPT),
+        str(model_dir(opts.model)),
+        "--port",
+        str(port),
+        "--threads",
+        str(threads),
+        "--max-batch-size",
+        str(opts.peer_batch),
+        "--batch-timeout",
+        str(opts.peer_wait_ms / 1000),
+    ]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
@@ -189,11 +247,23 @@ def closed_loop(url: str, users: int, opts: argparse.Namespace) -> dict[str, Any
     from accelab.loadtest.client import run_load
     from accelab.loadtest.summary import SLO, summarize_run
 
-    config = LoadConfig(url=url, endpoint="embeddings", inputs=tuple(sentences(224)), model=opts.model,
-                        concurrency=users, duration_s=opts.peer_duration, warmup=2 * users, timeout_s=30)
+    config = LoadConfig(
+        url=url,
+        endpoint="embeddings",
+        inputs=tuple(sentences(224)),
+        model=opts.model,
+        concurrency=users,
+        duration_s=opts.peer_duration,
+        warmup=2 * users,
+        timeout_s=30,
+    )
     summary = summarize_run(run_load(config, opts.model), SLO())
-    return {"req_s": summary["request_throughput"], "p99_ms": (summary["e2e_ms"] or {}).get("p99"),
-            "p50_ms": (summary["e2e_ms"] or {}).get("p50"), "errors": summary["errors_by_status"]}
+    return {
+        "req_s": summary["request_throughput"],
+        "p99_ms": (summary["e2e_ms"] or {}).get("p99"),
+        "p50_ms": (summary["e2e_ms"] or {}).get("p50"),
+        "errors": summary["errors_by_status"],
+    }
 
 
 def against_litserve(opts: argparse.Namespace) -> bool:
@@ -214,12 +284,15 @@ def against_litserve(opts: argparse.Namespace) -> bool:
             server.wait_ready(timeout_s=300)
         urls = {**{label: server.url for label, server in servers.items()}, "LitServe": peer_url}
         for level, users in enumerate(opts.peer_users):
-            order = list(rows)[level % len(rows):] + list(rows)[:level % len(rows)]  # who goes first rotates
+            order = list(rows)[level % len(rows) :] + list(rows)[: level % len(rows)]  # who goes first rotates
             for label in order:
                 row = closed_loop(urls[label], users, opts)
                 rows[label][users] = row
-                print(f"  {label:<34} {users:>3} users: {row['req_s']:7.1f} req/s, p50 {row['p50_ms']:6.1f} ms, "
-                      f"p99 {row['p99_ms']:6.1f} ms, errors {row['errors'] or 0}", flush=True)
+                print(
+                    f"  {label:<34} {users:>3} users: {row['req_s']:7.1f} req/s, p50 {row['p50_ms']:6.1f} ms, "
+                    f"p99 {row['p99_ms']:6.1f} ms, errors {row['errors'] or 0}",
+                    flush=True,
+                )
     finally:
         for server in servers.values():
             server.stop()
@@ -230,9 +303,13 @@ def against_litserve(opts: argparse.Namespace) -> bool:
             if peer.poll() is None:
                 peer.kill()
     ok = True
-    print(f"\n{opts.model} embeddings, one short sentence per request, {threads} thread(s) per server, batch "
-          f"{opts.peer_batch}, wait {opts.peer_wait_ms:g} ms, {opts.peer_duration:g} s per level (closed loop):")
-    print("| server | users | req/s | p50 ms | p99 ms | req/s vs LitServe | target (>= 1.1x at 8, 1.2x at 32, p99 no worse) |")
+    print(
+        f"\n{opts.model} embeddings, one short sentence per request, {threads} thread(s) per server, batch "
+        f"{opts.peer_batch}, wait {opts.peer_wait_ms:g} ms, {opts.peer_duration:g} s per level (closed loop):"
+    )
+    print(
+        "| server | users | req/s | p50 ms | p99 ms | req/s vs LitServe | target (>= 1.1x at 8, 1.2x at 32, p99 no worse) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for label in rows:
         for users in opts.peer_users:
@@ -244,45 +321,69 @@ def against_litserve(opts: argparse.Namespace) -> bool:
                 met = ratio >= need and row["p99_ms"] <= theirs["p99_ms"]
                 ok &= met or label != "accelab serve"  # the same-plan row is the target; the tuned one is shown
                 verdict = "OK" if met else "MISSED"
-            print(f"| {label} | {users} | {row['req_s']:.1f} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | "
-                  f"{ratio:.2f}x | {verdict} |")
+            print(
+                f"| {label} | {users} | {row['req_s']:.1f} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | "
+                f"{ratio:.2f}x | {verdict} |"
+            )
     if opts.tuned_plan:
-        print(f"(`--plan {opts.tuned_plan}` is the same model's weights under ONNX Runtime, {threads} thread(s): "
-              "accelab verify checks its outputs against fp32 eager)")
+        print(
+            f"(`--plan {opts.tuned_plan}` is the same model's weights under ONNX Runtime, {threads} thread(s): "
+            "accelab verify checks its outputs against fp32 eager)"
+        )
     for label, args in ours.items():
         serve = ["accelab", "serve", *args[1:]]
         serve[serve.index("--port") + 1] = "8000"
         print(f"reproduce {label}: {shlex.join(serve)} &")
     print(f"reproduce LitServe: python {shlex.join(peer_args[1:])} &")
-    print(f"  then: accelab loadtest http://127.0.0.1:PORT --endpoint embeddings --concurrency 32 "
-          f"--duration {opts.peer_duration:g} --warmup 64")
+    print(
+        f"  then: accelab loadtest http://127.0.0.1:PORT --endpoint embeddings --concurrency 32 "
+        f"--duration {opts.peer_duration:g} --warmup 64"
+    )
     return ok
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="minilm-l6")
-    parser.add_argument("--slo", default="e2e=500ms",
-                        help="per-request SLO both servers must meet; loose enough that capacity decides, not "
-                             "one request's latency on a busy shared CPU")
-    parser.add_argument("--goodput-target", type=float, default=0.99,
-                        help="share of requests that must meet the SLO: 0.99 makes it a p99 SLO")
+    parser.add_argument(
+        "--slo",
+        default="e2e=500ms",
+        help="per-request SLO both servers must meet; loose enough that capacity decides, not "
+        "one request's latency on a busy shared CPU",
+    )
+    parser.add_argument(
+        "--goodput-target",
+        type=float,
+        default=0.99,
+        help="share of requests that must meet the SLO: 0.99 makes it a p99 SLO",
+    )
     parser.add_argument("--start-rate", type=float, default=16.0)
     parser.add_argument("--duration", type=float, default=5.0, help="seconds of load per find-max probe")
     parser.add_argument("--max-steps", type=int, default=8, help="probes per search")
     parser.add_argument("--cooldown", type=float, default=2.0, help="seconds of quiet before each probe")
-    parser.add_argument("--request-timeout", type=float, default=2.0,
-                        help="server --request-timeout: an overloaded probe drains in this time, not minutes")
-    parser.add_argument("--set", action="append", default=["threads=1"],
-                        help="plan override for both servers (default threads=1: the load tester needs a core)")
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=2.0,
+        help="server --request-timeout: an overloaded probe drains in this time, not minutes",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=["threads=1"],
+        help="plan override for both servers (default threads=1: the load tester needs a core)",
+    )
     parser.add_argument("--db", default=None, help="results store (default: the cache dir's)")
     parser.add_argument("--part", choices=("all", "batching", "litserve"), default="all")
     parser.add_argument("--peer-users", default="8,32", help="closed-loop levels of the LitServe comparison")
     parser.add_argument("--peer-duration", type=float, default=30.0, help="seconds per level (after a warm-up)")
     parser.add_argument("--peer-batch", type=int, default=16, help="max batch size of both servers")
     parser.add_argument("--peer-wait-ms", type=float, default=10.0, help="batch timeout of both servers")
-    parser.add_argument("--tuned-plan", default="onnxruntime", help="accelab's own faster plan, shown beside the "
-                        "same-plan comparison ('' to leave it out)")
+    parser.add_argument(
+        "--tuned-plan",
+        default="onnxruntime",
+        help="accelab's own faster plan, shown beside the same-plan comparison ('' to leave it out)",
+    )
     opts = parser.parse_args()
     opts.peer_users = [int(u) for u in opts.peer_users.split(",")]
     if opts.part == "litserve":
@@ -299,8 +400,9 @@ def main() -> int:
             server.wait_ready(timeout_s=300)
         print(f"\nfind-max, SLO {opts.slo} for >= {opts.goodput_target:.0%} of requests, probes alternate:")
         turns = Turns(list(SERVERS))
-        threads = [threading.Thread(target=search, args=(label, servers[label].url, opts, turns, found))
-                   for label in SERVERS]
+        threads = [
+            threading.Thread(target=search, args=(label, servers[label].url, opts, turns, found)) for label in SERVERS
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -309,8 +411,10 @@ def main() -> int:
         for server in servers.values():
             server.stop()
 
-    print(f"\n{opts.model} embeddings, SLO {opts.slo} for >= {opts.goodput_target:.0%} of requests, "
-          f"plan overrides {opts.set}")
+    print(
+        f"\n{opts.model} embeddings, SLO {opts.slo} for >= {opts.goodput_target:.0%} of requests, "
+        f"plan overrides {opts.set}"
+    )
     for label in SERVERS:
         best = found[label].best_rate if label in found else None
         note = "" if label in found and found[label].saturated else " (search did not saturate)"
@@ -321,12 +425,16 @@ def main() -> int:
     max_batch = int(SERVERS["dynamic batching"][1])
     cost = model_ceiling(opts, max_batch)
     ceiling = cost[1] / cost[max_batch]
-    print(f"\nthe model alone (the server's engine, no HTTP, same sentences and plan): {cost[1] * 1000:.2f} ms per input "
-          f"at batch 1, {cost[max_batch] * 1000:.2f} ms at batch {max_batch}: batching can gain at most {ceiling:.2f}x here")
+    print(
+        f"\nthe model alone (the server's engine, no HTTP, same sentences and plan): {cost[1] * 1000:.2f} ms per input "
+        f"at batch 1, {cost[max_batch] * 1000:.2f} ms at batch {max_batch}: batching can gain at most {ceiling:.2f}x here"
+    )
     if base and batched:
-        print(f"  the server kept {batched / base / ceiling:.0%} of that ceiling; one request per call ran at "
-              f"{base * cost[1]:.0%} of the model's batch-1 pace, dynamic batching at {batched * cost[max_batch]:.0%} "
-              f"of its batch-{max_batch} pace")
+        print(
+            f"  the server kept {batched / base / ceiling:.0%} of that ceiling; one request per call ran at "
+            f"{base * cost[1]:.0%} of the model's batch-1 pace, dynamic batching at {batched * cost[max_batch]:.0%} "
+            f"of its batch-{max_batch} pace"
+        )
     print("\nreproduce one half by hand (then Ctrl+C the server):")
     for label, batching in SERVERS.items():
         serve = ["accelab", "serve", *server_args(opts, batching)[1:]]

@@ -66,21 +66,55 @@ def free_port() -> int:
 def servers(mode: str) -> list[Server]:
     a, v = free_port(), free_port()
     options = "vllm_mode=compiled;vllm_prefix_caching=on" if mode == "compiled" else "vllm_mode=eager"
-    accelab = Server("accelab serve --plan vllm", [sys.executable, "-m", "accelab", "serve", MODEL, "--plan",
-                                                    f"vllm[{options}]", "--port", str(a), "--max-tokens", "256"])
+    accelab = Server(
+        "accelab serve --plan vllm",
+        [
+            sys.executable,
+            "-m",
+            "accelab",
+            "serve",
+            MODEL,
+            "--plan",
+            f"vllm[{options}]",
+            "--port",
+            str(a),
+            "--max-tokens",
+            "256",
+        ],
+    )
     vllm_args = ["--enforce-eager", "--no-enable-prefix-caching"] if mode == "eager" else []
-    peer = Server("vllm serve", [str(ROOT / ".venv-vllm" / "bin" / "python"), "-P",
-                                 str(ROOT / "src" / "accelab" / "backends" / "vllm_cli.py"), "serve",
-                                 str(model_dir(MODEL)), "--served-model-name", MODEL, "--host", "127.0.0.1",
-                                 "--port", str(v), "--dtype", "float32", *vllm_args])
+    peer = Server(
+        "vllm serve",
+        [
+            str(ROOT / ".venv-vllm" / "bin" / "python"),
+            "-P",
+            str(ROOT / "src" / "accelab" / "backends" / "vllm_cli.py"),
+            "serve",
+            str(model_dir(MODEL)),
+            "--served-model-name",
+            MODEL,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(v),
+            "--dtype",
+            "float32",
+            *vllm_args,
+        ],
+    )
     accelab.url, peer.url = f"http://127.0.0.1:{a}", f"http://127.0.0.1:{v}"
     return [accelab, peer]
 
 
 def start(server: Server, tmp: Path) -> None:
     server.log = tmp / (server.label.split()[0] + ".log")
-    server.process = subprocess.Popen(server.command, stdout=open(server.log, "wb"), stderr=subprocess.STDOUT,
-                                      env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+    server.process = subprocess.Popen(
+        server.command,
+        stdout=open(server.log, "wb"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,
+    )
 
 
 def wait_ready(server: Server, timeout_s: float = 1200) -> None:
@@ -116,17 +150,30 @@ def cpu_ticks() -> tuple[int, int]:
 
 def measure(server: Server, users: int, duration: float) -> dict[str, Any]:
     steal0, total0 = cpu_ticks()
-    config = LoadConfig(url=server.url, endpoint="chat", inputs=tuple(inputs.prompts(52)), model=MODEL,
-                        concurrency=users, duration_s=duration, warmup=users, max_tokens=MIX, stream=True,
-                        timeout_s=600)
+    config = LoadConfig(
+        url=server.url,
+        endpoint="chat",
+        inputs=tuple(inputs.prompts(52)),
+        model=MODEL,
+        concurrency=users,
+        duration_s=duration,
+        warmup=users,
+        max_tokens=MIX,
+        stream=True,
+        timeout_s=600,
+    )
     records = run_load(config, MODEL)
     steal1, total1 = cpu_ticks()
     summary = summarize_run(records, SLO())
     return {
-        "users": users, "requests": summary["requests"], "errors": summary["errors_by_status"],
+        "users": users,
+        "requests": summary["requests"],
+        "errors": summary["errors_by_status"],
         "tokens_per_s": summary["output_token_throughput"],
-        "ttft_p50_ms": (summary["ttft_ms"] or {}).get("p50"), "itl_p50_ms": (summary["itl_ms"] or {}).get("p50"),
-        "steal_pct": 100 * (steal1 - steal0) / max(1, total1 - total0), "load1": os.getloadavg()[0],
+        "ttft_p50_ms": (summary["ttft_ms"] or {}).get("p50"),
+        "itl_p50_ms": (summary["itl_ms"] or {}).get("p50"),
+        "steal_pct": 100 * (steal1 - steal0) / max(1, total1 - total0),
+        "load1": os.getloadavg()[0],
     }
 
 
@@ -137,32 +184,45 @@ def order(pairs: int) -> list[int]:
 
 def report(all_servers: list[Server], args: argparse.Namespace, started: float) -> str:
     a, v = all_servers
-    lines = [f"accelab serve --plan vllm vs vllm serve · {MODEL} fp32 · {args.users} users closed loop, streaming chat, "
-             f"max_tokens mix {MIX} · {args.pairs} pairs of {args.duration:g} s windows · engines {args.mode}", ""]
-    lines.append(f"{'round':>5}  {'server':<26} {'tokens/s':>9} {'TTFT p50':>9} {'ITL p50':>8} {'req':>5} "
-                 f"{'errors':>7} {'steal %':>8} {'load':>5}")
+    lines = [
+        f"accelab serve --plan vllm vs vllm serve · {MODEL} fp32 · {args.users} users closed loop, streaming chat, "
+        f"max_tokens mix {MIX} · {args.pairs} pairs of {args.duration:g} s windows · engines {args.mode}",
+        "",
+    ]
+    lines.append(
+        f"{'round':>5}  {'server':<26} {'tokens/s':>9} {'TTFT p50':>9} {'ITL p50':>8} {'req':>5} "
+        f"{'errors':>7} {'steal %':>8} {'load':>5}"
+    )
     for i in range(args.pairs):
         for s in all_servers:
             r = s.rounds[i]
-            lines.append(f"{i + 1:>5}  {s.label:<26} {r['tokens_per_s']:>9.1f} {r['ttft_p50_ms'] or 0:>9.0f} "
-                         f"{r['itl_p50_ms'] or 0:>8.1f} {r['requests']:>5} {sum(r['errors'].values()):>7} "
-                         f"{r['steal_pct']:>8.1f} {r['load1']:>5.1f}")
+            lines.append(
+                f"{i + 1:>5}  {s.label:<26} {r['tokens_per_s']:>9.1f} {r['ttft_p50_ms'] or 0:>9.0f} "
+                f"{r['itl_p50_ms'] or 0:>8.1f} {r['requests']:>5} {sum(r['errors'].values()):>7} "
+                f"{r['steal_pct']:>8.1f} {r['load1']:>5.1f}"
+            )
     ratios = [ra["tokens_per_s"] / rv["tokens_per_s"] for ra, rv in zip(a.rounds, v.rounds)]
     # quietest: the least load beside the two servers (other people's work shows as load, not steal)
-    quiet = min(range(args.pairs), key=lambda i: a.rounds[i]["load1"] + v.rounds[i]["load1"]
-                + a.rounds[i]["steal_pct"] + v.rounds[i]["steal_pct"])
+    quiet = min(
+        range(args.pairs),
+        key=lambda i: a.rounds[i]["load1"] + v.rounds[i]["load1"] + a.rounds[i]["steal_pct"] + v.rounds[i]["steal_pct"],
+    )
     med_a = statistics.median(r["tokens_per_s"] for r in a.rounds)
     med_v = statistics.median(r["tokens_per_s"] for r in v.rounds)
     ratio = statistics.median(ratios)
-    lines += ["", f"median tokens/s: accelab {med_a:.1f}, vllm serve {med_v:.1f}; accelab/vllm per pair: "
-              + ", ".join(f"{x:.3f}" for x in ratios) + f" (median {ratio:.3f})",
-              f"quietest pair ({quiet + 1}, steal {a.rounds[quiet]['steal_pct']:.1f}% / {v.rounds[quiet]['steal_pct']:.1f}%, "
-              f"load {a.rounds[quiet]['load1']:.1f} / {v.rounds[quiet]['load1']:.1f}): "
-              f"accelab/vllm {ratios[quiet]:.3f}",
-              f"verdict: accelab is {'within' if ratio >= 0.95 else 'NOT within'} 5% of vllm serve at {args.users} "
-              f"users (median ratio {ratio:.3f}, target >= 0.95)",
-              f"took {(time.monotonic() - started) / 60:.1f} min; reproduce: python benchmarks/serve_vllm.py "
-              + " ".join(shlex.quote(x) for x in sys.argv[1:])]
+    lines += [
+        "",
+        f"median tokens/s: accelab {med_a:.1f}, vllm serve {med_v:.1f}; accelab/vllm per pair: "
+        + ", ".join(f"{x:.3f}" for x in ratios)
+        + f" (median {ratio:.3f})",
+        f"quietest pair ({quiet + 1}, steal {a.rounds[quiet]['steal_pct']:.1f}% / {v.rounds[quiet]['steal_pct']:.1f}%, "
+        f"load {a.rounds[quiet]['load1']:.1f} / {v.rounds[quiet]['load1']:.1f}): "
+        f"accelab/vllm {ratios[quiet]:.3f}",
+        f"verdict: accelab is {'within' if ratio >= 0.95 else 'NOT within'} 5% of vllm serve at {args.users} "
+        f"users (median ratio {ratio:.3f}, target >= 0.95)",
+        f"took {(time.monotonic() - started) / 60:.1f} min; reproduce: python benchmarks/serve_vllm.py "
+        + " ".join(shlex.quote(x) for x in sys.argv[1:]),
+    ]
     return "\n".join(lines)
 
 
@@ -190,8 +250,9 @@ def main() -> int:
             s = all_servers[i]
             s.rounds.append(measure(s, args.users, args.duration))
             r = s.rounds[-1]
-            print(f"window {n + 1}: {s.label}: {r['tokens_per_s']:.1f} tokens/s (steal {r['steal_pct']:.1f}%)",
-                  flush=True)
+            print(
+                f"window {n + 1}: {s.label}: {r['tokens_per_s']:.1f} tokens/s (steal {r['steal_pct']:.1f}%)", flush=True
+            )
     finally:
         for s in all_servers:
             stop(s)
@@ -199,9 +260,15 @@ def main() -> int:
     print(text)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.out}.txt").write_text(text + "\n")
-    (RESULTS / f"{args.out}.json").write_text(json.dumps(
-        {"args": vars(args), "servers": [{"label": s.label, "command": s.command, "rounds": s.rounds}
-                                         for s in all_servers]}, indent=2))
+    (RESULTS / f"{args.out}.json").write_text(
+        json.dumps(
+            {
+                "args": vars(args),
+                "servers": [{"label": s.label, "command": s.command, "rounds": s.rounds} for s in all_servers],
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

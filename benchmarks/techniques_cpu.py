@@ -26,20 +26,37 @@ from accelab.scenarios.workload import Workload
 GROUPS = {
     "smollm2-b1": dict(
         title="smollm2-135m decode, batch 1",
-        model="smollm2-135m", workload=Workload(scenario="generate", batch_size=1, new_tokens=32, min_seconds=4, min_iters=3),
-        plans=["baseline", "bf16-autocast", "bf16", "static-cache", "compile-static", "int8-weight", "int8-weight-compile"],
+        model="smollm2-135m",
+        workload=Workload(scenario="generate", batch_size=1, new_tokens=32, min_seconds=4, min_iters=3),
+        plans=[
+            "baseline",
+            "bf16-autocast",
+            "bf16",
+            "static-cache",
+            "compile-static",
+            "int8-weight",
+            "int8-weight-compile",
+        ],
         compile_plans={"compile-static", "int8-weight-compile"},
     ),
     "smollm2-b16": dict(
         title="smollm2-135m decode, batch 16",
-        model="smollm2-135m", workload=Workload(scenario="generate", batch_size=1, new_tokens=32, min_seconds=4, min_iters=3),
-        plans=["baseline", "baseline[batch_size=16]", "bf16-autocast[batch_size=16]", "bf16[batch_size=16]",
-               "static-cache[batch_size=16]", "compile-static[batch_size=16]"],
+        model="smollm2-135m",
+        workload=Workload(scenario="generate", batch_size=1, new_tokens=32, min_seconds=4, min_iters=3),
+        plans=[
+            "baseline",
+            "baseline[batch_size=16]",
+            "bf16-autocast[batch_size=16]",
+            "bf16[batch_size=16]",
+            "static-cache[batch_size=16]",
+            "compile-static[batch_size=16]",
+        ],
         compile_plans={"compile-static[batch_size=16]"},
     ),
     "minilm-b32": dict(
         title="minilm-l6 embeddings, batch 32, seq 128",
-        model="minilm-l6", workload=Workload(scenario="forward", batch_size=32, seq_len=128, min_seconds=4, min_iters=5),
+        model="minilm-l6",
+        workload=Workload(scenario="forward", batch_size=32, seq_len=128, min_seconds=4, min_iters=5),
         plans=["baseline", "bf16-autocast", "bf16", "compile", "int8-dynamic", "int8-weight-compile"],
         compile_plans={"compile", "int8-weight-compile"},
     ),
@@ -48,8 +65,12 @@ GROUPS = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--skip-compile", action="store_true", help="Leave out compiled plans (each compiles ~1-2 min).")
-    parser.add_argument("--groups", default=",".join(GROUPS), help=f"Comma-separated groups to run, of {', '.join(GROUPS)}.")
+    parser.add_argument(
+        "--skip-compile", action="store_true", help="Leave out compiled plans (each compiles ~1-2 min)."
+    )
+    parser.add_argument(
+        "--groups", default=",".join(GROUPS), help=f"Comma-separated groups to run, of {', '.join(GROUPS)}."
+    )
     args = parser.parse_args()
     console = Console(width=170)
     summary = []
@@ -68,8 +89,10 @@ def main() -> None:
         best = max(passing, key=lambda r: r["speedup"], default=None)
         if best:
             roof = f", roofline {best['roofline'] * 100:.0f}%" if best.get("roofline") else ""
-            summary.append(f"{title}: best passing plan {best['plan']} at {best['speedup']:.2f}x the baseline "
-                           f"({best['throughput']:.4g} {best['throughput_unit']}{roof}; quality {best['quality']})")
+            summary.append(
+                f"{title}: best passing plan {best['plan']} at {best['speedup']:.2f}x the baseline "
+                f"({best['throughput']:.4g} {best['throughput_unit']}{roof}; quality {best['quality']})"
+            )
         else:
             summary.append(f"{title}: no plan beat the baseline with passing quality")
     print("\n".join(summary))

@@ -37,10 +37,18 @@ from accelab.tune.search import Candidate, Constraints, Search, score
 from accelab.tune.space import ladder, search_space
 
 SPACES = {
-    "minilm-l6": dict(variants=["baseline", "bf16-autocast", "int8-dynamic", "compile"], max_batch=64, screen=8,
-                      workload=Workload(scenario="forward", seq_len=128, min_seconds=2.0)),
-    "smollm2-135m": dict(variants=["baseline", "bf16-autocast", "static-cache", "int8-weight"], max_batch=32, screen=4,
-                         workload=Workload(scenario="generate", new_tokens=32, min_seconds=2.0)),
+    "minilm-l6": dict(
+        variants=["baseline", "bf16-autocast", "int8-dynamic", "compile"],
+        max_batch=64,
+        screen=8,
+        workload=Workload(scenario="forward", seq_len=128, min_seconds=2.0),
+    ),
+    "smollm2-135m": dict(
+        variants=["baseline", "bf16-autocast", "static-cache", "int8-weight"],
+        max_batch=32,
+        screen=4,
+        workload=Workload(scenario="generate", new_tokens=32, min_seconds=2.0),
+    ),
 }
 
 
@@ -48,9 +56,18 @@ def measurer(spec, workload, console, quality):
     from accelab.quality.collect import QualityConfig
 
     qc = QualityConfig(samples=8, new_tokens=16) if quality != "off" else None
-    return BenchMeasurer(spec=spec, workload=workload, device=None, store=None, group_id=f"bench-{time.time():.0f}",
-                         quality=qc, tolerance=quality if quality != "off" else "balanced",
-                         screen_seconds=1.0, final_seconds=workload.min_seconds, console=console)
+    return BenchMeasurer(
+        spec=spec,
+        workload=workload,
+        device=None,
+        store=None,
+        group_id=f"bench-{time.time():.0f}",
+        quality=qc,
+        tolerance=quality if quality != "off" else "balanced",
+        screen_seconds=1.0,
+        final_seconds=workload.min_seconds,
+        console=console,
+    )
 
 
 @contextlib.contextmanager
@@ -71,7 +88,9 @@ def fresh_compile_cache() -> Iterator[None]:
 def run_grid(spec, space, console, quality):
     m = measurer(spec, space["workload"], console, quality)
     constraints = Constraints(quality=quality)
-    results = [m(Candidate(variant=v, batch_size=b), "final") for v in space["variants"] for b in ladder(space["max_batch"])]
+    results = [
+        m(Candidate(variant=v, batch_size=b), "final") for v in space["variants"] for b in ladder(space["max_batch"])
+    ]
     feasible = [r for r in results if constraints.violation(r) is None]
     best = max(feasible, key=lambda r: score(r, "throughput"))
     return best, sum(r.seconds for r in results), len(results)
@@ -96,13 +115,19 @@ def run_tuner(spec, space, console, quality):
     t0 = time.perf_counter()
     hardware_limits("cpu")
     space_s = time.perf_counter() - t0
-    found = search_space(spec, space["workload"].scenario, None, max_batch=space["max_batch"],
-                         include=space["variants"], prune_slow=True)
+    found = search_space(
+        spec, space["workload"].scenario, None, max_batch=space["max_batch"], include=space["variants"], prune_slow=True
+    )
     for name, why in found.pruned.items():
         console.print(f"  [dim]not searched: {name}: {why}[/]")
     m = measurer(spec, space["workload"], console, quality)
-    log = Search(variants=found.variants, batch_sizes=found.batch_sizes, measure=m,
-                 constraints=Constraints(quality=quality), screen_batch=space["screen"]).run()
+    log = Search(
+        variants=found.variants,
+        batch_sizes=found.batch_sizes,
+        measure=m,
+        constraints=Constraints(quality=quality),
+        screen_batch=space["screen"],
+    ).run()
     return log.winner, log.measured_seconds + space_s, len(log.measurements)
 
 

@@ -36,8 +36,12 @@ while True:
 def switching_load(*, on_s: float, off_s: float, core: int = -1) -> Iterator[int]:
     """A busy loop on `core` (-1: wherever the kernel puts it), busy on_s then idle off_s, over
     and over, for the duration of the block; yields its pid."""
-    proc = subprocess.Popen([sys.executable, "-c", LOOP, str(on_s), str(off_s), str(core)], start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LOOP, str(on_s), str(off_s), str(core)],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         yield proc.pid
     finally:

@@ -10,7 +10,10 @@ PARENT_PID = os.getppid()
 
 
 def echo_env(name):
-    return {"value": os.environ.get(name), "pid_differs": os.getpid() != int(os.environ.get("ACCELAB_TEST_PARENT", "0"))}
+    return {
+        "value": os.environ.get(name),
+        "pid_differs": os.getpid() != int(os.environ.get("ACCELAB_TEST_PARENT", "0")),
+    }
 
 
 def fail(message):

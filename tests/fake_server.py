@@ -13,7 +13,6 @@ from typing import Any
 from fakes_serve import FAKES  # this script's folder, tests/, is first on sys.path
 
 
-
 def main(argv: list[str] | None = None) -> int:
     from accelab.serve.config import ServeConfig
     from accelab.serve.server import run_server
@@ -27,9 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grace-period", type=float, default=10.0)
     parser.add_argument("--load-delay", type=float, default=0.0, help="seconds the fake model takes to load")
     args = parser.parse_args(argv)
-    config = ServeConfig(model_name=f"fake-{args.kind}", plan_name="fake", port=args.port,
-                         max_batch_size=args.max_batch_size, max_queue=args.max_queue,
-                         grace_period_s=args.grace_period)
+    config = ServeConfig(
+        model_name=f"fake-{args.kind}",
+        plan_name="fake",
+        port=args.port,
+        max_batch_size=args.max_batch_size,
+        max_queue=args.max_queue,
+        grace_period_s=args.grace_period,
+    )
 
     def factory() -> Any:
         time.sleep(args.load_delay)

@@ -86,8 +86,11 @@ class FakeClassificationEngine(_FakeBase):
 
     def classify(self, units: list[Any]) -> list[list[Label]]:
         self._enter_batch(len(units), False)
-        return [[Label(label=f"class-{(w * h + k) % 10}", score=1.0 / (k + 2)) for k in range(u.top_k)]
-                for u in units for (w, h) in [u.pixels]]
+        return [
+            [Label(label=f"class-{(w * h + k) % 10}", score=1.0 / (k + 2)) for k in range(u.top_k)]
+            for u in units
+            for (w, h) in [u.pixels]
+        ]
 
 
 class FakeGenerationEngine(_FakeBase):
@@ -104,13 +107,15 @@ class FakeGenerationEngine(_FakeBase):
     def fit(self, prompt: Prompt, max_tokens: int, *, truncate: bool = False) -> Prompt:
         return fit_prompt(prompt, max_tokens, self.max_context, truncate=truncate, name=self.name)
 
-    def step_engine(self, limits: Any) -> "FakeStepEngine":
+    def step_engine(self, limits: Any) -> FakeStepEngine:
         self.stepper = FakeStepEngine(self)
         return self.stepper
 
     def prepare_chat(self, messages: list[dict[str, Any]]) -> Prompt:
-        text = " ".join(m["content"] if isinstance(m["content"], str) else
-                        " ".join(p.get("text", "") for p in m["content"]) for m in messages)
+        text = " ".join(
+            m["content"] if isinstance(m["content"], str) else " ".join(p.get("text", "") for p in m["content"])
+            for m in messages
+        )
         return self.prepare_text(text)
 
     def prepare_text(self, prompt: str | list[int]) -> Prompt:
@@ -138,10 +143,17 @@ class FakeGenerationEngine(_FakeBase):
                     finished_at[row] = now
             if all(s.finish_reason is not None or u.cancelled for s, u in zip(streams, units)):
                 break
-        return [Completion(text=s.output, finish_reason=s.finish_reason or "length",
-                           prompt_tokens=u.prompt.prompt_tokens, completion_tokens=s.tokens,
-                           first_token_at=u.first_token_at, finished_at=finished_at[i])
-                for i, (u, s) in enumerate(zip(units, streams))]
+        return [
+            Completion(
+                text=s.output,
+                finish_reason=s.finish_reason or "length",
+                prompt_tokens=u.prompt.prompt_tokens,
+                completion_tokens=s.tokens,
+                first_token_at=u.first_token_at,
+                finished_at=finished_at[i],
+            )
+            for i, (u, s) in enumerate(zip(units, streams))
+        ]
 
 
 class FakeStepEngine:

@@ -69,8 +69,11 @@ class FakeHub:
 
     def add(self, repo: str, files: dict[str, bytes], *, revision: str = "main", access: Access = "public") -> str:
         """Add `files` as a commit of `repo` that `revision` (a branch or tag) points at; its commit id."""
-        commit = hashlib.sha1(repo.encode() + revision.encode() + b"".join(
-            path.encode() + hashlib.sha1(data).digest() for path, data in sorted(files.items()))).hexdigest()
+        commit = hashlib.sha1(
+            repo.encode()
+            + revision.encode()
+            + b"".join(path.encode() + hashlib.sha1(data).digest() for path, data in sorted(files.items()))
+        ).hexdigest()
         entry = self.repos.setdefault(repo, Repo(access=access))
         entry.refs[revision] = commit
         entry.commits[commit] = dict(files)
@@ -149,9 +152,12 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 raise _Refusal(404, None, f"no such endpoint: {path}")
         except _Refusal as refusal:
-            self._json(refusal.status, {"error": refusal.message},
-                       {"X-Error-Message": refusal.message} | ({"X-Error-Code": refusal.code} if refusal.code else {}),
-                       body=body)
+            self._json(
+                refusal.status,
+                {"error": refusal.message},
+                {"X-Error-Message": refusal.message} | ({"X-Error-Code": refusal.code} if refusal.code else {}),
+                body=body,
+            )
 
     def _repo(self, repo: str, token: str | None) -> Repo:
         entry = self.hub.repos.get(repo)
@@ -172,14 +178,28 @@ class _Handler(BaseHTTPRequestHandler):
         commit = self._commit(repo, entry, revision)
         files = entry.commits[commit]
         if kind == "revision":
-            self._json(200, {"id": repo, "modelId": repo, "sha": commit, "private": entry.access == "private",
-                             "gated": "auto" if entry.access == "gated" else False, "disabled": False,
-                             "tags": [], "siblings": [{"rfilename": p} for p in files]})
+            self._json(
+                200,
+                {
+                    "id": repo,
+                    "modelId": repo,
+                    "sha": commit,
+                    "private": entry.access == "private",
+                    "gated": "auto" if entry.access == "gated" else False,
+                    "disabled": False,
+                    "tags": [],
+                    "siblings": [{"rfilename": p} for p in files],
+                },
+            )
             return
         tree = []
         for file_path, data in files.items():
-            item = {"type": "file", "path": file_path, "size": len(data),
-                    "oid": hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()}
+            item = {
+                "type": "file",
+                "path": file_path,
+                "size": len(data),
+                "oid": hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest(),
+            }
             if len(data) > LFS_THRESHOLD:
                 item["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
             tree.append(item)
@@ -188,16 +208,23 @@ class _Handler(BaseHTTPRequestHandler):
     def _file(self, repo: str, revision: str, file_path: str, token: str | None, *, body: bool) -> None:
         entry = self._repo(repo, token)
         if entry.access == "gated":
-            raise _Refusal(403 if token else 401, "GatedRepo",
-                           f"Access to model {repo} is restricted. You must have access to it and be "
-                           "authenticated to access it. Please log in.")
+            raise _Refusal(
+                403 if token else 401,
+                "GatedRepo",
+                f"Access to model {repo} is restricted. You must have access to it and be "
+                "authenticated to access it. Please log in.",
+            )
         commit = self._commit(repo, entry, revision)
         data = entry.commits[commit].get(file_path)
         if data is None:
             raise _Refusal(404, "EntryNotFound", f"{file_path} does not exist on {revision}")
         start, status = 0, 200
-        headers = {"X-Repo-Commit": commit, "ETag": f'"{etag_of(data)}"', "Accept-Ranges": "bytes",
-                   "Content-Type": "application/octet-stream"}
+        headers = {
+            "X-Repo-Commit": commit,
+            "ETag": f'"{etag_of(data)}"',
+            "Accept-Ranges": "bytes",
+            "Content-Type": "application/octet-stream",
+        }
         wanted = self.headers.get("Range")
         if wanted and body:
             start = int(wanted.removeprefix("bytes=").split("-")[0])

@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+
 @contextlib.contextmanager
 def running_server(app: Any, *, host: str = "127.0.0.1", ready_timeout_s: float = 60.0) -> Iterator[str]:
     """Serve `app` with uvicorn in a background thread on a free port; yields its base URL once
@@ -30,8 +31,9 @@ def running_server(app: Any, *, host: str = "127.0.0.1", ready_timeout_s: float 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind((host, 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
-                                           timeout_graceful_shutdown=1))
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=1)
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="test-server", daemon=True)
     thread.start()
     url = f"http://{host}:{port}"
@@ -59,9 +61,13 @@ class ServerProcess:
     it as a context manager): SIGTERM, then kill."""
 
     def __init__(self, *args: str, timeout_s: float = 60.0, env: dict[str, str] | None = None):
-        self.proc = subprocess.Popen([sys.executable, *args], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+        self.proc = subprocess.Popen(
+            [sys.executable, *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+        )
         self.lines: queue.Queue[str] = queue.Queue()
         self.log: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -111,7 +117,7 @@ class ServerProcess:
                 self.proc.wait(10)
         return self.proc.returncode
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -24,8 +24,15 @@ QUICK = {"batch_size": 2, "min_seconds": 0.2, "min_iters": 3, "warmup": 1}
 
 def test_the_example_script_runs_every_function_and_stores_its_results(tmp_path: Path):
     db = tmp_path / "results.db"
-    run = subprocess.run([sys.executable, str(ROOT / "examples" / "python_api.py")], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=900, env={**os.environ, "ACCELAB_DB": str(db)}, check=False)
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "python_api.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "ACCELAB_DB": str(db)},
+        check=False,
+    )
     assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
     out = run.stdout
     assert "baseline:" in out and "images/s" in out
@@ -72,8 +79,10 @@ def test_model_spec_takes_names_callables_and_objects(monkeypatch: pytest.Monkey
     monkeypatch.chdir(Path(__file__).parent)
     assert api.model_spec("minilm-l6").task == "feature-extraction"
     assert api.model_spec(custom_models.build).builder == "custom_models:build"  # importable: by name
-    by_value = api.model_spec(lambda: custom_models.TinyConvNet(), inputs=  # noqa: PLW0108 - not importable by name: pickled
-                              torch.randn(1, 3, 16, 16))
+    by_value = api.model_spec(
+        lambda: custom_models.TinyConvNet(),
+        inputs=torch.randn(1, 3, 16, 16),
+    )
     assert by_value.builder.startswith("pickle:") and by_value.task == "image-classification"
     with pytest.raises(TypeError, match="pass a name, a path, a Hub id, a callable or an nn.Module"):
         api.model_spec(42)

@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from accelab.backends import export, is_installed, load_backend
-from accelab.plan.backend_options import LlamaOptions, OrtOptions, OvOptions
 from accelab.catalog.spec import ModelSpec
-from accelab.runtimes import check_supported, load_runnable
+from accelab.plan.backend_options import LlamaOptions, OrtOptions, OvOptions
 from accelab.plan.plan import Plan
 from accelab.plan.presets import PRESETS
 from accelab.plan.runtime import Unsupported
+from accelab.runtimes import check_supported, load_runnable
 
 CPU = torch.device("cpu")
 BACKEND_PRESETS = ["onnxruntime", "onnxruntime-fused", "openvino", "llamacpp"]
@@ -63,7 +63,8 @@ def test_execution_provider_and_bf16_need_what_they_need():
     assert execution_provider(OrtOptions(), CPU, cpu_only) == "CPUExecutionProvider"
     assert execution_provider(OrtOptions(provider="cpu"), torch.device("cuda"), cpu_only) == "CPUExecutionProvider"
     assert execution_provider(OrtOptions(), torch.device("cuda"), [*cpu_only, "CUDAExecutionProvider"]) == (
-        "CUDAExecutionProvider")
+        "CUDAExecutionProvider"
+    )
     with pytest.raises(Unsupported, match="pip install onnxruntime-gpu"):
         execution_provider(OrtOptions(), torch.device("cuda"), cpu_only)
     check_precision(OvOptions(precision="bf16"), ["FP32", "BF16"])
@@ -77,8 +78,9 @@ def test_failed_export_names_the_model_and_the_operator(tmp_path):
             return torch.lgamma(x)
 
     with pytest.raises(export.ExportFailed) as info:
-        export.export_module(Lgamma(), {"x": torch.rand(2, 3)}, tmp_path / "m.onnx", output_name="y",
-                             axes={}, model_name="toy-model")
+        export.export_module(
+            Lgamma(), {"x": torch.rand(2, 3)}, tmp_path / "m.onnx", output_name="y", axes={}, model_name="toy-model"
+        )
     message = str(info.value)
     assert "toy-model" in message and "'aten::lgamma'" in message and "backend=torch" in message
     assert isinstance(info.value, Unsupported)  # a compare row, not a crash
@@ -111,16 +113,20 @@ def test_torch_only_fields_are_refused_with_the_reason():
 
 # -- a missing backend is a reasoned row ---------------------------------------------------------
 def test_missing_backend_gives_an_unsupported_row_with_the_install_command(monkeypatch):
+    import accelab.backends as backends
     from accelab.bench.engine import BenchJob, measure_in_child
     from accelab.scenarios.workload import Workload
 
-    import accelab.backends as backends
-
     real = backends.importlib.util.find_spec
-    monkeypatch.setattr(backends.importlib.util, "find_spec", lambda name, *a: None if name == "openvino" else real(name, *a))
+    monkeypatch.setattr(
+        backends.importlib.util, "find_spec", lambda name, *a: None if name == "openvino" else real(name, *a)
+    )
     assert not is_installed("openvino")
-    job = BenchJob(spec=catalog_spec("minilm-l6"), plan=PRESETS["openvino"],
-                   workload=Workload(scenario="forward", batch_size=1, seq_len=16))
+    job = BenchJob(
+        spec=catalog_spec("minilm-l6"),
+        plan=PRESETS["openvino"],
+        workload=Workload(scenario="forward", batch_size=1, seq_len=16),
+    )
     output = measure_in_child(job)
     assert output.status == "unsupported"
     assert "openvino" in output.reason and "pip install openvino" in output.reason
@@ -150,8 +156,16 @@ def tiny_bert(tmp_path, monkeypatch) -> ModelSpec:
     monkeypatch.setenv("ACCELAB_CACHE", str(tmp_path / "cache"))
     source = tmp_path / "tiny-bert"
     torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         intermediate_size=64, max_position_embeddings=128)).save_pretrained(source)
+    BertModel(
+        BertConfig(
+            vocab_size=30522,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=128,
+        )
+    ).save_pretrained(source)
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
         shutil.copy(minilm / name, source / name)
     return ModelSpec(name="tiny-bert", task="feature-extraction", source=str(source))
@@ -192,9 +206,27 @@ def test_compare_reuses_the_export(tiny_bert, tmp_path):
     """Two compares in child processes: the second finds the graph the first exported."""
     env = {**os.environ, "ACCELAB_CACHE": os.environ["ACCELAB_CACHE"]}
     model_dir = Path(tiny_bert.source)
-    args = [sys.executable, "-m", "accelab", "compare", str(model_dir), "--task", "feature-extraction",
-            "--plans", "onnxruntime", "--no-quality", "--no-store", "--seq-len", "16",
-            "--warmup", "1", "--min-iters", "2", "--min-seconds", "0.1"]
+    args = [
+        sys.executable,
+        "-m",
+        "accelab",
+        "compare",
+        str(model_dir),
+        "--task",
+        "feature-extraction",
+        "--plans",
+        "onnxruntime",
+        "--no-quality",
+        "--no-store",
+        "--seq-len",
+        "16",
+        "--warmup",
+        "1",
+        "--min-iters",
+        "2",
+        "--min-seconds",
+        "0.1",
+    ]
     stamps = []
     for _ in range(2):
         proc = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
@@ -247,10 +279,30 @@ def test_vit_base_runs_on_ort_and_openvino():
 def test_compare_cli_gives_reasoned_rows(tmp_path):
     out = tmp_path / "rows.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "accelab", "compare", "minilm-l6", "--plans", "baseline,onnxruntime,llamacpp",
-         "--no-quality", "--no-store", "--seq-len", "32", "--warmup", "1", "--min-iters", "3",
-         "--min-seconds", "0.3", "--json", str(out)],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "accelab",
+            "compare",
+            "minilm-l6",
+            "--plans",
+            "baseline,onnxruntime,llamacpp",
+            "--no-quality",
+            "--no-store",
+            "--seq-len",
+            "32",
+            "--warmup",
+            "1",
+            "--min-iters",
+            "3",
+            "--min-seconds",
+            "0.3",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = {r["plan"]["name"]: r for r in _results(json.loads(out.read_text()))}
@@ -268,8 +320,9 @@ def _results(document):
 
 
 # -- llama.cpp ----------------------------------------------------------------------------------------
-llama = pytest.mark.skipif(not is_installed("llamacpp"),
-                           reason='llama-cpp-python is not installed (pip install -e ".[llamacpp]")')
+llama = pytest.mark.skipif(
+    not is_installed("llamacpp"), reason='llama-cpp-python is not installed (pip install -e ".[llamacpp]")'
+)
 
 
 @pytest.fixture(scope="module")
@@ -296,8 +349,7 @@ def test_llamacpp_calls_the_criteria_once_per_token(smollm2_llamacpp):
     runnable = smollm2_llamacpp
     batch = generate_batch(runnable.as_loaded(), 1)  # "What is the capital of France?"
     criterion = CountingCriterion()
-    out = runnable.generate(batch, max_new_tokens=12, min_new_tokens=12, do_sample=False,
-                            stopping_criteria=[criterion])
+    out = runnable.generate(batch, max_new_tokens=12, min_new_tokens=12, do_sample=False, stopping_criteria=[criterion])
     prompt = batch["input_ids"].shape[1]
     assert out.shape == (1, prompt + 12) and torch.equal(out[:, :prompt], batch["input_ids"])
     assert criterion.calls == list(range(prompt + 1, prompt + 13))  # once per token, after it exists

@@ -29,8 +29,9 @@ def test_the_flag_wins_then_the_plan_then_the_default():
 def model_dir(tmp_path):
     directory = tmp_path / "tiny-bert"
     directory.mkdir()
-    (directory / "config.json").write_text(json.dumps(
-        {"model_type": "bert", "architectures": ["BertModel"], "max_position_embeddings": 128}))
+    (directory / "config.json").write_text(
+        json.dumps({"model_type": "bert", "architectures": ["BertModel"], "max_position_embeddings": 128})
+    )
     return str(directory)
 
 
@@ -42,8 +43,14 @@ def seen(monkeypatch):
 
     def fake_bench(spec, plan, workload, **kwargs):
         runs.append((plan.name, workload.batch_size))
-        return Result(kind=kwargs.get("kind", "bench"), status="unsupported", reason="recorded by the test",
-                      model=spec.to_dict(), plan=plan.to_dict(), workload=workload.to_dict())
+        return Result(
+            kind=kwargs.get("kind", "bench"),
+            status="unsupported",
+            reason="recorded by the test",
+            model=spec.to_dict(),
+            plan=plan.to_dict(),
+            workload=workload.to_dict(),
+        )
 
     def fake_measure_plans(spec, plans, workloads, **kwargs):
         return [fake_bench(spec, plan, workload, **kwargs) for plan, workload in zip(plans, workloads)]
@@ -80,20 +87,46 @@ def test_bench_reads_the_batch_size_of_a_plan_file(model_dir, seen, tmp_path):
 
 
 def test_compare_lets_each_plans_own_batch_size_win_over_the_shared_one(model_dir, seen):
-    result = run("compare", model_dir, "--task", "feature-extraction", "--no-store", "--no-quality",
-                 "--device", "cpu", "--plans", "baseline,baseline[batch_size=16]", "--batch-size", "8")
+    result = run(
+        "compare",
+        model_dir,
+        "--task",
+        "feature-extraction",
+        "--no-store",
+        "--no-quality",
+        "--device",
+        "cpu",
+        "--plans",
+        "baseline,baseline[batch_size=16]",
+        "--batch-size",
+        "8",
+    )
     assert result.exit_code == 0, result.output
     assert seen == [("baseline", 8), ("baseline[batch_size=16]", 16)]
 
 
 def test_compare_default_batch_is_one_and_set_changes_every_plan(model_dir, seen):
-    args = ["compare", model_dir, "--task", "feature-extraction", "--no-store", "--no-quality", "--device", "cpu",
-            "--plans", "baseline,baseline[batch_size=16]"]
+    args = [
+        "compare",
+        model_dir,
+        "--task",
+        "feature-extraction",
+        "--no-store",
+        "--no-quality",
+        "--device",
+        "cpu",
+        "--plans",
+        "baseline,baseline[batch_size=16]",
+    ]
     assert run(*args).exit_code == 0
     assert run(*args, "--set", "batch_size=4").exit_code == 0
     # --set applies before a plan's inline fields: the inline batch_size=16 still wins
-    assert seen == [("baseline", 1), ("baseline[batch_size=16]", 16),
-                    ("baseline+batch_size=4", 4), ("baseline[batch_size=16]", 16)]
+    assert seen == [
+        ("baseline", 1),
+        ("baseline[batch_size=16]", 16),
+        ("baseline+batch_size=4", 4),
+        ("baseline[batch_size=16]", 16),
+    ]
 
 
 def test_a_batch_size_below_one_names_the_flag(model_dir, seen):

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from fake_clock import FakeClock
 
 from accelab.serve.batcher import Batcher, BatchLimit, BatchPolicy, QueueFull
-from fake_clock import FakeClock
 
 
 def make(max_batch_size: int = 4, max_wait_s: float = 0.010, max_queue: int = 100) -> tuple[Batcher, FakeClock]:

@@ -25,7 +25,9 @@ QUICK = ["--warmup", "1", "--min-iters", "3", "--min-seconds", "0.5"]
 
 def test_bench_minilm_forward(tmp_path):
     out, db = tmp_path / "m.json", tmp_path / "r.db"
-    proc = accelab("bench", "minilm-l6", "--batch-size", "4", "--seq-len", "64", *QUICK, "--json", str(out), "--db", str(db))
+    proc = accelab(
+        "bench", "minilm-l6", "--batch-size", "4", "--seq-len", "64", *QUICK, "--json", str(out), "--db", str(db)
+    )
     result = json.loads(out.read_text())
     m = result["metrics"]
     assert result["status"] == "ok"
@@ -53,7 +55,9 @@ def test_bench_minilm_forward(tmp_path):
 
 def test_bench_smollm2_generate_real_text(tmp_path):
     out = tmp_path / "s.json"
-    accelab("bench", "smollm2-135m", "--scenario", "generate", "--new-tokens", "8", *QUICK, "--json", str(out), "--no-store")
+    accelab(
+        "bench", "smollm2-135m", "--scenario", "generate", "--new-tokens", "8", *QUICK, "--json", str(out), "--no-store"
+    )
     m = json.loads(out.read_text())["metrics"]
     for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
         assert m[key]["p50"] > 0 and m[key]["p99"] >= m[key]["p50"]
@@ -83,8 +87,20 @@ def test_bad_input_errors_are_clear(tmp_path):
 def test_compare_tiny_model_rows_and_verdicts(tmp_path):
     out, md = tmp_path / "c.json", tmp_path / "c.md"
     proc = accelab(
-        "compare", "vit-tiny", "--batch-size", "8", "--plans", "baseline,fp16-autocast,bf16-autocast,channels-last,baseline[threads=1]",
-        *QUICK, "--samples", "8", "--json", str(out), "--markdown", str(md), "--no-store",
+        "compare",
+        "vit-tiny",
+        "--batch-size",
+        "8",
+        "--plans",
+        "baseline,fp16-autocast,bf16-autocast,channels-last,baseline[threads=1]",
+        *QUICK,
+        "--samples",
+        "8",
+        "--json",
+        str(out),
+        "--markdown",
+        str(md),
+        "--no-store",
     )
     assert "baseline[threads=1]" in proc.stdout  # the printed table names the variant (no markup eats it)
     rows = {r["plan"]: r for r in json.loads(out.read_text())["rows"]}
@@ -102,8 +118,20 @@ def test_compare_tiny_model_rows_and_verdicts(tmp_path):
 def test_compare_exits_1_when_a_plan_breaks(tmp_path):
     # a run that breaks (here: past its --timeout) is a failure, unlike an "unsupported" row
     out = tmp_path / "c.json"
-    proc = accelab("compare", "vit-tiny", "--plans", "baseline", "--no-quality", "--timeout", "0.5", *QUICK,
-                   "--json", str(out), "--no-store", check=False)
+    proc = accelab(
+        "compare",
+        "vit-tiny",
+        "--plans",
+        "baseline",
+        "--no-quality",
+        "--timeout",
+        "0.5",
+        *QUICK,
+        "--json",
+        str(out),
+        "--no-store",
+        check=False,
+    )
     assert proc.returncode == 1
     assert "1 of 1 plans did not run to the end: baseline" in proc.stderr
     assert json.loads(out.read_text())["rows"][0]["status"] == "timeout"  # written before the exit
@@ -112,8 +140,19 @@ def test_compare_exits_1_when_a_plan_breaks(tmp_path):
 def test_verify_a_convnet_against_its_reference(tmp_path):
     # the fp32 reference of a model without attention layers keeps its default attention
     out = tmp_path / "r.json"
-    accelab("verify", "resnet-50", "--plan", "channels-last", "--samples", "4", "--batch-size", "4", "--json", str(out),
-            "--no-store")
+    accelab(
+        "verify",
+        "resnet-50",
+        "--plan",
+        "channels-last",
+        "--samples",
+        "4",
+        "--batch-size",
+        "4",
+        "--json",
+        str(out),
+        "--no-store",
+    )
     result = json.loads(out.read_text())
     assert result["status"] == "ok" and result["quality"]["verdict"] == "pass"
     assert result["quality"]["metrics"]["top1_agreement"] == 1.0
@@ -125,8 +164,11 @@ def fault_env(fault: str) -> dict[str, str]:
     from pathlib import Path
 
     faults = str(Path(__file__).parent / "faults")
-    return {**os.environ, "ACCELAB_TEST_FAULT": fault,
-            "PYTHONPATH": os.pathsep.join(filter(None, [faults, os.environ.get("PYTHONPATH")]))}
+    return {
+        **os.environ,
+        "ACCELAB_TEST_FAULT": fault,
+        "PYTHONPATH": os.pathsep.join(filter(None, [faults, os.environ.get("PYTHONPATH")])),
+    }
 
 
 def test_verify_detects_a_corrupted_plan(tmp_path):
@@ -136,7 +178,19 @@ def test_verify_detects_a_corrupted_plan(tmp_path):
     assert quality["verdict"] == "pass" and quality["metrics"]["cosine_min"] > 0.9999
     bad = tmp_path / "bad.json"
     env = fault_env("perturb-weights:0.5")  # a deliberately broken plan (tests/faults)
-    proc = accelab("verify", "minilm-l6", "--plan", "baseline", "--samples", "16", "--json", str(bad), "--no-store", env=env, check=False)
+    proc = accelab(
+        "verify",
+        "minilm-l6",
+        "--plan",
+        "baseline",
+        "--samples",
+        "16",
+        "--json",
+        str(bad),
+        "--no-store",
+        env=env,
+        check=False,
+    )
     assert proc.returncode == 1
     quality = json.loads(bad.read_text())["quality"]
     assert quality["verdict"] == "fail" and quality["metrics"]["cosine_min"] < 0.95

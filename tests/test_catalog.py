@@ -66,8 +66,10 @@ def test_bad_task_override_lists_tasks():
         ({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, "text-generation"),
         ({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}, "text-generation"),
         ({"architectures": ["ViTForImageClassification"], "model_type": "vit"}, "image-classification"),
-        ({"architectures": ["LlavaForConditionalGeneration"], "vision_config": {}, "model_type": "llava"},
-         "image-text-to-text"),
+        (
+            {"architectures": ["LlavaForConditionalGeneration"], "vision_config": {}, "model_type": "llava"},
+            "image-text-to-text",
+        ),
         ({"architectures": ["BertModel"], "model_type": "bert"}, "feature-extraction"),
         ({"model_type": "bert"}, "feature-extraction"),  # no architectures: model_type decides
         ({"model_type": "idefics3"}, "image-text-to-text"),
@@ -85,8 +87,9 @@ def test_infer_task_unknown_says_how_to_override():
 
 
 def test_local_directory_task_from_config(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["ConvNextForImageClassification"],
-                                                      "model_type": "convnext"}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"architectures": ["ConvNextForImageClassification"], "model_type": "convnext"})
+    )
     spec = resolve(str(tmp_path))
     assert (spec.task, spec.source, spec.gguf_file) == ("image-classification", str(tmp_path), None)
     assert resolve(str(tmp_path), task="feature-extraction").task == "feature-extraction"
@@ -138,10 +141,14 @@ def test_smollm2_answers_paris():
     model = loaded("smollm2-135m")
     assert model.model.dtype == torch.float32 and not model.model.training
     tokenizer = model.processor
-    inputs = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                           add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    inputs = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     out = model.model.generate(**inputs, max_new_tokens=12, do_sample=False)
-    answer = tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    answer = tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in answer
 
 
@@ -158,8 +165,11 @@ def test_gguf_path_loads_the_same_model_as_the_converted_weights():
 
 def test_minilm_embeddings_rank_paraphrase_above_unrelated():
     model = loaded("minilm-l6")
-    texts = ["A cat is sleeping on the warm bonnet of the car.", "The kitten is asleep on top of the warm car.",
-             "The stock market fell sharply after the announcement."]
+    texts = [
+        "A cat is sleeping on the warm bonnet of the car.",
+        "The kitten is asleep on top of the warm car.",
+        "The stock market fell sharply after the announcement.",
+    ]
     batch = model.processor(texts, padding=True, return_tensors="pt")
     with torch.no_grad():
         vectors = embed(model.model(**batch), batch["attention_mask"])
@@ -198,11 +208,21 @@ def test_max_sequence_length():
         ("vit-base", {}, {"pixel_values": (3, 3, 224, 224)}),
         ("resnet-50", {"image_size": 160}, {"pixel_values": (3, 3, 160, 160)}),
         ("convnext-tiny", {}, {"pixel_values": (3, 3, 224, 224)}),
-        ("smolvlm-tiny", {"seq_len": 96}, {"input_ids": (3, 96), "attention_mask": (3, 96),
-                                            "pixel_values": (3, 1, 3, 128, 128),
-                                            "pixel_attention_mask": (3, 1, 128, 128)}),
-        ("llava-tiny", {"seq_len": 128}, {"input_ids": (3, 128), "attention_mask": (3, 128),
-                                          "pixel_values": (3, 3, 128, 128)}),
+        (
+            "smolvlm-tiny",
+            {"seq_len": 96},
+            {
+                "input_ids": (3, 96),
+                "attention_mask": (3, 96),
+                "pixel_values": (3, 1, 3, 128, 128),
+                "pixel_attention_mask": (3, 1, 128, 128),
+            },
+        ),
+        (
+            "llava-tiny",
+            {"seq_len": 128},
+            {"input_ids": (3, 128), "attention_mask": (3, 128), "pixel_values": (3, 3, 128, 128)},
+        ),
     ],
 )
 def test_forward_batch_shapes_and_model_runs(name, kwargs, shapes):

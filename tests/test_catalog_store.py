@@ -78,7 +78,10 @@ def test_user_model_is_stored_resolved_and_listed(tmp_path):
 
     base = resolve("vit-tiny")
     path = store.register_local_model(
-        "digits-vit", base.source, task="image-classification", origin="accelab train vit-tiny on digits",
+        "digits-vit",
+        base.source,
+        task="image-classification",
+        origin="accelab train vit-tiny on digits",
         metrics={"test_accuracy": 0.9722},
     )
     meta = json.loads((path / "accelab.json").read_text())
@@ -89,9 +92,13 @@ def test_user_model_is_stored_resolved_and_listed(tmp_path):
 
     # a saver function instead of a directory, replacing the stored model
     saved = load(spec)
-    store.register_local_model("digits-vit", lambda d: (saved.model.save_pretrained(d),
-                                                        saved.processor.save_pretrained(d)),
-                               task="image-classification", origin="second run", metrics={"test_accuracy": 0.98})
+    store.register_local_model(
+        "digits-vit",
+        lambda d: (saved.model.save_pretrained(d), saved.processor.save_pretrained(d)),
+        task="image-classification",
+        origin="second run",
+        metrics={"test_accuracy": 0.98},
+    )
     assert store.read_meta(path)["origin"] == "second run"
 
     result = _cli(["models", "list"])
@@ -103,8 +110,9 @@ def test_user_model_is_stored_resolved_and_listed(tmp_path):
 
 
 def test_unknown_name_suggests_user_models():
-    store.register_local_model("digits-vit", lambda d: (d / "config.json").write_text("{}"),
-                               task="image-classification", origin="test")
+    store.register_local_model(
+        "digits-vit", lambda d: (d / "config.json").write_text("{}"), task="image-classification", origin="test"
+    )
     with pytest.raises(ValueError, match="Closest: digits-vit"):
         resolve("digit-vit")
 

@@ -22,11 +22,45 @@ from accelab.train.config import TrainConfig
 # options whose parameter name differs from the TrainConfig field they set
 RENAMED = {"compile_": "compile", "bench_warmup": "timing_warmup"}
 # options that are not a TrainConfig field: what to train, where results go, the --bench rows
-COMMAND_ONLY = {"model", "task", "dataset", "plan", "compile_mode", "output_dir", "resume", "save_as", "save", "bench",
-                "bench_nproc", "bench_accum", "max_seconds_per_plan", "timeout", "json_out", "db", "tag", "store"}
+COMMAND_ONLY = {
+    "model",
+    "task",
+    "dataset",
+    "plan",
+    "compile_mode",
+    "output_dir",
+    "resume",
+    "save_as",
+    "save",
+    "bench",
+    "bench_nproc",
+    "bench_accum",
+    "max_seconds_per_plan",
+    "timeout",
+    "json_out",
+    "db",
+    "tag",
+    "store",
+}
 # set on TrainConfig by build_request from other options, never by an option of their own
-DERIVED = {"task", "dataset", "dataset_kind", "model", "model_source", "world_size", "output_dir", "checkpoints", "save_final",
-           "resume_from", "save_as", "attention", "turns_dir", "turns_row", "seconds_per_turn", "result_path"}
+DERIVED = {
+    "task",
+    "dataset",
+    "dataset_kind",
+    "model",
+    "model_source",
+    "world_size",
+    "output_dir",
+    "checkpoints",
+    "save_final",
+    "resume_from",
+    "save_as",
+    "attention",
+    "turns_dir",
+    "turns_row",
+    "seconds_per_turn",
+    "result_path",
+}
 
 
 def _options() -> dict[str, typer.models.OptionInfo]:
@@ -50,7 +84,9 @@ def test_every_train_option_sets_one_field_or_is_the_commands_own():
         if name in COMMAND_ONLY:
             assert name not in RENAMED, name
             continue
-        assert len(homes) == 1, f"--{name.replace('_', '-')}: sets {homes or 'no field'}; add it to TrainConfig or COMMAND_ONLY"
+        assert len(homes) == 1, (
+            f"--{name.replace('_', '-')}: sets {homes or 'no field'}; add it to TrainConfig or COMMAND_ONLY"
+        )
     unused = (config - DERIVED) - {RENAMED.get(n, n) for n in _options()}
     assert unused == set(), f"TrainConfig fields no option sets (add an option or list them in DERIVED): {unused}"
 
@@ -63,11 +99,16 @@ def test_the_explicit_mapping_carries_every_config_option():
 
 def test_option_defaults_are_the_fields_defaults():
     """An option's default is its field's, or None ("unset": the Plan or the task's default decides)."""
-    defaults = {f.name: f.default for dataclass in (TrainConfig, LaunchOptions) for f in fields(dataclass)
-                if f.default is not MISSING}
+    defaults = {
+        f.name: f.default
+        for dataclass in (TrainConfig, LaunchOptions)
+        for f in fields(dataclass)
+        if f.default is not MISSING
+    }
     for name, info in _options().items():
         target = RENAMED.get(name, name)
         if name in COMMAND_ONLY or target not in defaults or info.default is None:
             continue
-        assert info.default == defaults[target], f"--{name.replace('_', '-')} defaults to {info.default!r}, " \
-                                                 f"the field {target} to {defaults[target]!r}"
+        assert info.default == defaults[target], (
+            f"--{name.replace('_', '-')} defaults to {info.default!r}, the field {target} to {defaults[target]!r}"
+        )

@@ -7,13 +7,13 @@ import threading
 import time
 
 import pytest
+from fakes_serve import POISON, FakeGenerationEngine, word_id
 
 from accelab.serve.batcher import QueueFull
 from accelab.serve.continuous import ContinuousWorker
 from accelab.serve.engines.base import GenUnit, PayloadTooLarge, Prompt, SamplingParams
 from accelab.serve.scheduler import SchedulerConfig
 from accelab.serve.worker import Job, JobOutcome
-from fakes_serve import POISON, FakeGenerationEngine, word_id
 
 
 class Answers:
@@ -24,12 +24,20 @@ class Answers:
         self.outcomes: dict[str, list[JobOutcome]] = {}
         self.event = threading.Event()
 
-    def job(self, name: str, *words: str, max_tokens: int = 4, timeout_s: float | None = None,
-            pieces: list[str] | None = None) -> Job:
+    def job(
+        self,
+        name: str,
+        *words: str,
+        max_tokens: int = 4,
+        timeout_s: float | None = None,
+        pieces: list[str] | None = None,
+    ) -> Job:
         ids = tuple(word_id(w) for w in words or ("hello",))
-        unit = GenUnit(prompt=Prompt(ids=ids, prompt_tokens=len(ids)),
-                       params=SamplingParams(max_tokens=max_tokens, temperature=0),
-                       on_text=pieces.append if pieces is not None else (lambda text: None))
+        unit = GenUnit(
+            prompt=Prompt(ids=ids, prompt_tokens=len(ids)),
+            params=SamplingParams(max_tokens=max_tokens, temperature=0),
+            on_text=pieces.append if pieces is not None else (lambda text: None),
+        )
 
         def done(outcome: JobOutcome) -> None:
             self.order.append(name)
@@ -53,8 +61,7 @@ def setup():
     def build(delay_s: float = 0.002, **limits) -> tuple[ContinuousWorker, Answers]:
         fake = FakeGenerationEngine(name="fake", delay_s=delay_s)
         limits = {"max_running": 4, "max_step_tokens": 64, "kv_blocks": 64, "block_size": 4, **limits}
-        worker = ContinuousWorker(fake.step_engine(None), SchedulerConfig(**limits), decode=fake.decode,
-                                  eos_ids=())
+        worker = ContinuousWorker(fake.step_engine(None), SchedulerConfig(**limits), decode=fake.decode, eos_ids=())
         worker.start()
         made.append(worker)
         return worker, Answers()
@@ -87,7 +94,8 @@ def test_a_failing_sequence_fails_alone_and_every_job_gets_one_answer(setup):
     worker.submit(answers.job("good2", max_tokens=6))
     answers.wait_for("good1", "bad", "good2")
     assert [o.outputs[0].text for o in answers.outcomes["good1"] + answers.outcomes["good2"]] == [
-        " w0 w1 w2 w3 w4 w5"] * 2
+        " w0 w1 w2 w3 w4 w5"
+    ] * 2
     [bad] = answers.outcomes["bad"]
     assert bad.error_kind == "model_error" and "FAKE model error" in str(bad.error)
     assert all(len(v) == 1 for v in answers.outcomes.values())

@@ -24,8 +24,15 @@ QUICK = ["--min-seconds", "0.3", "--min-iters", "3", "--warmup", "1"]
 
 
 def accelab(*args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([ACCELAB, *args], cwd=TESTS, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})}, check=False)
+    return subprocess.run(
+        [ACCELAB, *args],
+        cwd=TESTS,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
 
 
 @pytest.fixture()
@@ -35,8 +42,21 @@ def db(tmp_path: Path) -> str:
 
 def test_compare_runs_the_custom_convnet_and_says_what_needs_transformers(tmp_path: Path, db: str):
     out = tmp_path / "compare.json"
-    run = accelab("compare", "custom_models:build", "--plans", "baseline,channels-last,bf16,sdpa,onnxruntime",
-                  "--batch-size", "4", *QUICK, "--samples", "8", "--db", db, "--json", str(out))
+    run = accelab(
+        "compare",
+        "custom_models:build",
+        "--plans",
+        "baseline,channels-last,bf16,sdpa,onnxruntime",
+        "--batch-size",
+        "4",
+        *QUICK,
+        "--samples",
+        "8",
+        "--db",
+        db,
+        "--json",
+        str(out),
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     results = {r["plan"]["name"]: r for r in json.loads(out.read_text())["results"]}
     for name in ("baseline", "channels-last", "bf16", "onnxruntime"):
@@ -63,29 +83,57 @@ def test_compare_runs_the_custom_convnet_and_says_what_needs_transformers(tmp_pa
 
 def test_verify_passes_a_sound_plan_and_fails_a_corrupted_one():
     # --batch-size 4 --samples 8: the quality config of the compare above, so its cached reference serves
-    run = accelab("verify", "custom_models:build", "--plan", "channels-last", "--samples", "8", "--batch-size", "4",
-                  "--no-store")
+    run = accelab(
+        "verify", "custom_models:build", "--plan", "channels-last", "--samples", "8", "--batch-size", "4", "--no-store"
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "pass" in run.stdout
     faults = str(TESTS / "faults")
-    env = {"ACCELAB_TEST_FAULT": "perturb-weights:0.5",
-           "PYTHONPATH": os.pathsep.join(filter(None, [faults, os.environ.get("PYTHONPATH")]))}
-    broken = accelab("verify", "custom_models:build", "--plan", "channels-last", "--samples", "8", "--batch-size", "4",
-                     "--no-store", "--json", "/dev/stdout", env=env)
+    env = {
+        "ACCELAB_TEST_FAULT": "perturb-weights:0.5",
+        "PYTHONPATH": os.pathsep.join(filter(None, [faults, os.environ.get("PYTHONPATH")])),
+    }
+    broken = accelab(
+        "verify",
+        "custom_models:build",
+        "--plan",
+        "channels-last",
+        "--samples",
+        "8",
+        "--batch-size",
+        "4",
+        "--no-store",
+        "--json",
+        "/dev/stdout",
+        env=env,
+    )
     assert broken.returncode == 1, broken.stderr[-3000:]
     assert "fail" in broken.stdout and "FAULT INJECTED" in broken.stdout
 
 
 def test_tune_writes_a_plan_that_bench_then_runs(tmp_path: Path, db: str):
     out = tmp_path / "best.yaml"
-    run = accelab("tune", "custom_models:build", "--include", "baseline,channels-last", "--max-batch", "4",
-                  "--min-seconds", "0.3", "--out", str(out), "--db", db)
+    run = accelab(
+        "tune",
+        "custom_models:build",
+        "--include",
+        "baseline,channels-last",
+        "--max-batch",
+        "4",
+        "--min-seconds",
+        "0.3",
+        "--out",
+        str(out),
+        "--db",
+        db,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     text = out.read_text()
     assert "reproduce: accelab bench custom_models:build" in text
     assert "batch_size:" in text
-    bench = accelab("bench", "custom_models:build", "--plan", str(out), *QUICK, "--db", db,
-                    "--json", str(tmp_path / "bench.json"))
+    bench = accelab(
+        "bench", "custom_models:build", "--plan", str(out), *QUICK, "--db", db, "--json", str(tmp_path / "bench.json")
+    )
     assert bench.returncode == 0, bench.stderr[-3000:]
     result = json.loads((tmp_path / "bench.json").read_text())
     assert result["status"] == "ok" and result["plan"]["name"].startswith("tuned-")
@@ -101,11 +149,14 @@ def test_an_encoder_with_keyword_inputs_runs_as_feature_extraction(tmp_path: Pat
     assert result["metrics"]["items_per_call"] == 3
 
 
-@pytest.mark.parametrize(("target", "message"), [
-    ("no_such_package.models:build", "cannot import 'no_such_package.models'"),
-    ("custom_models:missing", "custom_models has no 'missing'"),
-    ("custom_models:build_nothing", "returned a str; return a torch.nn.Module"),
-])
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("no_such_package.models:build", "cannot import 'no_such_package.models'"),
+        ("custom_models:missing", "custom_models has no 'missing'"),
+        ("custom_models:build_nothing", "returned a str; return a torch.nn.Module"),
+    ],
+)
 def test_a_bad_builder_is_a_clear_error(target: str, message: str):
     run = accelab("bench", target, "--no-store")
     assert run.returncode == 2
@@ -167,8 +218,9 @@ def test_predict_classifies_a_folder_of_photos_with_the_custom_model(tmp_path: P
     for i, image in enumerate(samples.photos(5)):
         image.save(folder / f"{i}.png")
     out = tmp_path / "predictions.jsonl"
-    run = accelab("predict", "custom_models:build", "--inputs", str(folder), "--out", str(out), "--top-k", "2",
-                  "--no-store")
+    run = accelab(
+        "predict", "custom_models:build", "--inputs", str(folder), "--out", str(out), "--top-k", "2", "--no-store"
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["id"] for r in rows] == [f"{i}.png" for i in range(5)]
@@ -194,8 +246,9 @@ def test_serve_classifies_an_image_with_the_custom_model(monkeypatch: pytest.Mon
     buffer = io.BytesIO()
     samples.photos(1)[0].save(buffer, format="PNG")
     with running_server(create_app(ServeConfig(model_name=spec.name), factory)) as url:
-        response = httpx.post(f"{url}/v1/classify", json={"image": base64.b64encode(buffer.getvalue()).decode(),
-                                                          "top_k": 3}, timeout=60)
+        response = httpx.post(
+            f"{url}/v1/classify", json={"image": base64.b64encode(buffer.getvalue()).decode(), "top_k": 3}, timeout=60
+        )
     assert response.status_code == 200, response.text
     labels = response.json()["data"][0]["labels"]
     assert len(labels) == 3 and labels[0]["score"] >= labels[1]["score"] >= labels[2]["score"]

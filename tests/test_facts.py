@@ -13,8 +13,7 @@ class VLMConfig(SimpleNamespace):
 
 
 def test_every_task_has_a_model_class_and_the_generating_ones_are_tasks():
-    assert set(MODEL_CLASSES) == {"text-generation", "feature-extraction", "image-classification",
-                                  "image-text-to-text"}
+    assert set(MODEL_CLASSES) == {"text-generation", "feature-extraction", "image-classification", "image-text-to-text"}
     assert set(GENERATE_TASKS) <= set(MODEL_CLASSES)
 
 
@@ -45,8 +44,9 @@ def test_max_sequence_length_is_none_without_a_limit():
 
 def test_a_tokenizer_bounds_the_positions_and_its_no_limit_is_ignored():
     config = SimpleNamespace(max_position_embeddings=512)
-    truncating = SimpleNamespace(backend_tokenizer=SimpleNamespace(truncation={"max_length": 128}),
-                                 model_max_length=512)
+    truncating = SimpleNamespace(
+        backend_tokenizer=SimpleNamespace(truncation={"max_length": 128}), model_max_length=512
+    )
     assert max_sequence_length(config, truncating) == 128
     unbounded = SimpleNamespace(backend_tokenizer=SimpleNamespace(truncation=None), model_max_length=int(1e30))
     assert max_sequence_length(config, unbounded) == 512

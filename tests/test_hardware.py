@@ -17,8 +17,18 @@ from accelab.measure.environment import environment, fingerprint
 from accelab.measure.hardware import HardwareLimits, hardware_limits
 
 ENV_KEYS = {
-    "hostname", "cpu_model", "physical_cores", "logical_cores", "available_cores", "cpu",
-    "ram_total_bytes", "gpus", "driver_version", "versions", "torch_threads", "c_compiler",
+    "hostname",
+    "cpu_model",
+    "physical_cores",
+    "logical_cores",
+    "available_cores",
+    "cpu",
+    "ram_total_bytes",
+    "gpus",
+    "driver_version",
+    "versions",
+    "torch_threads",
+    "c_compiler",
 }
 
 
@@ -195,7 +205,9 @@ def test_bandwidth_agrees_with_an_independent_numpy_copy(measured):
     best = min(_timed(lambda: np.copyto(target, source), time) for _ in range(5))
     numpy_rate = 2 * source.nbytes / best
     assert 0.5 * limits.bandwidth_bytes_per_s < numpy_rate < 1.5 * limits.bandwidth_bytes_per_s, (
-        numpy_rate / 1e9, limits.bandwidth_bytes_per_s / 1e9)
+        numpy_rate / 1e9,
+        limits.bandwidth_bytes_per_s / 1e9,
+    )
 
 
 def _timed(fn, time) -> float:
@@ -280,36 +292,66 @@ def test_a_probe_is_a_verdict_only_when_trusted_and_its_whole_interval_decides()
     env = _cpu_env(native_bf16=True, torch_amx_tile=True)  # the flags alone would say "ok"
 
     def cap(**detail):
-        limits = HardwareLimits(device="cpu", fp32_flops=300e9, bf16_flops=None, tf32_flops=None,
-                                bandwidth_bytes_per_s=20e9, threads=2, measured_at="", fingerprint="x",
-                                probes={"bf16-autocast": detail["factor"]}, probe_details={"bf16-autocast": detail})
+        limits = HardwareLimits(
+            device="cpu",
+            fp32_flops=300e9,
+            bf16_flops=None,
+            tf32_flops=None,
+            bandwidth_bytes_per_s=20e9,
+            threads=2,
+            measured_at="",
+            fingerprint="x",
+            probes={"bf16-autocast": detail["factor"]},
+            probe_details={"bf16-autocast": detail},
+        )
         return _by_name(capabilities(env, limits))["bf16-autocast"]
 
     slow = cap(factor=0.5, low=0.45, high=0.55, rounds=6, noise="quiet", trusted=True)
     assert slow.status == "slow"
-    assert slow.reason == ("measured 0.50x fp32 eager (0.45-0.55, 6 rounds, quiet) on a transformer MLP here: "
-                           "expect it slower than fp32")
+    assert slow.reason == (
+        "measured 0.50x fp32 eager (0.45-0.55, 6 rounds, quiet) on a transformer MLP here: expect it slower than fp32"
+    )
     straddles = cap(factor=0.75, low=0.6, high=0.9, rounds=16, noise="noisy", trusted=True)
     assert straddles.status == "ok"  # not known to be slow: tune measures it rather than pruning it
-    noisy = cap(factor=0.66, low=None, high=None, rounds=1, noise="unreliable", trusted=False,
-                reason="unreliable: 1 of 16 rounds were quiet enough to compare")
+    noisy = cap(
+        factor=0.66,
+        low=None,
+        high=None,
+        rounds=1,
+        noise="unreliable",
+        trusted=False,
+        reason="unreliable: 1 of 16 rounds were quiet enough to compare",
+    )
     assert noisy.status == "ok" and noisy.reason.startswith(
-        "measured 0.66x fp32 eager on a transformer MLP here, but under noise (unreliable: 1 of 16 rounds")
+        "measured 0.66x fp32 eager on a transformer MLP here, but under noise (unreliable: 1 of 16 rounds"
+    )
     assert noisy.reason.endswith("torch sees AMX tiles on this CPU: native bf16 matmuls")
 
 
 def test_measurement_overrides_the_flags():
     flags_say_native = _cpu_env(native_bf16=True, torch_amx_tile=True)
     limits = HardwareLimits(
-        device="cpu", fp32_flops=300e9, bf16_flops=1e9, tf32_flops=None,
-        bandwidth_bytes_per_s=20e9, threads=2, measured_at="", fingerprint="x",
+        device="cpu",
+        fp32_flops=300e9,
+        bf16_flops=1e9,
+        tf32_flops=None,
+        bandwidth_bytes_per_s=20e9,
+        threads=2,
+        measured_at="",
+        fingerprint="x",
     )
     cap = _by_name(capabilities(flags_say_native, limits))["bf16-autocast"]
     assert cap.status == "slow" and "1.0 GFLOP/s vs fp32 300.0" in cap.reason
 
 
 def test_capabilities_on_a_fake_gpu_machine():
-    gpu = {"name": "NVIDIA H200", "compute_capability": "9.0", "driver_version": "570", "memory_total_mb": 143000, "index": 0}
+    gpu = {
+        "name": "NVIDIA H200",
+        "compute_capability": "9.0",
+        "driver_version": "570",
+        "memory_total_mb": 143000,
+        "index": 0,
+    }
     env = {
         "cpu": {"native_bf16": False},
         "gpus": [gpu, dict(gpu, index=1)],
@@ -317,7 +359,16 @@ def test_capabilities_on_a_fake_gpu_machine():
         "c_compiler": None,
     }
     caps = _by_name(capabilities(env))
-    for technique in ("bf16-autocast", "fp16-autocast", "fp8", "tf32", "int4-weight", "compile", "cudnn-benchmark", "multi-gpu"):
+    for technique in (
+        "bf16-autocast",
+        "fp16-autocast",
+        "fp8",
+        "tf32",
+        "int4-weight",
+        "compile",
+        "cudnn-benchmark",
+        "multi-gpu",
+    ):
         assert caps[technique].status == "ok", caps[technique]
     assert caps["flash_attention_2"].status == "unsupported" and "not installed" in caps["flash_attention_2"].reason
 
@@ -366,8 +417,9 @@ def test_bench_never_prints_an_mfu_or_roofline_above_100_percent(monkeypatch):
     layer = torch.nn.Linear(256, 256, bias=False)
     x = torch.randn(8, 256)
     flops = 2 * 8 * 256 * 256
-    runnable = SimpleNamespace(plan=SimpleNamespace(precision="fp32", quantization="none"), weight_bytes=1e9,
-                               model=layer, forward=layer)
+    runnable = SimpleNamespace(
+        plan=SimpleNamespace(precision="fp32", quantization="none"), weight_bytes=1e9, model=layer, forward=layer
+    )
 
     def figures(peaks, runnable=runnable, metrics=None, bandwidths=(1e10,)):
         calls = []
@@ -376,9 +428,16 @@ def test_bench_never_prints_an_mfu_or_roofline_above_100_percent(monkeypatch):
             calls.append(refresh)
             i = min(len(calls) - 1, len(peaks) - 1)
             return hardware.HardwareLimits(
-                device="cpu", fp32_flops=peaks[i], bf16_flops=None, tf32_flops=None,
-                bandwidth_bytes_per_s=bandwidths[min(len(calls) - 1, len(bandwidths) - 1)], threads=1,
-                measured_at="now", fingerprint="fp", kernels={"fp32": "linear 512x768->3072", "bandwidth": "copy"})
+                device="cpu",
+                fp32_flops=peaks[i],
+                bf16_flops=None,
+                tf32_flops=None,
+                bandwidth_bytes_per_s=bandwidths[min(len(calls) - 1, len(bandwidths) - 1)],
+                threads=1,
+                measured_at="now",
+                fingerprint="fp",
+                kernels={"fp32": "linear 512x768->3072", "bandwidth": "copy"},
+            )
 
         monkeypatch.setattr(hardware, "hardware_limits", limits)
         metrics = metrics or {"latency_ms": {"p50": 1.0}}  # flops per ms -> flops * 1000 FLOP/s achieved
@@ -390,14 +449,31 @@ def test_bench_never_prints_an_mfu_or_roofline_above_100_percent(monkeypatch):
     assert remeasured["mfu"] == pytest.approx(0.5) and calls == [False, True]
     unknown, calls = figures([flops * 1000 / 2])  # still above after measuring again
     assert "mfu" not in unknown and calls == [False, True]
-    assert unknown["mfu_unknown"].startswith("MFU unknown: the forward ran at") and "linear 512x768" in unknown["mfu_unknown"]
+    assert (
+        unknown["mfu_unknown"].startswith("MFU unknown: the forward ran at")
+        and "linear 512x768" in unknown["mfu_unknown"]
+    )
     # torch's counter does not see int8 kernels: a quantised plan gets no MFU, not a tiny one
-    quantised = SimpleNamespace(**{**vars(runnable), "plan": SimpleNamespace(precision="fp32", quantization="int8-dynamic")})
+    quantised = SimpleNamespace(
+        **{**vars(runnable), "plan": SimpleNamespace(precision="fp32", quantization="int8-dynamic")}
+    )
     assert "mfu" not in figures([flops * 1000], runnable=quantised)[0]
     # decoding: 1 GB of weights per 50 ms step is 20 GB/s
     decode = Workload(scenario="generate")
-    monkeypatch.setattr(hardware, "hardware_limits", lambda *a, **k: hardware.HardwareLimits(
-        device="cpu", fp32_flops=1e12, bf16_flops=None, tf32_flops=None, bandwidth_bytes_per_s=10e9, threads=1,
-        measured_at="now", fingerprint="fp", kernels={"bandwidth": "copy, 256 MiB arrays"}))
+    monkeypatch.setattr(
+        hardware,
+        "hardware_limits",
+        lambda *a, **k: hardware.HardwareLimits(
+            device="cpu",
+            fp32_flops=1e12,
+            bf16_flops=None,
+            tf32_flops=None,
+            bandwidth_bytes_per_s=10e9,
+            threads=1,
+            measured_at="now",
+            fingerprint="fp",
+            kernels={"bandwidth": "copy, 256 MiB arrays"},
+        ),
+    )
     roof = engine._hardware_figures(runnable, x, decode, {"decode_step_s": 0.05}, torch.device("cpu"))
     assert "roofline" not in roof and "20.0 GB/s of weights" in roof["roofline_unknown"]

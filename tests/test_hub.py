@@ -53,8 +53,14 @@ def tiny_bert(directory: Path, hidden: int) -> dict[str, bytes]:
     if not is_fetched("minilm-l6"):
         fetch("minilm-l6")
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=30522, hidden_size=hidden, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=2 * hidden, max_position_embeddings=128)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=hidden,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=128,
+    )
     BertModel(config).save_pretrained(directory)
     files = {p.name: p.read_bytes() for p in directory.iterdir() if p.is_file()}
     for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
@@ -87,15 +93,28 @@ def hub():
 
 def env_for(endpoint: str, home: Path, **extra: str) -> dict[str, str]:
     """The environment of a user on a connected machine: no token, no offline switch, this Hub."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("HF_", "HUGGINGFACE_")) and k not in ("TRANSFORMERS_OFFLINE", hub_ref.TRUST_ENV)}
-    return env | {"HF_ENDPOINT": endpoint, "HF_HOME": str(home), "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1",
-                  "PYTHONUNBUFFERED": "1"} | extra
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("HF_", "HUGGINGFACE_")) and k not in ("TRANSFORMERS_OFFLINE", hub_ref.TRUST_ENV)
+    }
+    return (
+        env
+        | {
+            "HF_ENDPOINT": endpoint,
+            "HF_HOME": str(home),
+            "NO_PROXY": "127.0.0.1",
+            "no_proxy": "127.0.0.1",
+            "PYTHONUNBUFFERED": "1",
+        }
+        | extra
+    )
 
 
 def accelab(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "accelab", *args], capture_output=True, text=True, timeout=300,
-                          env=env, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "accelab", *args], capture_output=True, text=True, timeout=300, env=env, check=False
+    )
 
 
 def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
@@ -275,8 +294,12 @@ def test_progress_bar_on_a_terminal_only(hub, model_files, tmp_path):
     assert "Fetching" not in ok(accelab("models", "info", "acme/bar", env=env_for(hub.url, tmp_path / "a"))).stderr
     primary, secondary = pty.openpty()
     fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a new pty is 0 columns wide
-    proc = subprocess.Popen([sys.executable, "-m", "accelab", "models", "info", "acme/bar"], stdout=subprocess.PIPE,
-                            stderr=secondary, env=env_for(hub.url, tmp_path / "b"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "accelab", "models", "info", "acme/bar"],
+        stdout=subprocess.PIPE,
+        stderr=secondary,
+        env=env_for(hub.url, tmp_path / "b"),
+    )
     os.close(secondary)
     terminal = b""
     try:

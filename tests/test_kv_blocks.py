@@ -5,10 +5,10 @@ Pure logic, exact asserts (block ids included: they index the engine's KV tensor
 from __future__ import annotations
 
 import pytest
+from fake_clock import FakeClock
 
 from accelab.serve.kv_blocks import BlockPool, CopyBlock, PoolFull
 from accelab.serve.scheduler import QueueFull, Scheduler, SchedulerConfig
-from fake_clock import FakeClock
 
 
 # -- the pool ---------------------------------------------------------------------------------

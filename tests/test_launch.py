@@ -61,8 +61,9 @@ def test_torchrun_command_passes_multi_node_options_through():
     assert "--standalone" not in cmd
     assert "--nnodes 2 --node_rank 1 --master_addr 10.0.0.1 --master_port 29500" in " ".join(cmd)
     rdzv = LaunchOptions(nproc=4, nnodes=2, rdzv_backend="c10d", rdzv_endpoint="h:29400", rdzv_id="job7")
-    assert "--rdzv_backend c10d --rdzv_endpoint h:29400 --rdzv_id job7" in " ".join(worker_command(PREDICT, Path("/c"),
-                                                                                                    rdzv))
+    assert "--rdzv_backend c10d --rdzv_endpoint h:29400 --rdzv_id job7" in " ".join(
+        worker_command(PREDICT, Path("/c"), rdzv)
+    )
     assert options.world_size == 16
 
 
@@ -120,8 +121,9 @@ def _running(pid: int) -> bool:
 def test_a_worker_past_its_timeout_is_stopped_with_its_whole_process_group(worker):
     command, pids, summary = worker
     start = time.monotonic()
-    outcome = run_workers(command(), summary_path=summary, threads=None, timeout_s=2, what="predict",
-                          kept="the finished chunks are kept")
+    outcome = run_workers(
+        command(), summary_path=summary, threads=None, timeout_s=2, what="predict", kept="the finished chunks are kept"
+    )
     assert alive(pids()) == []
     assert (outcome.status, outcome.returncode, outcome.summary) == ("timeout", None, None)
     assert outcome.reason == "predict did not finish within 2 s; raise --timeout (the finished chunks are kept)"
@@ -132,8 +134,7 @@ def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace(worker, monkeyp
     command, pids, summary = worker
     monkeypatch.setattr(launch, "STOP_GRACE_S", 0.5)
     start = time.monotonic()
-    outcome = run_workers(command(ignore_term=True), summary_path=summary, threads=None, timeout_s=2,
-                          what="training")
+    outcome = run_workers(command(ignore_term=True), summary_path=summary, threads=None, timeout_s=2, what="training")
     assert alive(pids()) == []
     assert outcome.status == "timeout" and outcome.reason == "training did not finish within 2 s; raise --timeout"
     assert time.monotonic() - start < 6
@@ -149,23 +150,35 @@ def test_a_worker_that_exits_non_zero_without_a_result_is_crashed_and_leaves_not
 
 def test_a_worker_killed_by_a_signal_is_crashed(worker):
     command, pids, summary = worker
-    outcome = run_workers([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"],
-                          summary_path=summary, threads=None, timeout_s=60, what="training", kept="rerun it")
+    outcome = run_workers(
+        [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"],
+        summary_path=summary,
+        threads=None,
+        timeout_s=60,
+        what="training",
+        kept="rerun it",
+    )
     assert (outcome.status, outcome.returncode) == ("crashed", -signal.SIGSEGV)
-    assert outcome.reason == f"worker killed by signal {int(signal.SIGSEGV)} without a result; see its output above " \
-                             "(rerun it)"
+    assert (
+        outcome.reason == f"worker killed by signal {int(signal.SIGSEGV)} without a result; see its output above "
+        "(rerun it)"
+    )
 
 
-@pytest.mark.parametrize("code, doc, expected", [
-    (0, {"status": "ok", "loss": 1.5}, ("ok", None)),
-    (0, None, ("ok", ELSEWHERE)),  # a node without global rank 0
-    (2, {"status": "error", "reason": "--batch-size 7 is odd"}, ("error", "--batch-size 7 is odd")),
-    (3, {"status": "unsupported", "reason": "no bf16 here"}, ("unsupported", "no bf16 here")),
-])
+@pytest.mark.parametrize(
+    "code, doc, expected",
+    [
+        (0, {"status": "ok", "loss": 1.5}, ("ok", None)),
+        (0, None, ("ok", ELSEWHERE)),  # a node without global rank 0
+        (2, {"status": "error", "reason": "--batch-size 7 is odd"}, ("error", "--batch-size 7 is odd")),
+        (3, {"status": "unsupported", "reason": "no bf16 here"}, ("unsupported", "no bf16 here")),
+    ],
+)
 def test_the_outcome_is_what_rank_0_reported(worker, code, doc, expected):
     command, pids, summary = worker
-    outcome = run_workers(command(exit=code, doc=doc, child=False), summary_path=summary, threads=None,
-                          timeout_s=60, what="training")
+    outcome = run_workers(
+        command(exit=code, doc=doc, child=False), summary_path=summary, threads=None, timeout_s=60, what="training"
+    )
     assert (outcome.status, outcome.reason) == expected
     assert outcome.summary == (doc if expected[0] == "ok" else None)
     assert outcome.returncode == code and outcome.command == command(exit=code, doc=doc, child=False)
@@ -173,17 +186,21 @@ def test_the_outcome_is_what_rank_0_reported(worker, code, doc, expected):
 
 def test_the_workers_get_the_run_s_threads(worker):
     _, _, summary = worker
-    script = f"import json, os; open({str(summary)!r}, 'w').write(json.dumps({{'status': 'ok', " \
-             "'threads': os.environ['OMP_NUM_THREADS']}))"
+    script = (
+        f"import json, os; open({str(summary)!r}, 'w').write(json.dumps({{'status': 'ok', "
+        "'threads': os.environ['OMP_NUM_THREADS']}))"
+    )
     outcome = run_workers([sys.executable, "-c", script], summary_path=summary, threads=3, timeout_s=60, what="x")
     assert outcome.summary == {"status": "ok", "threads": "3"}
 
 
 # a parent that cannot clean up ---------------------------------------------------------------
 def _launching_parent(worker_command: list[str], summary: Path) -> subprocess.Popen:
-    script = ("import sys; from pathlib import Path; from accelab.launch import run_workers; "
-              f"run_workers({worker_command!r}, summary_path=Path({str(summary)!r}), threads=None, timeout_s=600, "
-              "what='training')")
+    script = (
+        "import sys; from pathlib import Path; from accelab.launch import run_workers; "
+        f"run_workers({worker_command!r}, summary_path=Path({str(summary)!r}), threads=None, timeout_s=600, "
+        "what='training')"
+    )
     return subprocess.Popen([sys.executable, "-c", script])
 
 
@@ -215,11 +232,15 @@ def test_ctrl_c_in_the_parent_stops_the_whole_group(worker):
 @linux_only
 def test_a_torchrun_rank_dies_with_its_agent(tmp_path):
     pid_path = tmp_path / "rank.pid"
-    rank = ("import os, time; from accelab.launch import start_worker; start_worker(); "
-            f"open({str(pid_path)!r}, 'w').write(str(os.getpid())); time.sleep(600)")
-    agent = ("import os, subprocess, sys, time; "  # the rank in a session of its own, as torchrun starts it
-             f"subprocess.Popen([sys.executable, '-c', {rank!r}], env={{**os.environ, 'WORLD_SIZE': '2'}}, "
-             "start_new_session=True); time.sleep(600)")
+    rank = (
+        "import os, time; from accelab.launch import start_worker; start_worker(); "
+        f"open({str(pid_path)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
+    )
+    agent = (
+        "import os, subprocess, sys, time; "  # the rank in a session of its own, as torchrun starts it
+        f"subprocess.Popen([sys.executable, '-c', {rank!r}], env={{**os.environ, 'WORLD_SIZE': '2'}}, "
+        "start_new_session=True); time.sleep(600)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", agent])
     try:
         deadline = time.monotonic() + 30

@@ -27,8 +27,16 @@ def serve(engine, **config):
 def test_open_loop_streaming_measures_ttft_tpot_itl_and_goodput():
     engine = FakeGenerationEngine(name="fake", delay_s=0.02)  # 20 ms per token
     with serve(engine, max_batch_size=8, max_wait_ms=2) as url:
-        config = LoadConfig(url=url + "/v1/", endpoint="chat", inputs=("hello there", "a b c"), rate=20.0,
-                            requests=30, duration_s=10, max_tokens=6, warmup=1)
+        config = LoadConfig(
+            url=url + "/v1/",
+            endpoint="chat",
+            inputs=("hello there", "a b c"),
+            rate=20.0,
+            requests=30,
+            duration_s=10,
+            max_tokens=6,
+            warmup=1,
+        )
         records = run_load(config, "fake")
         summary = summarize_run(records, parse_slo("ttft=2s,e2e=5s"), offered_rate=20.0)
     assert summary["requests"] == 30 and summary["ok"] == 30
@@ -46,8 +54,9 @@ def test_open_loop_streaming_measures_ttft_tpot_itl_and_goodput():
 def test_closed_loop_counts_errors_by_status():
     engine = FakeEmbeddingEngine(name="fake", delay_s=0.2)
     with serve(engine, max_batch_size=1, max_queue=1) as url:
-        config = LoadConfig(url=url, endpoint="embeddings", inputs=("x",), concurrency=6, requests=18,
-                            duration_s=20, warmup=0)
+        config = LoadConfig(
+            url=url, endpoint="embeddings", inputs=("x",), concurrency=6, requests=18, duration_s=20, warmup=0
+        )
         summary = summarize_run(run_load(config, "fake"), parse_slo("e2e=10s"))
     assert summary["requests"] == 18
     assert summary["errors_by_status"].get("429", 0) > 0
@@ -60,12 +69,35 @@ def test_cli_find_max_writes_json_plot_and_store(tmp_path):
     register(app)
     engine = FakeEmbeddingEngine(name="fake", delay_s=0.05)  # one batch of up to 4 per 50 ms: ~80 req/s at most
     with serve(engine, max_batch_size=4, max_wait_ms=1, max_queue=512) as url:
-        out = CliRunner().invoke(app, [
-            url, "--endpoint", "embeddings", "--find-max", "--rate", "10", "--duration", "1", "--slo", "e2e=300ms",
-            "--max-steps", "4", "--cooldown", "0", "--warmup", "1", "--json", str(tmp_path / "r.json"),
-            "--plot", str(tmp_path / "r.png"),
-            "--db", str(tmp_path / "results.db"), "--tag", "t1",
-        ])
+        out = CliRunner().invoke(
+            app,
+            [
+                url,
+                "--endpoint",
+                "embeddings",
+                "--find-max",
+                "--rate",
+                "10",
+                "--duration",
+                "1",
+                "--slo",
+                "e2e=300ms",
+                "--max-steps",
+                "4",
+                "--cooldown",
+                "0",
+                "--warmup",
+                "1",
+                "--json",
+                str(tmp_path / "r.json"),
+                "--plot",
+                str(tmp_path / "r.png"),
+                "--db",
+                str(tmp_path / "results.db"),
+                "--tag",
+                "t1",
+            ],
+        )
     assert out.exit_code == 0, out.output
     assert "max sustainable rate" in out.output
     result = json.loads((tmp_path / "r.json").read_text())
@@ -83,8 +115,23 @@ def test_cli_single_run_prints_percentiles_and_plots_a_cdf(tmp_path):
     app = typer.Typer()
     register(app)
     with serve(FakeGenerationEngine(name="fake", delay_s=0.005)) as url:
-        out = CliRunner().invoke(app, [url, "--concurrency", "2", "--requests", "8", "--max-tokens", "4",
-                                       "--slo", "ttft=1s", "--plot", str(tmp_path / "cdf.png"), "--no-store"])
+        out = CliRunner().invoke(
+            app,
+            [
+                url,
+                "--concurrency",
+                "2",
+                "--requests",
+                "8",
+                "--max-tokens",
+                "4",
+                "--slo",
+                "ttft=1s",
+                "--plot",
+                str(tmp_path / "cdf.png"),
+                "--no-store",
+            ],
+        )
     assert out.exit_code == 0, out.output
     for label in ("TTFT p50", "ITL p50", "end-to-end p50", "goodput"):
         assert label in out.output
@@ -105,16 +152,32 @@ def test_transport_errors_are_counted_by_kind_not_raised():
     with socket.socket() as sock:  # a port nothing listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    refused = LoadConfig(url=f"127.0.0.1:{port}", endpoint="embeddings", inputs=("x",), concurrency=2, requests=4,
-                         duration_s=10, warmup=0, timeout_s=2)
+    refused = LoadConfig(
+        url=f"127.0.0.1:{port}",
+        endpoint="embeddings",
+        inputs=("x",),
+        concurrency=2,
+        requests=4,
+        duration_s=10,
+        warmup=0,
+        timeout_s=2,
+    )
     records = run_load(refused, "fake")
     assert len(records) == 4 and {r.status for r in records} == {"error:ClientConnectorError"}
     assert all(r.error for r in records)
 
     engine = FakeEmbeddingEngine(name="fake", delay_s=1.0)
     with serve(engine, max_batch_size=1) as url:
-        slow = LoadConfig(url=url, endpoint="embeddings", inputs=("x",), concurrency=1, requests=2, duration_s=10,
-                          warmup=0, timeout_s=0.3)
+        slow = LoadConfig(
+            url=url,
+            endpoint="embeddings",
+            inputs=("x",),
+            concurrency=1,
+            requests=2,
+            duration_s=10,
+            warmup=0,
+            timeout_s=0.3,
+        )
         summary = summarize_run(run_load(slow, "fake"), parse_slo("e2e=10s"))
     assert summary["errors_by_status"] == {"error:Timeout": 2} and summary["ok"] == 0
 

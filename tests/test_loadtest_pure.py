@@ -50,8 +50,14 @@ def test_parse_slo():
 
 
 def rec(start, e2e, ttft=None, tokens=0, status="200", chunks=()):
-    return RequestRecord(start=start, end=start + e2e, status=status, ttft=ttft, output_tokens=tokens,
-                         chunk_times=[start + c for c in chunks])
+    return RequestRecord(
+        start=start,
+        end=start + e2e,
+        status=status,
+        ttft=ttft,
+        output_tokens=tokens,
+        chunk_times=[start + c for c in chunks],
+    )
 
 
 def test_summary_percentiles_throughput_and_goodput():
@@ -144,6 +150,5 @@ def test_find_max_reports_when_it_never_saturates():
 
 
 def test_find_max_reports_when_nothing_passes():
-    result = find_max(lambda rate: {"goodput_fraction": 0.0}, goodput_at_least(0.95), start_rate=1.0,
-                      max_steps=5)
+    result = find_max(lambda rate: {"goodput_fraction": 0.0}, goodput_at_least(0.95), start_rate=1.0, max_steps=5)
     assert result.best_rate is None and [p.rate for p in result.probes] == [1.0, 0.5, 0.25, 0.125, 0.0625]

@@ -154,10 +154,12 @@ class FakeGpu:
 
 
 def test_gpu_telemetry_is_aggregated_through_the_same_thread():
-    gpu = FakeGpu([
-        GpuSample(process_used_mb=None, device_used_mb=1000, util_percent=0, power_w=100),
-        GpuSample(process_used_mb=None, device_used_mb=5000, util_percent=100, power_w=300),
-    ])
+    gpu = FakeGpu(
+        [
+            GpuSample(process_used_mb=None, device_used_mb=1000, util_percent=0, power_w=100),
+            GpuSample(process_used_mb=None, device_used_mb=5000, util_percent=100, power_w=300),
+        ]
+    )
     with PeakMemorySampler(interval=0.001, rss_reader=fake_reader([1]), gpu=gpu) as sampler:
         pass
     report = sampler.report

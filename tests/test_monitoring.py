@@ -67,9 +67,16 @@ class Prometheus:
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.url = f"http://127.0.0.1:{free_port()}"
         self.proc = subprocess.Popen(
-            [need("prometheus"), f"--config.file={workdir / 'prometheus.yml'}", f"--storage.tsdb.path={workdir / 'data'}",
-             f"--web.listen-address={self.url.removeprefix('http://')}", "--log.level=warn"],
-            stdout=subprocess.DEVNULL, stderr=open(workdir / "prometheus.log", "w"))
+            [
+                need("prometheus"),
+                f"--config.file={workdir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address={self.url.removeprefix('http://')}",
+                "--log.level=warn",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(workdir / "prometheus.log", "w"),
+        )
         self.log = workdir / "prometheus.log"
         deadline = time.monotonic() + 30
         while True:
@@ -113,17 +120,49 @@ def stack(tmp_path_factory):
         assert is_fetched(model), f"run `accelab models fetch {model}` first (make test does)"
     work = tmp_path_factory.mktemp("monitoring")
     flag = work / "errors-on"
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(FAULTS), os.environ.get("PYTHONPATH")])),
-           "ACCELAB_TEST_FAULT": f"serve-errors:{flag},fake-gpu:{FAKE_GPU_BYTES}"}
+    env = {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(FAULTS), os.environ.get("PYTHONPATH")])),
+        "ACCELAB_TEST_FAULT": f"serve-errors:{flag},fake-gpu:{FAKE_GPU_BYTES}",
+    }
     servers: list[ServerProcess] = []
     prometheus = None
     try:
         # --kv-cache-tokens 192: 12 blocks of 16, where 4 sequences of 40 + 24 tokens need 16 (KV pressure)
-        servers.append(ServerProcess("-m", "accelab.serve", "smollm2-135m", "--port", "0", "--max-batch-size", "4",
-                                     "--kv-cache-tokens", "192", "--max-tokens", "64", "--set", "threads=1",
-                                     "--metric-aliases", "vllm", timeout_s=120))
-        servers.append(ServerProcess("-m", "accelab.serve", "minilm-l6", "--port", "0", "--max-batch-size", "8",
-                                     "--set", "threads=1", timeout_s=120, env=env))
+        servers.append(
+            ServerProcess(
+                "-m",
+                "accelab.serve",
+                "smollm2-135m",
+                "--port",
+                "0",
+                "--max-batch-size",
+                "4",
+                "--kv-cache-tokens",
+                "192",
+                "--max-tokens",
+                "64",
+                "--set",
+                "threads=1",
+                "--metric-aliases",
+                "vllm",
+                timeout_s=120,
+            )
+        )
+        servers.append(
+            ServerProcess(
+                "-m",
+                "accelab.serve",
+                "minilm-l6",
+                "--port",
+                "0",
+                "--max-batch-size",
+                "8",
+                "--set",
+                "threads=1",
+                timeout_s=120,
+                env=env,
+            )
+        )
         for server in servers:
             server.wait_ready(180)
         gen, enc = servers
@@ -157,8 +196,10 @@ async def _load(gen: str, enc: str) -> dict[str, int]:
         for round_ in range(2):
             await asyncio.gather(*(stream(client, 4 * round_ + i) for i in range(4)))
         chat = {"messages": [{"role": "user", "content": PROMPT.format("Tom")}], "max_tokens": 8}
-        for route, path, body in (("chat", "chat/completions", chat),
-                                  ("completions", "completions", {"prompt": "Once upon a time", "max_tokens": 8})):
+        for route, path, body in (
+            ("chat", "chat/completions", chat),
+            ("completions", "completions", {"prompt": "Once upon a time", "max_tokens": 8}),
+        ):
             for _ in range(2):
                 assert (await client.post(f"{gen}/v1/{path}", json=body)).status_code == 200
                 sent[route] += 1
@@ -184,7 +225,9 @@ def _wait_for_targets(prometheus: Prometheus, count: int) -> None:
     taken before the first request."""
     deadline = time.monotonic() + 30
     while not (up := prometheus.query("up == 1")) or len(up) < count:
-        assert time.monotonic() < deadline, f"Prometheus does not scrape the servers: {up}\n{prometheus.log.read_text()}"
+        assert time.monotonic() < deadline, (
+            f"Prometheus does not scrape the servers: {up}\n{prometheus.log.read_text()}"
+        )
         time.sleep(0.2)
     time.sleep(1.5)  # and once more
 
@@ -237,8 +280,12 @@ def test_every_dashboard_query_returns_data_with_the_labels_of_its_legend(stack)
     assert len(targets) > 40
     seen: dict[str, dict[str, set[str]]] = {}
     for title, target in targets:
-        expr = (target["expr"].replace("$__rate_interval", rate_window).replace('"$job"', '"accelab"')
-                .replace('"$instance"', '".+"'))
+        expr = (
+            target["expr"]
+            .replace("$__rate_interval", rate_window)
+            .replace('"$job"', '"accelab"')
+            .replace('"$instance"', '".+"')
+        )
         result = prom.query(expr)
         assert result, f"{title!r}: no data for {expr}"
         assert any(math.isfinite(v) for s in result for v in values(s)), f"{title!r}: only NaN for {expr}: {result}"
@@ -269,7 +316,7 @@ def test_the_numbers_prometheus_holds_are_the_load_that_was_sent(stack):
     assert one('sum(accelab_requests_total{route="embeddings", status="200"})') == sent["embeddings"]
     assert one('sum(accelab_requests_total{route="chat", status="200"})') == sent["chat"]
     assert one('sum(accelab_requests_total{status="422"})') == sent["invalid"]
-    assert one('sum(accelab_finished_sequences_total)') == sent["chat"] + sent["completions"]
+    assert one("sum(accelab_finished_sequences_total)") == sent["chat"] + sent["completions"]
     assert one("sum(accelab_time_to_first_token_seconds_count)") == sent["chat"] + sent["completions"]
     assert one(f'accelab_gpu_memory_reserved_bytes{{instance="{enc}"}}') == 2 * FAKE_GPU_BYTES  # the FAKE GPU
     assert one("accelab:kv_cache:usage_ratio") == 0  # the recording rules run on the live series too
@@ -281,10 +328,16 @@ def test_the_numbers_prometheus_holds_are_the_load_that_was_sent(stack):
 # `accelab serve --metric-aliases vllm`. Its variable: label_values(model_name).
 VLLM_HISTOGRAMS = ("e2e_request_latency_seconds", "time_to_first_token_seconds", "inter_token_latency_seconds")
 VLLM_QUERIES = (
-    *(f'histogram_quantile({q}, sum by(le) (rate(vllm:{h}_bucket{{model_name="$model_name"}}[$__rate_interval])))'
-      for h in VLLM_HISTOGRAMS for q in (0.99, 0.95, 0.9, 0.5)),
-    *(f'rate(vllm:{h}_sum{{model_name="$model_name"}}[$__rate_interval])\n/\n'
-      f'rate(vllm:{h}_count{{model_name="$model_name"}}[$__rate_interval])' for h in VLLM_HISTOGRAMS),
+    *(
+        f'histogram_quantile({q}, sum by(le) (rate(vllm:{h}_bucket{{model_name="$model_name"}}[$__rate_interval])))'
+        for h in VLLM_HISTOGRAMS
+        for q in (0.99, 0.95, 0.9, 0.5)
+    ),
+    *(
+        f'rate(vllm:{h}_sum{{model_name="$model_name"}}[$__rate_interval])\n/\n'
+        f'rate(vllm:{h}_count{{model_name="$model_name"}}[$__rate_interval])'
+        for h in VLLM_HISTOGRAMS
+    ),
     'rate(vllm:prompt_tokens_total{model_name="$model_name"}[$__rate_interval])',
     'rate(vllm:generation_tokens_total{model_name="$model_name"}[$__rate_interval])',
     'vllm:num_requests_running{model_name="$model_name"}',
@@ -312,9 +365,11 @@ def test_vllms_own_dashboard_queries_return_data_from_accelab(stack):
     reasons = {s["metric"]["finished_reason"] for s in prom.query("vllm:request_success_total")}
     assert reasons == {"stop", "length"}
     # the aliases are accelab's own series under vLLM's names: the same counts
-    for vllm, ours in (("vllm:generation_tokens_total", "accelab_generated_tokens_total"),
-                       ("vllm:time_to_first_token_seconds_count", "accelab_time_to_first_token_seconds_count"),
-                       ("vllm:num_preemptions_total", "accelab_preemptions_total")):
+    for vllm, ours in (
+        ("vllm:generation_tokens_total", "accelab_generated_tokens_total"),
+        ("vllm:time_to_first_token_seconds_count", "accelab_time_to_first_token_seconds_count"),
+        ("vllm:num_preemptions_total", "accelab_preemptions_total"),
+    ):
         gen = stack["gen"].url.removeprefix("http://")
         [a] = prom.query(vllm)
         [b] = prom.query(f'{ours}{{instance="{gen}"}}')
@@ -336,20 +391,27 @@ def test_an_error_burst_fires_the_error_rate_alert_on_that_server_only(stack):
     try:
         # one after another, four inputs each: every request is one batch, which fails, is split,
         # and each of its inputs fails alone (a 500 for the request, one split counted)
-        codes = [httpx.post(f"{enc.url}/v1/embeddings", json={"input": [f"text {i} {k}" for k in range(4)]},
-                            timeout=60).status_code for i in range(12)]
+        codes = [
+            httpx.post(
+                f"{enc.url}/v1/embeddings", json={"input": [f"text {i} {k}" for k in range(4)]}, timeout=60
+            ).status_code
+            for i in range(12)
+        ]
     finally:
         flag.unlink()
     assert codes == [500] * 12
     assert httpx.post(f"{enc.url}/v1/embeddings", json={"input": "healthy again"}).status_code == 200
     deadline = time.monotonic() + 40
     while not (alerts := firing(prom, "AccelabHighErrorRate")):
-        assert time.monotonic() < deadline, f"the alert never fired: {prom.query('accelab:request_errors:ratio_rate5m')}"
+        assert time.monotonic() < deadline, (
+            f"the alert never fired: {prom.query('accelab:request_errors:ratio_rate5m')}"
+        )
         time.sleep(1)
     [alert] = alerts
     assert alert["labels"]["instance"] == instance and alert["labels"]["severity"] == "page"
-    assert re.fullmatch(rf"{re.escape(instance)}: \d+(\.\d+)?% of requests failed \(last 5 min\)",
-                        alert["annotations"]["summary"])
+    assert re.fullmatch(
+        rf"{re.escape(instance)}: \d+(\.\d+)?% of requests failed \(last 5 min\)", alert["annotations"]["summary"]
+    )
     # the batch splits were counted where they happened, and the retries rule sees them
     [splits] = prom.query(f'accelab_batch_retries_total{{instance="{instance}", reason="batch_error"}}')
     assert float(splits["value"][1]) == 12
@@ -366,12 +428,16 @@ class Tmux:
     def __init__(self, name: str, url: str):
         self.name = f"accelab-test-{name}-{os.getpid()}"
         command = f"{sys.executable} -m accelab top {url} --interval 0.5 --window 4"
-        subprocess.run([need("tmux"), "new-session", "-d", "-s", self.name, "-x", "120", "-y", "45", command],
-                       check=True, env={**os.environ, "TERM": "xterm-256color"})
+        subprocess.run(
+            [need("tmux"), "new-session", "-d", "-s", self.name, "-x", "120", "-y", "45", command],
+            check=True,
+            env={**os.environ, "TERM": "xterm-256color"},
+        )
 
     def screen(self) -> str:
-        return subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True,
-                              check=True).stdout
+        return subprocess.run(
+            ["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True, check=True
+        ).stdout
 
     def wait_for(self, pattern: str, timeout_s: float = 20) -> str:
         deadline = time.monotonic() + timeout_s
@@ -411,14 +477,19 @@ def test_top_in_a_terminal_shows_what_metrics_and_prometheus_say(stack):
     finally:
         top.close()
     metrics = httpx.get(f"{gen.url}/metrics").text
-    api = sum(float(m.group(2)) for m in re.finditer(r'^accelab_requests_total\{route="(\w+)",status="\d+"\} (\S+)$',
-                                                       metrics, re.M) if m.group(1) not in ("models", "other"))
+    api = sum(
+        float(m.group(2))
+        for m in re.finditer(r'^accelab_requests_total\{route="(\w+)",status="\d+"\} (\S+)$', metrics, re.M)
+        if m.group(1) not in ("models", "other")
+    )
     assert row(quiet, "requests")[2] == f"{api:,.0f}"
     generated = float(re.search(r"^accelab_generated_tokens_total (\S+)$", metrics, re.M).group(1))
     assert row(quiet, "tokens generated")[2].startswith(f"{generated:,.0f} (prompt ")
     # since-start percentiles: what Prometheus' histogram_quantile says over the same buckets
-    for label, name in (("time to first token", "accelab_time_to_first_token_seconds"),
-                        ("inter-token latency", "accelab_inter_token_latency_seconds")):
+    for label, name in (
+        ("time to first token", "accelab_time_to_first_token_seconds"),
+        ("inter-token latency", "accelab_inter_token_latency_seconds"),
+    ):
         shown = [seconds(cell) for cell in row(quiet, label)[2].split(" · ")]
         for q, value in zip((0.5, 0.99), shown):
             [series] = prom.query(f'histogram_quantile({q}, sum by (le) ({name}_bucket{{instance="{instance}"}}))')
@@ -427,7 +498,8 @@ def test_top_in_a_terminal_shows_what_metrics_and_prometheus_say(stack):
     assert row(quiet, "queue")[1] == "0 waiting of 256"
     assert row(quiet, "running")[1] == "0 sequences, 0 waiting"
     retried = float(re.search(r"^accelab_preemptions_total (\S+)$", metrics, re.M).group(1)) + sum(
-        float(v) for v in re.findall(r'^accelab_batch_retries_total\{reason="\w+"\} (\S+)$', metrics, re.M))
+        float(v) for v in re.findall(r'^accelab_batch_retries_total\{reason="\w+"\} (\S+)$', metrics, re.M)
+    )
     assert row(quiet, "retries")[2].split()[0] == f"{retried:,.0f}"
 
 

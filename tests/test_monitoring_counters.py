@@ -36,8 +36,11 @@ async def post_many(url: str, path: str, bodies: list[dict]) -> list[httpx.Respo
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def test_a_failing_continuous_step_is_split_and_counted_once():
@@ -73,8 +76,9 @@ def test_preempted_sequences_count_their_tokens_and_every_step_its_batch():
 def test_vllm_names_only_when_asked_and_from_the_same_series():
     with serve(FakeGenerationEngine(name="fake", delay_s=0.001)) as url:
         assert "vllm:" not in httpx.get(f"{url}/metrics").text
-    with serve(FakeGenerationEngine(name="fake", delay_s=0.001), model_name="my-llm", metric_aliases="vllm",
-               kv_cache_tokens=64) as url:
+    with serve(
+        FakeGenerationEngine(name="fake", delay_s=0.001), model_name="my-llm", metric_aliases="vllm", kv_cache_tokens=64
+    ) as url:
         bodies = [{"messages": [{"role": "user", "content": "a b"}], "max_tokens": 3}] * 3
         assert [r.status_code for r in asyncio.run(post_many(url, "/v1/chat/completions", bodies))] == [200] * 3
         httpx.post(f"{url}/v1/completions", json={"prompt": "a", "max_tokens": 2})
@@ -82,8 +86,10 @@ def test_vllm_names_only_when_asked_and_from_the_same_series():
     model = (("model_name", "my-llm"),)
     assert got[("vllm:e2e_request_latency_seconds_count", model)] == 4  # chat and completions, summed
     assert got[("vllm:e2e_request_latency_seconds_count", model)] == sum(
-        v for (n, labels), v in got.items() if n == "accelab_request_latency_seconds_count"
-        and dict(labels)["route"] in ("chat", "completions"))
+        v
+        for (n, labels), v in got.items()
+        if n == "accelab_request_latency_seconds_count" and dict(labels)["route"] in ("chat", "completions")
+    )
     assert got[("vllm:generation_tokens_total", model)] == got[("accelab_generated_tokens_total", ())] == 11
     assert got[("vllm:request_success_total", (("finished_reason", "length"), *model))] == 4
     assert got[("vllm:kv_cache_usage_perc", model)] == got[("vllm:gpu_cache_usage_perc", model)] == 0.0

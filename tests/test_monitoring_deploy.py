@@ -43,11 +43,17 @@ def test_the_alert_rules_pass_their_unit_tests():
     assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize(("alert", "change"), [
-    ("AccelabHighErrorRate", ("> 0.05", "> 0.5")),  # 20% errors would no longer page
-    ("AccelabKVCacheNearFull", ("5m", "3m")),  # it would fire a minute early
-    ("AccelabReplicaDown", (" or max by (job, instance) (accelab_replicas_configured) * 0", "")),  # all dead: silent
-])
+@pytest.mark.parametrize(
+    ("alert", "change"),
+    [
+        ("AccelabHighErrorRate", ("> 0.05", "> 0.5")),  # 20% errors would no longer page
+        ("AccelabKVCacheNearFull", ("5m", "3m")),  # it would fire a minute early
+        (
+            "AccelabReplicaDown",
+            (" or max by (job, instance) (accelab_replicas_configured) * 0", ""),
+        ),  # all dead: silent
+    ],
+)
 def test_the_rule_unit_tests_fail_on_a_broken_rule(tmp_path, alert, change):
     rules = yaml.safe_load((PROMETHEUS / "accelab.rules.yml").read_text())
     [rule] = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == alert]
@@ -62,8 +68,12 @@ def test_the_rule_unit_tests_fail_on_a_broken_rule(tmp_path, alert, change):
 
 # -- the dashboard -------------------------------------------------------------------------------------
 def test_the_dashboard_is_what_its_build_script_writes():
-    built = subprocess.run([sys.executable, str(ROOT / "deploy" / "grafana" / "build_dashboard.py"), "--check"],
-                           capture_output=True, text=True, check=False)
+    built = subprocess.run(
+        [sys.executable, str(ROOT / "deploy" / "grafana" / "build_dashboard.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert built.returncode == 0, built.stdout + built.stderr
 
 
@@ -120,9 +130,17 @@ def _check(value, hint, path: str, errors: list[str]) -> None:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return
-        shaped = [h for h in args if h in (typing.Any, object) or typing.get_origin(h) is list and isinstance(value, list)
-                  or isinstance(h, type) and h.__module__.startswith("grafana") and not issubclass(h, enum.Enum)
-                  and isinstance(value, h)]
+        shaped = [
+            h
+            for h in args
+            if h in (typing.Any, object)
+            or typing.get_origin(h) is list
+            and isinstance(value, list)
+            or isinstance(h, type)
+            and h.__module__.startswith("grafana")
+            and not issubclass(h, enum.Enum)
+            and isinstance(value, h)
+        ]
         if len(shaped) == 1:  # a list, or an object of one of the types: its own errors are the errors
             _check(value, shaped[0], path, errors)
         elif not any(not _errors_of(value, h, path) for h in args):
@@ -143,9 +161,12 @@ def _check(value, hint, path: str, errors: list[str]) -> None:
         if value not in {member.value for member in hint}:
             errors.append(f"{path}: {value!r} is not one of {sorted(m.value for m in hint)}")
     elif hint in (bool, int, float, str):
-        ok = {bool: lambda v: isinstance(v, bool), str: lambda v: isinstance(v, str),
-              int: lambda v: isinstance(v, int) and not isinstance(v, bool),
-              float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)}[hint](value)
+        ok = {
+            bool: lambda v: isinstance(v, bool),
+            str: lambda v: isinstance(v, str),
+            int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+            float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        }[hint](value)
         if not ok:
             errors.append(f"{path}: {value!r} is not a {hint.__name__}")
     elif isinstance(hint, type):
@@ -172,13 +193,16 @@ def test_the_dashboard_follows_grafanas_dashboard_schema():
     assert kinds == {"row", "timeseries", "stat", "gauge", "table"}  # each kind's options were checked
 
 
-@pytest.mark.parametrize(("mutate", "expected"), [
-    (lambda p: p["options"]["legend"].update(displayMode="lists"), r"legend\.display_mode: 'lists' is not one of"),
-    (lambda p: p["targets"][0].update(legendFormats="{{route}}"), r"targets\[0\]\.legendFormats: not a field"),
-    (lambda p: p["gridPos"].update(h="8"), r"grid_pos\.h: '8' is not a int"),
-    (lambda p: p["fieldConfig"]["defaults"]["thresholds"].update(mode="relative-ish"), r"mode: 'relative-ish'"),
-    (lambda p: p.update(datasource={"type": "graphite", "uid": "x"}), r"no datasource type the schema knows"),
-])
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda p: p["options"]["legend"].update(displayMode="lists"), r"legend\.display_mode: 'lists' is not one of"),
+        (lambda p: p["targets"][0].update(legendFormats="{{route}}"), r"targets\[0\]\.legendFormats: not a field"),
+        (lambda p: p["gridPos"].update(h="8"), r"grid_pos\.h: '8' is not a int"),
+        (lambda p: p["fieldConfig"]["defaults"]["thresholds"].update(mode="relative-ish"), r"mode: 'relative-ish'"),
+        (lambda p: p.update(datasource={"type": "graphite", "uid": "x"}), r"no datasource type the schema knows"),
+    ],
+)
 def test_the_schema_check_catches_what_grafana_would_not_take(mutate, expected):
     doc = json.loads(DASHBOARD.read_text())
     panel = next(p for p in doc["panels"] if p["type"] == "timeseries")

@@ -31,15 +31,26 @@ def free_port() -> int:
 
 
 def accelab(*args: str, env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "accelab", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "accelab", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def on_two_nodes(args: list[str], per_node: list[list[str]], env: dict[str, str], timeout_s: float = 600) -> list[str]:
     """Run the same command on two local "nodes" (c10d rendezvous on a free port); their outputs."""
     port = free_port()
-    rendezvous = ["--nproc", "2", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-                  "--rdzv-id", f"accelab-test-{port}"]
+    rendezvous = [
+        "--nproc",
+        "2",
+        "--nnodes",
+        "2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        f"accelab-test-{port}",
+    ]
     nodes = [accelab(*args, *extra, *rendezvous, env=env) for extra in per_node]
     outputs = []
     try:
@@ -70,21 +81,47 @@ def env(tmp_path_factory):
         fetch("minilm-l6")
     os.symlink(model_dir("minilm-l6"), root / "models" / "minilm-l6")
     labels = {i: str(i) for i in range(10)}
-    config = ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                       image_size=16, patch_size=4, num_labels=10, id2label=labels,
-                       label2id={v: k for k, v in labels.items()}, hidden_dropout_prob=0.0,
-                       attention_probs_dropout_prob=0.0)
+    config = ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=16,
+        patch_size=4,
+        num_labels=10,
+        id2label=labels,
+        label2id={v: k for k, v in labels.items()},
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     torch.manual_seed(0)
     ViTForImageClassification(config).save_pretrained(root / "tiny-vit")
-    image_processor_class("ViTImageProcessor")(size={"height": 16, "width": 16}, image_mean=[0.5] * 3,
-                                               image_std=[0.5] * 3).save_pretrained(root / "tiny-vit")
+    image_processor_class("ViTImageProcessor")(
+        size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3
+    ).save_pretrained(root / "tiny-vit")
     return {**os.environ, "ACCELAB_CACHE": str(root), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def test_two_nodes_train_in_step_with_one_process_and_write_one_checkpoint(env, tmp_path):
     root = Path(env["ACCELAB_CACHE"])
-    common = ["train", "--model", str(root / "tiny-vit"), "--dataset", "digits", "--max-steps", "4", "--batch-size",
-              "16", "--threads", "1", "--checkpoint-every", "4", "--no-save", "--no-progress", "--no-store"]
+    common = [
+        "train",
+        "--model",
+        str(root / "tiny-vit"),
+        "--dataset",
+        "digits",
+        "--max-steps",
+        "4",
+        "--batch-size",
+        "16",
+        "--threads",
+        "1",
+        "--checkpoint-every",
+        "4",
+        "--no-save",
+        "--no-progress",
+        "--no-store",
+    ]
     single = tmp_path / "single"
     one = accelab(*common, "--output-dir", str(single), "--json", str(tmp_path / "one.json"), env=env)
     out, _ = one.communicate(timeout=600)
@@ -101,7 +138,9 @@ def test_two_nodes_train_in_step_with_one_process_and_write_one_checkpoint(env, 
     assert doc["metrics"]["losses"] == pytest.approx(baseline["losses"], rel=DDP_LOSS_RTOL)
     checkpoints = list((shared / "checkpoints").iterdir())
     assert [c.name for c in checkpoints] == ["step-0000004"]  # one checkpoint, with every rank's RNG state
-    assert sorted(p.name for p in checkpoints[0].glob("random_states_*")) == [f"random_states_{r}.pkl" for r in range(4)]
+    assert sorted(p.name for p in checkpoints[0].glob("random_states_*")) == [
+        f"random_states_{r}.pkl" for r in range(4)
+    ]
     assert (checkpoints[0] / "trainer_state.json").is_file() and (shared / "model" / "model.safetensors").is_file()
 
 
@@ -109,8 +148,18 @@ def test_two_nodes_predict_like_one_process_with_every_input_once(env, tmp_path)
     texts = tmp_path / "texts.jsonl"
     sentences = [f"sentence number {i} about {'cats' if i % 3 else 'the weather'}" for i in range(301)]
     texts.write_text("".join(json.dumps({"id": f"s{i}", "text": t}) + "\n" for i, t in enumerate(sentences)))
-    common = ["predict", "minilm-l6", "--inputs", str(texts), "--threads", "1", "--max-length", "32", "--no-progress",
-              "--no-store"]
+    common = [
+        "predict",
+        "minilm-l6",
+        "--inputs",
+        str(texts),
+        "--threads",
+        "1",
+        "--max-length",
+        "32",
+        "--no-progress",
+        "--no-store",
+    ]
     one_out = tmp_path / "one.jsonl"
     one = accelab(*common, "--out", str(one_out), env=env)
     out, _ = one.communicate(timeout=600)
@@ -126,13 +175,35 @@ def test_accelerate_launch_with_a_config_file_says_what_to_run_instead(env, tmp_
     """What users already write: `accelerate launch --config_file cfg.yaml -m accelab train ...`.
     accelab starts its own workers, so it stops at once and gives the command for the same layout."""
     config = tmp_path / "accelerate.yaml"
-    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nnum_machines: 1\n"
-                      "num_processes: 2\nmachine_rank: 0\nmain_process_ip: 127.0.0.1\n"
-                      f"main_process_port: {free_port()}\nmixed_precision: 'no'\nuse_cpu: true\n")
+    config.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nnum_machines: 1\n"
+        "num_processes: 2\nmachine_rank: 0\nmain_process_ip: 127.0.0.1\n"
+        f"main_process_port: {free_port()}\nmixed_precision: 'no'\nuse_cpu: true\n"
+    )
     accelerate = Path(sys.executable).with_name("accelerate")
-    done = subprocess.run([str(accelerate), "launch", "--config_file", str(config), "-m", "accelab", "train",
-                           "--model", "vit-tiny", "--dataset", "digits", "--max-steps", "1", "--no-progress"],
-                          env=env, capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(
+        [
+            str(accelerate),
+            "launch",
+            "--config_file",
+            str(config),
+            "-m",
+            "accelab",
+            "train",
+            "--model",
+            "vit-tiny",
+            "--dataset",
+            "digits",
+            "--max-steps",
+            "1",
+            "--no-progress",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode != 0
     assert "accelab train was started by accelerate launch" in done.stderr, done.stderr[-2000:]
     assert "accelab train ... --nproc N (your config's num_processes)" in done.stderr
@@ -142,11 +213,17 @@ def test_accelerate_launch_with_a_config_file_says_what_to_run_instead(env, tmp_
 def test_the_command_for_a_two_node_launcher_names_the_rendezvous():
     from accelab.launch import refuse_outer_launcher
 
-    environ = {"WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "10.0.0.1",
-               "MASTER_PORT": "29500"}
+    environ = {
+        "WORLD_SIZE": "8",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "4",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29500",
+    }
     with pytest.raises(ValueError) as err:
         refuse_outer_launcher("predict", environ)
     assert "started by torchrun (WORLD_SIZE=8" in str(err.value)
-    assert ("accelab predict ... --nproc 4 --nnodes 2 --rdzv-backend c10d --rdzv-endpoint 10.0.0.1:29500"
-            in str(err.value))
+    assert "accelab predict ... --nproc 4 --nnodes 2 --rdzv-backend c10d --rdzv-endpoint 10.0.0.1:29500" in str(
+        err.value
+    )
     refuse_outer_launcher("predict", {"WORLD_SIZE": "1"})  # a plain shell: fine

@@ -49,9 +49,12 @@ def test_a_window_separates_our_cpu_from_the_rest_of_the_machine():
     # 2 s on a 2-core machine at 100 ticks/s = 400 ticks: 360 busy (3.6 s), 20 idle, 20 stolen.
     # The measuring processes used 2.0 CPU seconds, so the others used 1.6 s; less one tick per
     # core of counter rounding (0.02 s), 1.58 s = 0.79 cores; steal 20 ticks less 2 of 400.
-    w = noise.window(snap(10.0, ticks(busy=1000, idle=500, steal=10), own=5.0),
-                     snap(12.0, ticks(busy=1360, idle=520, steal=30), own=7.0, throttled=0.0, load=2.5),
-                     hz=100, cores=2)
+    w = noise.window(
+        snap(10.0, ticks(busy=1000, idle=500, steal=10), own=5.0),
+        snap(12.0, ticks(busy=1360, idle=520, steal=30), own=7.0, throttled=0.0, load=2.5),
+        hz=100,
+        cores=2,
+    )
     assert w.seconds == 2.0
     assert w.steal == pytest.approx(18 / 400)
     assert w.others_cores == pytest.approx(0.79)
@@ -61,15 +64,20 @@ def test_a_window_separates_our_cpu_from_the_rest_of_the_machine():
 
 def test_a_stray_tick_in_a_short_window_is_not_noise():
     # 20 ms: one tick of someone else's CPU and one of steal would read as 0.5 cores and 25% steal
-    w = noise.window(snap(0.0, ticks(busy=0, idle=0, steal=0), own=0.0),
-                     snap(0.02, ticks(busy=1, idle=2, steal=1), own=0.0), hz=100, cores=2)
+    w = noise.window(
+        snap(0.0, ticks(busy=0, idle=0, steal=0), own=0.0),
+        snap(0.02, ticks(busy=1, idle=2, steal=1), own=0.0),
+        hz=100,
+        cores=2,
+    )
     assert w.others_cores == 0.0 and w.steal == 0.0 and w.level == "quiet"
 
 
 def test_our_own_cpu_is_never_counted_as_someone_elses():
     # the measurement took 3.7 CPU s in 2 s, a tick more than the machine counted (tick rounding)
-    w = noise.window(snap(0.0, ticks(busy=0, idle=0), own=0.0), snap(2.0, ticks(busy=360, idle=40), own=3.7),
-                     hz=100, cores=2)
+    w = noise.window(
+        snap(0.0, ticks(busy=0, idle=0), own=0.0), snap(2.0, ticks(busy=360, idle=40), own=3.7), hz=100, cores=2
+    )
     assert w.others_cores == 0.0 and w.level == "quiet"
 
 
@@ -77,22 +85,25 @@ def window(**kw) -> Window:
     return Window(**{"seconds": 1.0, "steal": 0.0, "others_cores": 0.0, "throttled": 0.0, "load1": 0.0, **kw})
 
 
-@pytest.mark.parametrize(("figures", "expected"), [
-    ({}, ("quiet", "")),
-    ({"steal": 0.029}, ("quiet", "")),
-    ({"steal": 0.03}, ("noisy", "3% CPU steal")),
-    ({"steal": 0.10}, ("unreliable", "10% CPU steal")),
-    ({"others_cores": 0.099}, ("quiet", "")),
-    ({"others_cores": 0.10}, ("noisy", "other processes used 0.10 cores")),
-    ({"others_cores": 0.30}, ("unreliable", "other processes used 0.30 cores")),
-    ({"throttled": 0.02}, ("noisy", "the cgroup throttled the CPU 2% of the time")),
-    ({"throttled": 0.10}, ("unreliable", "the cgroup throttled the CPU 10% of the time")),
-    ({"cv": 0.099}, ("quiet", "")),
-    ({"cv": 0.10}, ("noisy", "calls spread 10% (cv)")),
-    ({"cv": 5.0}, ("noisy", "calls spread 500% (cv)")),  # spread alone never makes a row unreliable
-    ({"steal": 0.31, "others_cores": 0.5}, ("unreliable", "31% CPU steal, other processes used 0.50 cores")),
-    ({"steal": 0.05, "cv": 0.2}, ("noisy", "5% CPU steal, calls spread 20% (cv)")),
-])
+@pytest.mark.parametrize(
+    ("figures", "expected"),
+    [
+        ({}, ("quiet", "")),
+        ({"steal": 0.029}, ("quiet", "")),
+        ({"steal": 0.03}, ("noisy", "3% CPU steal")),
+        ({"steal": 0.10}, ("unreliable", "10% CPU steal")),
+        ({"others_cores": 0.099}, ("quiet", "")),
+        ({"others_cores": 0.10}, ("noisy", "other processes used 0.10 cores")),
+        ({"others_cores": 0.30}, ("unreliable", "other processes used 0.30 cores")),
+        ({"throttled": 0.02}, ("noisy", "the cgroup throttled the CPU 2% of the time")),
+        ({"throttled": 0.10}, ("unreliable", "the cgroup throttled the CPU 10% of the time")),
+        ({"cv": 0.099}, ("quiet", "")),
+        ({"cv": 0.10}, ("noisy", "calls spread 10% (cv)")),
+        ({"cv": 5.0}, ("noisy", "calls spread 500% (cv)")),  # spread alone never makes a row unreliable
+        ({"steal": 0.31, "others_cores": 0.5}, ("unreliable", "31% CPU steal, other processes used 0.50 cores")),
+        ({"steal": 0.05, "cv": 0.2}, ("noisy", "5% CPU steal, calls spread 20% (cv)")),
+    ],
+)
 def test_the_documented_thresholds(figures, expected):
     assert classify(window(**figures)) == expected
 
@@ -115,7 +126,9 @@ def test_a_real_busy_process_shows_as_other_processes_and_sleeping_as_quiet():
     assert idle is not None and idle.seconds == pytest.approx(0.5, abs=0.1) and 0.0 <= idle.others_cores <= 2.0
     # started through a shell that exits at once, so the loop is not this process's descendant
     # (descendants count as the measurement's own: compile workers, dataloader workers)
-    pid = int(subprocess.check_output(["sh", "-c", f"'{sys.executable}' -c 'while True: pass' >/dev/null 2>&1 & echo $!"]))
+    pid = int(
+        subprocess.check_output(["sh", "-c", f"'{sys.executable}' -c 'while True: pass' >/dev/null 2>&1 & echo $!"])
+    )
     try:
         time.sleep(0.3)
         with noise.Meter() as meter:

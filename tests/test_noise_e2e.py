@@ -25,10 +25,32 @@ def test_compare_under_a_switching_load_is_right_or_says_it_cannot_tell(tmp_path
     out = tmp_path / "compare.json"
     with switching_load(on_s=3.0, off_s=4.0, core=1):
         proc = subprocess.run(
-            [sys.executable, "-m", "accelab", "compare", "minilm-l6", "--plans", "baseline,baseline[threads=1]",
-             "--batch-size", "8", "--seq-len", "64", "--no-quality", "--warmup", "1", "--min-seconds", "2",
-             "--json", str(out), "--no-store"],
-            capture_output=True, text=True, timeout=600, check=False)
+            [
+                sys.executable,
+                "-m",
+                "accelab",
+                "compare",
+                "minilm-l6",
+                "--plans",
+                "baseline,baseline[threads=1]",
+                "--batch-size",
+                "8",
+                "--seq-len",
+                "64",
+                "--no-quality",
+                "--warmup",
+                "1",
+                "--min-seconds",
+                "2",
+                "--json",
+                str(out),
+                "--no-store",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     rows = {r["plan"]: r for r in doc["rows"]}

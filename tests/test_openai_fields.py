@@ -23,26 +23,45 @@ MODEL = "smollm2-135m"
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 PROMPT = "The capital of France is"
 PARIS = 7042  # " Paris" in SmolLM2's vocabulary
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}},
-                   "required": ["city"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "description": "The local time in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}},
-                   "required": ["city"], "additionalProperties": False}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 24}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The local time in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 24}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
 
 
 @pytest.fixture(scope="module", params=["continuous", "static"])
 def url(request):
     if not is_fetched(MODEL):
         pytest.skip(f"run `accelab models fetch {MODEL}` first")
+    from serving import running_server
+
     from accelab.catalog.resolve import resolve
     from accelab.plan.plan import load_plan
     from accelab.serve.app import create_app
     from accelab.serve.config import ServeConfig
     from accelab.serve.server import engine_factory
-    from serving import running_server
 
     factory = engine_factory(resolve(MODEL, fetch=False), load_plan("baseline"), torch.device("cpu"), name=MODEL)
     config = ServeConfig(model_name=MODEL, scheduler=request.param, max_tokens=256, max_batch_size=8)
@@ -98,7 +117,7 @@ def test_completion_echo_and_logprobs_agree_with_transformers_log_softmax(url, r
         got = sorted(lp["top_logprobs"][pos].values(), reverse=True)
         assert len(got) == 3 and all(math.isclose(g, float(w), abs_tol=2e-4) for g, w in zip(got, top.values))
     plain = complete(url, prompt=ids, max_tokens=4)["choices"][0]
-    assert plain["logprobs"] is None and plain["text"] == tokenizer.decode(greedy[len(ids):])
+    assert plain["logprobs"] is None and plain["text"] == tokenizer.decode(greedy[len(ids) :])
 
 
 def test_chat_logprobs_and_top_logprobs_are_the_models(url, reference):
@@ -121,9 +140,19 @@ def test_chat_logprobs_and_top_logprobs_are_the_models(url, reference):
 
 def test_streamed_logprobs_arrive_with_their_text(url):
     full = chat(url, max_tokens=6, logprobs=True, top_logprobs=2)
-    with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=300, json={
-            "messages": FRANCE, "temperature": 0, "max_tokens": 6, "logprobs": True, "top_logprobs": 2,
-            "stream": True}) as r:
+    with httpx.stream(
+        "POST",
+        f"{url}/v1/chat/completions",
+        timeout=300,
+        json={
+            "messages": FRANCE,
+            "temperature": 0,
+            "max_tokens": 6,
+            "logprobs": True,
+            "top_logprobs": 2,
+            "stream": True,
+        },
+    ) as r:
         chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     entries = [e for c in chunks for ch in c["choices"] if ch["logprobs"] for e in ch["logprobs"]["content"]]
     assert [e["token"] for e in entries] == [e["token"] for e in full["choices"][0]["logprobs"]["content"]]
@@ -141,8 +170,11 @@ def test_n_choices_greedy_alike_sampled_apart_and_seeded_repeatable(url):
     answers = [text(sampled, i) for i in range(4)]
     assert len(set(answers)) >= 3
     assert [text(chat(url, max_tokens=12, n=4, temperature=1.0, seed=7), i) for i in range(4)] == answers
-    two_prompts = post(url, "/v1/completions", {"prompt": [PROMPT, "Berlin is the capital of"], "n": 2,
-                                                "max_tokens": 3, "temperature": 0})
+    two_prompts = post(
+        url,
+        "/v1/completions",
+        {"prompt": [PROMPT, "Berlin is the capital of"], "n": 2, "max_tokens": 3, "temperature": 0},
+    )
     assert [c["index"] for c in two_prompts["choices"]] == [0, 1, 2, 3]
     assert text(two_prompts, 0) == text(two_prompts, 1) != text(two_prompts, 2) == text(two_prompts, 3)
 
@@ -188,11 +220,24 @@ def test_stop_token_ids_min_tokens_and_ignore_eos(url):
 
 
 # -- structured outputs and tools ------------------------------------------------------------------
-CITY = {"type": "object", "additionalProperties": False, "required": ["city", "country", "population"],
-        "properties": {"city": {"type": "string", "maxLength": 20}, "country": {"type": "string", "maxLength": 20},
-                       "population": {"type": "integer", "minimum": 0, "maximum": 100000000}}}
-QUESTIONS = ["Describe Paris as JSON.", "Tell me about Tokyo.", "Give me facts on Lagos.", "What about Lima?",
-             "A city in Canada, please.", "Your favourite city?"]
+CITY = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["city", "country", "population"],
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "country": {"type": "string", "maxLength": 20},
+        "population": {"type": "integer", "minimum": 0, "maximum": 100000000},
+    },
+}
+QUESTIONS = [
+    "Describe Paris as JSON.",
+    "Tell me about Tokyo.",
+    "Give me facts on Lagos.",
+    "What about Lima?",
+    "A city in Canada, please.",
+    "Your favourite city?",
+]
 
 
 def test_every_answer_under_a_json_schema_validates_and_json_object_is_an_object(url):
@@ -202,9 +247,17 @@ def test_every_answer_under_a_json_schema_validates_and_json_object_is_an_object
 
     async def ask_all() -> list[dict]:
         async with httpx.AsyncClient(timeout=300) as client:
-            bodies = [{"model": MODEL, "messages": [{"role": "user", "content": q}], "max_tokens": 96,
-                       "temperature": 0.7 if i % 2 else 0, "seed": i, "response_format": fmt}
-                      for i, q in enumerate(QUESTIONS)]
+            bodies = [
+                {
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": q}],
+                    "max_tokens": 96,
+                    "temperature": 0.7 if i % 2 else 0,
+                    "seed": i,
+                    "response_format": fmt,
+                }
+                for i, q in enumerate(QUESTIONS)
+            ]
             replies = await asyncio.gather(*(client.post(f"{url}/v1/chat/completions", json=b) for b in bodies))
             return [r.json() for r in replies]
 
@@ -215,8 +268,15 @@ def test_every_answer_under_a_json_schema_validates_and_json_object_is_an_object
     assert not text(chat(url, max_tokens=12)).lstrip().startswith("{")  # unconstrained, it is prose
     value = json.loads(text(chat(url, max_tokens=48, response_format={"type": "json_object"})))
     assert isinstance(value, dict)
-    bad = chat(url, 400, max_tokens=8, response_format={"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"type": "object", "properties": {"a": {"type": "strin"}}}}})
+    bad = chat(
+        url,
+        400,
+        max_tokens=8,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": "strin"}}}},
+        },
+    )
     assert bad["error"]["param"] == "response_format"
 
 
@@ -227,9 +287,16 @@ def test_tool_choice_required_named_auto_and_none(url):
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
     call = choice["message"]["tool_calls"][0]
     assert call["type"] == "function" and call["id"].startswith("call_")
-    assert call["function"]["name"] in ("get_weather", "get_time") and "city" in json.loads(call["function"]["arguments"])
-    named = chat(url, messages=ask, max_tokens=40, tools=[WEATHER, TIME],
-                 tool_choice={"type": "function", "function": {"name": "get_time"}})
+    assert call["function"]["name"] in ("get_weather", "get_time") and "city" in json.loads(
+        call["function"]["arguments"]
+    )
+    named = chat(
+        url,
+        messages=ask,
+        max_tokens=40,
+        tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+    )
     assert named["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_time"
     none = chat(url, messages=ask, max_tokens=16, tools=[WEATHER], tool_choice="none")
     assert none["choices"][0]["finish_reason"] != "tool_calls" and "tool_calls" not in none["choices"][0]["message"]
@@ -241,9 +308,19 @@ def test_tool_choice_required_named_auto_and_none(url):
 
 
 def test_streamed_tool_call_is_one_delta(url):
-    with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=300, json={
-            "messages": [{"role": "user", "content": "Weather in Oslo?"}], "temperature": 0, "max_tokens": 40,
-            "tools": [WEATHER], "tool_choice": "required", "stream": True}) as r:
+    with httpx.stream(
+        "POST",
+        f"{url}/v1/chat/completions",
+        timeout=300,
+        json={
+            "messages": [{"role": "user", "content": "Weather in Oslo?"}],
+            "temperature": 0,
+            "max_tokens": 40,
+            "tools": [WEATHER],
+            "tool_choice": "required",
+            "stream": True,
+        },
+    ) as r:
         chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     deltas = [c["choices"][0]["delta"] for c in chunks]
     assert not any(d.get("content") for d in deltas)  # the call's text is not streamed as content
@@ -255,10 +332,12 @@ def test_streamed_tool_call_is_one_delta(url):
 
 # -- one batch, many rules; and refusals ----------------------------------------------------------
 def test_requests_with_different_rules_share_a_batch_and_each_keeps_its_own(url):
-    bodies = [{"messages": FRANCE, "max_tokens": 8, "temperature": 0},
-              {"messages": FRANCE, "max_tokens": 8, "temperature": 0, "logit_bias": {str(PARIS): 100}},
-              {"messages": FRANCE, "max_tokens": 12, "temperature": 0, "ignore_eos": True},
-              {"messages": FRANCE, "max_tokens": 30, "temperature": 0, "response_format": {"type": "json_object"}}]
+    bodies = [
+        {"messages": FRANCE, "max_tokens": 8, "temperature": 0},
+        {"messages": FRANCE, "max_tokens": 8, "temperature": 0, "logit_bias": {str(PARIS): 100}},
+        {"messages": FRANCE, "max_tokens": 12, "temperature": 0, "ignore_eos": True},
+        {"messages": FRANCE, "max_tokens": 30, "temperature": 0, "response_format": {"type": "json_object"}},
+    ]
     alone = [post(url, "/v1/chat/completions", b) for b in bodies]
 
     async def together() -> list[dict]:
@@ -273,8 +352,12 @@ def test_requests_with_different_rules_share_a_batch_and_each_keeps_its_own(url)
 
 
 def test_fields_the_server_does_not_honour_are_refused_by_name(url):
-    for body, field in (({"functions": [{"name": "f"}]}, "functions"), ({"frobnicate": 1}, "frobnicate"),
-                        ({"best_of": 3}, "best_of"), ({"guided_json": {}}, "guided_json")):
+    for body, field in (
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"frobnicate": 1}, "frobnicate"),
+        ({"best_of": 3}, "best_of"),
+        ({"guided_json": {}}, "guided_json"),
+    ):
         error = chat(url, 400, max_tokens=2, **body)["error"]
         assert error["param"] == field and field in error["message"]
     assert complete(url, 400, max_tokens=2, suffix="x")["error"]["param"] == "suffix"

@@ -8,8 +8,7 @@ import json
 
 import pytest
 
-from accelab.serve import openai_format as fmt
-from accelab.serve import tools
+from accelab.serve import openai_format as fmt, tools
 from accelab.serve.engines.base import Completion, TokenLogprob
 from accelab.serve.schemas import ChatRequest, CompletionRequest, unsupported_fields
 
@@ -30,8 +29,11 @@ def test_request_checks_name_the_field():
     with pytest.raises(ValueError, match="top_logprobs=2 needs logprobs"):
         ChatRequest(messages=Q, top_logprobs=2)
     with pytest.raises(ValueError, match="not among the tools"):
-        ChatRequest(messages=Q, tools=[{"type": "function", "function": {"name": "a"}}],
-                    tool_choice={"type": "function", "function": {"name": "b"}})
+        ChatRequest(
+            messages=Q,
+            tools=[{"type": "function", "function": {"name": "a"}}],
+            tool_choice={"type": "function", "function": {"name": "b"}},
+        )
     with pytest.raises(ValueError, match="logit_bias keys are token ids"):
         ChatRequest(messages=Q, logit_bias={"abc": 1})
     with pytest.raises(ValueError, match="json_schema needs|needs json_schema"):
@@ -40,7 +42,9 @@ def test_request_checks_name_the_field():
 
 def test_tool_calls_are_read_back_and_text_without_one_stays_text():
     content, calls = tools.parse_calls('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>')
-    assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
+    assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris"})
+    ]
     content, calls = tools.parse_calls('Sure. <tool_call>{"name": "a", "arguments": {}}</tool_call>')
     assert content == "Sure." and calls[0].name == "a" and calls[0].id.startswith("call_")
     assert tools.parse_calls("Paris is sunny.") == ("Paris is sunny.", [])
@@ -58,10 +62,17 @@ def test_the_stream_filter_holds_back_a_possible_call():
 
 def test_a_template_without_a_tool_format_gets_the_tools_in_the_system_message():
     spec = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
-    history = [{"role": "user", "content": "weather?"},
-               {"role": "assistant", "content": "", "tool_calls": [
-                   {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
-               {"role": "tool", "content": "cold", "tool_call_id": "c1"}]
+    history = [
+        {"role": "user", "content": "weather?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+            ],
+        },
+        {"role": "tool", "content": "cold", "tool_call_id": "c1"},
+    ]
     out = tools.messages_without_tool_format(history, spec)
     assert out[0]["role"] == "system" and "get_weather" in out[0]["content"] and "<tool_call>" in out[0]["content"]
     assert out[2]["content"] == '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
@@ -70,13 +81,29 @@ def test_a_template_without_a_tool_format_gets_the_tools_in_the_system_message()
 
 def test_logprob_shapes_chat_and_legacy_completions():
     entries = (TokenLogprob(token="Hi", logprob=-0.5, top=(("Hi", -0.5), ("Ho", -1.5))),)
-    done = Completion(text="Hi", finish_reason="length", prompt_tokens=1, completion_tokens=1, first_token_at=None,
-                      logprobs=entries, prompt_logprobs=(TokenLogprob(token="A", logprob=None),), prompt_text="A")
+    done = Completion(
+        text="Hi",
+        finish_reason="length",
+        prompt_tokens=1,
+        completion_tokens=1,
+        first_token_at=None,
+        logprobs=entries,
+        prompt_logprobs=(TokenLogprob(token="A", logprob=None),),
+        prompt_text="A",
+    )
     env = fmt.Envelope(kind="completions", model="m")
     body = fmt.full_response(env, [fmt.Choice(completion=done, content="Hi", echo=True)])["choices"][0]
     assert body["text"] == "AHi"
-    assert body["logprobs"] == {"tokens": ["A", "Hi"], "token_logprobs": [None, -0.5],
-                                "top_logprobs": [None, {"Hi": -0.5, "Ho": -1.5}], "text_offset": [0, 1]}
+    assert body["logprobs"] == {
+        "tokens": ["A", "Hi"],
+        "token_logprobs": [None, -0.5],
+        "top_logprobs": [None, {"Hi": -0.5, "Ho": -1.5}],
+        "text_offset": [0, 1],
+    }
     chat = fmt.full_response(fmt.Envelope(kind="chat", model="m"), [fmt.Choice(completion=done, content="Hi")])
     entry = chat["choices"][0]["logprobs"]["content"][0]
-    assert entry["bytes"] == [72, 105] and entry["top_logprobs"][1] == {"token": "Ho", "logprob": -1.5, "bytes": [72, 111]}
+    assert entry["bytes"] == [72, 105] and entry["top_logprobs"][1] == {
+        "token": "Ho",
+        "logprob": -1.5,
+        "bytes": [72, 111],
+    }

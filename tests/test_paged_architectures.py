@@ -8,36 +8,59 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers as T
+from fake_clock import FakeClock
 
 from accelab.plan.runtime import Runnable, Unsupported
 from accelab.serve.engines.base import SamplingParams, StepInput
 from accelab.serve.engines.ragged import RaggedTorchEngine
 from accelab.serve.scheduler import Scheduler, SchedulerConfig
-from fake_clock import FakeClock
 
 VOCAB = 384
 # initializer_range 0.2: peaked logits, so greedy picks are not near-ties that rounding could flip
-COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2)
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    initializer_range=0.2,
+)
 ARCHITECTURES = {
     "llama": (T.LlamaConfig, T.LlamaForCausalLM, {}),
     "qwen2": (T.Qwen2Config, T.Qwen2ForCausalLM, {}),
     "qwen3": (T.Qwen3Config, T.Qwen3ForCausalLM, {"head_dim": 16}),
     "mistral (sliding window 8)": (T.MistralConfig, T.MistralForCausalLM, {"sliding_window": 8}),
     "gemma2 (soft-capping, sliding)": (T.Gemma2Config, T.Gemma2ForCausalLM, {"head_dim": 16, "sliding_window": 8}),
-    "gemma3 (sliding and full layers)": (T.Gemma3TextConfig, T.Gemma3ForCausalLM,
-                                         {"head_dim": 16, "sliding_window": 8, "sliding_window_pattern": 2}),
+    "gemma3 (sliding and full layers)": (
+        T.Gemma3TextConfig,
+        T.Gemma3ForCausalLM,
+        {"head_dim": 16, "sliding_window": 8, "sliding_window_pattern": 2},
+    ),
     "phi3": (T.Phi3Config, T.Phi3ForCausalLM, {"pad_token_id": 0}),
     "olmo2": (T.Olmo2Config, T.Olmo2ForCausalLM, {}),
-    "granite": (T.GraniteConfig, T.GraniteForCausalLM, {"logits_scaling": 2.0, "attention_multiplier": 0.3,
-                                                       "residual_multiplier": 0.5, "embedding_multiplier": 3.0}),
-    "qwen2-moe": (T.Qwen2MoeConfig, T.Qwen2MoeForCausalLM, {"num_experts": 4, "num_experts_per_tok": 2,
-                                                           "moe_intermediate_size": 32,
-                                                           "shared_expert_intermediate_size": 64}),
+    "granite": (
+        T.GraniteConfig,
+        T.GraniteForCausalLM,
+        {"logits_scaling": 2.0, "attention_multiplier": 0.3, "residual_multiplier": 0.5, "embedding_multiplier": 3.0},
+    ),
+    "qwen2-moe": (
+        T.Qwen2MoeConfig,
+        T.Qwen2MoeForCausalLM,
+        {
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 64,
+        },
+    ),
     "mixtral (moe)": (T.MixtralConfig, T.MixtralForCausalLM, {"num_local_experts": 4, "num_experts_per_tok": 2}),
-    "gpt-oss (moe, attention sinks)": (T.GptOssConfig, T.GptOssForCausalLM, {"head_dim": 16, "num_local_experts": 4,
-                                                                              "num_experts_per_tok": 2,
-                                                                              "sliding_window": 8}),
+    "gpt-oss (moe, attention sinks)": (
+        T.GptOssConfig,
+        T.GptOssForCausalLM,
+        {"head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8},
+    ),
 }
 
 
@@ -54,15 +77,23 @@ def requests() -> list[tuple[list[int], int]]:
     """Prompts that share a 9-token head (two whole blocks of 4: prefix-cache hits), of other lengths."""
     g = torch.Generator().manual_seed(1)
     head = torch.randint(3, VOCAB, (9,), generator=g).tolist()
-    return [(head + torch.randint(3, VOCAB, (n,), generator=g).tolist(), new)
-            for n, new in ((2, 10), (7, 6), (0, 12), (12, 8), (5, 9))]
+    return [
+        (head + torch.randint(3, VOCAB, (n,), generator=g).tolist(), new)
+        for n, new in ((2, 10), (7, 6), (0, 12), (12, 8), (5, 9))
+    ]
 
 
 def alone(model, prompt: list[int], new: int) -> list[int]:
     with torch.inference_mode():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                             pad_token_id=0, eos_token_id=None)
-    return out[0, len(prompt):].tolist()
+        out = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 def serve(engine: RaggedTorchEngine, limits: SchedulerConfig, reqs, *, fork_first: bool = False):
@@ -75,8 +106,17 @@ def serve(engine: RaggedTorchEngine, limits: SchedulerConfig, reqs, *, fork_firs
         step = sched.schedule()
         engine.copy_blocks(step.copies)
         copies += len(step.copies)
-        inputs = [StepInput(seq_id=c.seq.id, start=c.start, tokens=c.tokens, sample=c.sample, params=greedy,
-                            blocks=tuple(c.seq.block_table)) for c in step.chunks]
+        inputs = [
+            StepInput(
+                seq_id=c.seq.id,
+                start=c.start,
+                tokens=c.tokens,
+                sample=c.sample,
+                params=greedy,
+                blocks=tuple(c.seq.block_table),
+            )
+            for c in step.chunks
+        ]
         picked = iter(engine.step(inputs))
         for chunk in step.chunks:
             sched.advance(chunk, next(picked).token if chunk.sample else None)
@@ -103,16 +143,27 @@ def test_packed_greedy_tokens_equal_generate_alone(name):
     finally:
         engine.close()
     assert got[:5] == want
-    assert got[5] == want[0][:len(got[5])] and len(got[5]) == reqs[0][1]  # the fork: the same greedy answer
+    assert got[5] == want[0][: len(got[5])] and len(got[5]) == reqs[0][1]  # the fork: the same greedy answer
     assert sched.pool.hits >= 4 and sched.preemptions >= 1 and copies >= 1
     assert sched.used_blocks == 0
 
 
 def test_latent_attention_is_refused_with_the_reason():
-    model = tiny(T.DeepseekV3Config, T.DeepseekV3ForCausalLM,
-                 {"kv_lora_rank": 16, "q_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
-                  "v_head_dim": 16, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-                  "first_k_dense_replace": 1})
+    model = tiny(
+        T.DeepseekV3Config,
+        T.DeepseekV3ForCausalLM,
+        {
+            "kv_lora_rank": 16,
+            "q_lora_rank": 16,
+            "qk_rope_head_dim": 8,
+            "qk_nope_head_dim": 8,
+            "v_head_dim": 16,
+            "n_routed_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "first_k_dense_replace": 1,
+        },
+    )
     engine = RaggedTorchEngine(runnable(model), SchedulerConfig(max_running=2, kv_blocks=16, block_size=4))
     try:
         problem = engine.self_check(list(range(5, 25)))
@@ -124,8 +175,10 @@ def test_latent_attention_is_refused_with_the_reason():
 
 def test_attention_outside_the_attention_interface_is_refused_with_the_reason():
     torch.manual_seed(0)
-    model = T.FalconForCausalLM(T.FalconConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
-                                               num_attention_heads=4)).eval()
-    with pytest.raises(Unsupported, match="FalconForCausalLM's attention does not go through transformers' "
-                                          "AttentionInterface"):
+    model = T.FalconForCausalLM(
+        T.FalconConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
+    ).eval()
+    with pytest.raises(
+        Unsupported, match="FalconForCausalLM's attention does not go through transformers' AttentionInterface"
+    ):
         RaggedTorchEngine(runnable(model), SchedulerConfig(max_running=2, kv_blocks=16, block_size=4))

@@ -56,8 +56,7 @@ def test_a_busy_round_is_left_out_and_too_few_quiet_rounds_are_unreliable():
     assert kept.value == pytest.approx((2.0 * 2.1 * 1.9) ** (1 / 3))
     few = paired_ratio(candidate, reference, [True, False, False, True], why_dropped="31% CPU steal")
     assert few.verdict == "unreliable" and few.value is None and few.low is None
-    assert few.reason == ("unreliable: 2 of 4 rounds were quiet enough to compare (at least 3 needed); "
-                          "31% CPU steal")
+    assert few.reason == ("unreliable: 2 of 4 rounds were quiet enough to compare (at least 3 needed); 31% CPU steal")
     assert relative_half_width(few) is None
 
 
@@ -107,8 +106,10 @@ def test_a_plan_whose_own_quiet_rounds_straddle_the_reference_is_not_called_fast
     assert paired.verdict == "faster"
     checked = check_overlap(paired, [30.3, 14.9, 28.4, 28.5, 30.2], [21.8, 19.9, 21.7, 22.0, 20.7])
     assert checked.verdict == "no measurable difference" and checked.value == paired.value
-    assert checked.reason.startswith("no measurable difference: its own quiet rounds ran from 0.69x to 1.40x the "
-                                     "reference's median, on both sides of it")
+    assert checked.reason.startswith(
+        "no measurable difference: its own quiet rounds ran from 0.69x to 1.40x the "
+        "reference's median, on both sides of it"
+    )
     assert checked.reason.endswith(paired.reason)
     # every round on one side: the verdict stands, whatever the spread
     assert check_overlap(paired, [30.3, 24.0, 28.4], [21.8, 19.9, 21.7]) is paired

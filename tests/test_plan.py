@@ -20,12 +20,15 @@ def test_defaults_are_the_fp32_eager_baseline():
     assert PRESETS["compile-static"].differs_from_baseline() == ["compile", "kv_cache"]
 
 
-@pytest.mark.parametrize("field, value, expected", [
-    ("precision", "bf16-autocst", "did you mean 'bf16-autocast'?"),
-    ("kv_cache", "paged", "choose one of: dynamic, static"),
-    ("tf32", "yes", "must be true or false"),
-    ("batch_size", 0, "must be 1 or more"),
-])
+@pytest.mark.parametrize(
+    "field, value, expected",
+    [
+        ("precision", "bf16-autocst", "did you mean 'bf16-autocast'?"),
+        ("kv_cache", "paged", "choose one of: dynamic, static"),
+        ("tf32", "yes", "must be true or false"),
+        ("batch_size", 0, "must be 1 or more"),
+    ],
+)
 def test_a_bad_value_names_the_allowed_ones(field, value, expected):
     with pytest.raises(ValueError, match=field) as err:
         Plan(**{field: value})

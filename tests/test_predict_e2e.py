@@ -39,8 +39,9 @@ def cli(*args: str, ok: bool = True):
     app.command("noop", hidden=True)(lambda: None)  # two commands: `predict` stays a subcommand
     result = CliRunner().invoke(app, ["predict", *args])
     if ok and result.exit_code != 0:
-        raise AssertionError(f"predict {' '.join(args)} failed ({result.exit_code}):\n{result.output}\n"
-                             f"{result.exception!r}")
+        raise AssertionError(
+            f"predict {' '.join(args)} failed ({result.exit_code}):\n{result.output}\n{result.exception!r}"
+        )
     return result
 
 
@@ -68,8 +69,9 @@ def data(tmp_path_factory):
     png = (images / "set0" / "photo0000.png").read_bytes()
     (broken / "truncated.png").write_bytes(png[: len(png) // 2])
     texts = root / "sentences.jsonl"
-    texts.write_text("".join(json.dumps({"id": f"s{i}", "text": t}) + "\n"
-                             for i, t in enumerate(inputs.sentences(N_SENTENCES))))
+    texts.write_text(
+        "".join(json.dumps({"id": f"s{i}", "text": t}) + "\n" for i, t in enumerate(inputs.sentences(N_SENTENCES)))
+    )
     return {"root": root, "images": images, "texts": texts}
 
 
@@ -150,8 +152,24 @@ def test_killed_run_resumes_with_another_process_count_without_redoing(data, emb
     _, reference = embedded
     out = data["root"] / "killed.jsonl"
     parts = parts_path(out)
-    cmd = [sys.executable, "-m", "accelab.predict", "minilm-l6", "--inputs", str(data["texts"]), "--out", str(out),
-           "--nproc", "2", "--max-length", "64", "--chunk-size", "32", "--no-progress", "--no-store"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelab.predict",
+        "minilm-l6",
+        "--inputs",
+        str(data["texts"]),
+        "--out",
+        str(out),
+        "--nproc",
+        "2",
+        "--max-length",
+        "64",
+        "--chunk-size",
+        "32",
+        "--no-progress",
+        "--no-store",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 240
@@ -182,8 +200,24 @@ def test_killed_run_resumes_with_another_process_count_without_redoing(data, emb
 
 def test_result_is_stored_and_rerun_needs_overwrite(data, tmp_path):
     out, db = tmp_path / "few.jsonl", tmp_path / "results.db"
-    args = ["minilm-l6", "--inputs", str(data["texts"]), "--out", str(out), "--limit", "40", "--max-length", "32",
-            "--threads", "1", "--no-progress", "--db", str(db), "--tag", "t"]
+    args = [
+        "minilm-l6",
+        "--inputs",
+        str(data["texts"]),
+        "--out",
+        str(out),
+        "--limit",
+        "40",
+        "--max-length",
+        "32",
+        "--threads",
+        "1",
+        "--no-progress",
+        "--db",
+        str(db),
+        "--tag",
+        "t",
+    ]
     cli(*args)
     (stored,) = Store(db).query(kind="predict")
     assert stored.status == "ok" and stored.tag == "t" and stored.metrics["rows"] == 40
@@ -234,14 +268,20 @@ def test_text_generation_applies_the_chat_template_and_decodes_new_tokens_only()
 
 
 # user errors -------------------------------------------------------------------------------------
-@pytest.mark.parametrize("model,make,message", [
-    ("vit-tiny", lambda p: p.mkdir() or p, "no images found"),
-    ("minilm-l6", lambda p: (p.with_suffix(".xlsx").write_bytes(b"PK"), p.with_suffix(".xlsx"))[1],
-     "unknown format .xlsx"),
-    ("minilm-l6", lambda p: (p.with_suffix(".jsonl").write_text(""), p.with_suffix(".jsonl"))[1], "no rows"),
-    ("minilm-l6", "images", r"holds images, but minilm-l6 \(feature-extraction\) takes texts"),
-    ("vit-tiny", "texts", r"holds texts, but vit-tiny \(image-classification\) takes images"),
-])
+@pytest.mark.parametrize(
+    "model,make,message",
+    [
+        ("vit-tiny", lambda p: p.mkdir() or p, "no images found"),
+        (
+            "minilm-l6",
+            lambda p: (p.with_suffix(".xlsx").write_bytes(b"PK"), p.with_suffix(".xlsx"))[1],
+            "unknown format .xlsx",
+        ),
+        ("minilm-l6", lambda p: (p.with_suffix(".jsonl").write_text(""), p.with_suffix(".jsonl"))[1], "no rows"),
+        ("minilm-l6", "images", r"holds images, but minilm-l6 \(feature-extraction\) takes texts"),
+        ("vit-tiny", "texts", r"holds texts, but vit-tiny \(image-classification\) takes images"),
+    ],
+)
 def test_clear_errors_for_bad_sources_and_wrong_tasks(data, tmp_path, model, make, message):
     source = data[make] if isinstance(make, str) else make(tmp_path / "src")
     result = cli(model, "--inputs", str(source), "--out", str(tmp_path / "o.jsonl"), ok=False)
@@ -268,6 +308,7 @@ def test_gpu_run_matches_the_cpu_run(data, classified):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="TF32 runs on a GPU")
 def test_a_plan_that_cannot_run_here_is_reported_as_unsupported(data, tmp_path):
-    result = cli("minilm-l6", "--inputs", str(data["texts"]), "--out", str(tmp_path / "o.jsonl"), "--plan", "tf32",
-                 ok=False)
+    result = cli(
+        "minilm-l6", "--inputs", str(data["texts"]), "--out", str(tmp_path / "o.jsonl"), "--plan", "tf32", ok=False
+    )
     assert result.exit_code == 3 and "TF32" in result.output and not (tmp_path / "o.jsonl").exists()

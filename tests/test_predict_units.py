@@ -31,9 +31,15 @@ from accelab.predict.sources import BadItem, open_source
 
 
 def make_config(tmp_path: Path, **changes) -> PredictConfig:
-    base = {"spec": {"name": "m", "source": "/m"}, "plan": {"name": "baseline", "precision": "fp32"},
-            "source": "/data", "out": str(tmp_path / "out.jsonl"), "task": "feature-extraction", "source_items": 10,
-            "source_digest": "abc"}
+    base = {
+        "spec": {"name": "m", "source": "/m"},
+        "plan": {"name": "baseline", "precision": "fp32"},
+        "source": "/data",
+        "out": str(tmp_path / "out.jsonl"),
+        "task": "feature-extraction",
+        "source_items": 10,
+        "source_digest": "abc",
+    }
     return PredictConfig(**{**base, **changes})
 
 
@@ -159,8 +165,7 @@ def test_image_folder_is_recursive_sorted_and_bad_files_fail_only_when_loaded(tm
 
 def test_jsonl_text_field_detection_ids_and_bad_lines(tmp_path):
     path = tmp_path / "t.jsonl"
-    path.write_text('{"id": "a", "body": "hello", "n": 1}\nnot json\n{"id": "c", "body": null}\n\n'
-                    '{"body": "fourth"}\n')
+    path.write_text('{"id": "a", "body": "hello", "n": 1}\nnot json\n{"id": "c", "body": null}\n\n{"body": "fourth"}\n')
     source = open_source(path, want="text")
     assert source.column == "body" and source.ids == ["a", 1, "c", 3]
     assert source.load(0) == "hello" and source.load(3) == "fourth"
@@ -195,14 +200,17 @@ def test_csv_txt_and_saved_dataset_sources(tmp_path):
     assert open_source(tmp_path / "imgs", want="image").load(1).size == (4, 4)
 
 
-@pytest.mark.parametrize("make,want,message", [
-    (lambda p: p.mkdir(), "image", "no images found"),
-    (lambda p: (p.mkdir(), (p / "readme.md").write_text("x")), "image", "not images"),
-    (lambda p: p.with_suffix(".xlsx").write_bytes(b"PK"), "text", "unknown format .xlsx"),
-    (lambda p: p.with_suffix(".jsonl").write_text(""), "text", "no rows"),
-    (lambda p: (p.mkdir(), Image.new("RGB", (4, 4)).save(p / "x.png")), "text", "holds images, but m takes texts"),
-    (lambda p: p.with_suffix(".txt").write_text("hello\n"), "image", "holds texts, but m takes images"),
-])
+@pytest.mark.parametrize(
+    "make,want,message",
+    [
+        (lambda p: p.mkdir(), "image", "no images found"),
+        (lambda p: (p.mkdir(), (p / "readme.md").write_text("x")), "image", "not images"),
+        (lambda p: p.with_suffix(".xlsx").write_bytes(b"PK"), "text", "unknown format .xlsx"),
+        (lambda p: p.with_suffix(".jsonl").write_text(""), "text", "no rows"),
+        (lambda p: (p.mkdir(), Image.new("RGB", (4, 4)).save(p / "x.png")), "text", "holds images, but m takes texts"),
+        (lambda p: p.with_suffix(".txt").write_text("hello\n"), "image", "holds texts, but m takes images"),
+    ],
+)
 def test_bad_sources_say_what_and_how_to_fix(tmp_path, make, want, message):
     base = tmp_path / "src"
     make(base)

@@ -33,7 +33,9 @@ def test_embeddings_cosine():
     ref = {"embeddings": np.array([[1.0, 0], [1, 1]])}
     cand = {"embeddings": np.array([[1.0, 0], [1, 0]])}
     m = metrics.embeddings(ref, cand)
-    assert m["cosine_min"] == pytest.approx(1 / math.sqrt(2)) and m["cosine_mean"] == pytest.approx((1 + 1 / math.sqrt(2)) / 2)
+    assert m["cosine_min"] == pytest.approx(1 / math.sqrt(2)) and m["cosine_mean"] == pytest.approx(
+        (1 + 1 / math.sqrt(2)) / 2
+    )
     assert m["max_abs_diff"] == pytest.approx(1.0)
 
 
@@ -71,8 +73,14 @@ def test_generation_verdict_takes_token_agreement_and_the_worst_rule():
     assert judge("text-generation", {**good, "perplexity_change": 0.05})[0] == "warn"
     assert judge("text-generation", {**good, "token_agreement": None})[0] == "pass"  # unmeasured: not judged
     assert judge("text-generation", good, "strict")[0] == "warn"  # each rule within strict's warn band
-    assert judge("text-generation", {**good, "prefix_agreement": 0.95, "token_agreement": 0.97,
-                                     "perplexity_change": 0.001}, "strict")[0] == "pass"
+    assert (
+        judge(
+            "text-generation",
+            {**good, "prefix_agreement": 0.95, "token_agreement": 0.97, "perplexity_change": 0.001},
+            "strict",
+        )[0]
+        == "pass"
+    )
 
 
 def test_tolerance_overrides_and_their_errors():
@@ -81,7 +89,9 @@ def test_tolerance_overrides_and_their_errors():
     assert rules_for("feature-extraction", "cosine_min=0.9")[0].passing == 0.9  # level defaults to balanced
     with pytest.raises(ValueError, match="'medium' is not one of strict, balanced, loose"):
         rules_for("feature-extraction", "medium")
-    with pytest.raises(ValueError, match="top1_agreement=... is not a rule for feature-extraction; rules are: cosine_min"):
+    with pytest.raises(
+        ValueError, match="top1_agreement=... is not a rule for feature-extraction; rules are: cosine_min"
+    ):
         rules_for("feature-extraction", "top1_agreement=0.9")
     with pytest.raises(ValueError, match="needs a number"):
         rules_for("feature-extraction", "cosine_min=high")

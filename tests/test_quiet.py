@@ -21,8 +21,12 @@ def test_env_defaults_keep_every_variable_the_user_set_even_empty():
 
 def test_importing_the_cli_writes_no_environment_variable():
     env = {k: v for k, v in os.environ.items() if k not in QUIET_ENV}
-    code = ("import os, json; before = dict(os.environ); import accelab.cli; "
-            "print(json.dumps({k: v for k, v in os.environ.items() if before.get(k) != v}))")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, check=False)
+    code = (
+        "import os, json; before = dict(os.environ); import accelab.cli; "
+        "print(json.dumps({k: v for k, v in os.environ.items() if before.get(k) != v}))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {}

@@ -54,9 +54,28 @@ def server():
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     # its own session: the Ray processes it starts must not get this terminal's signals
-    proc = subprocess.Popen([sys.executable, "-m", "accelab.serve", "minilm-l6", "--replicas", "2", "--port", str(port),
-                             "--set", "threads=1", "--max-batch-size", "8", "--request-timeout", "30"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "accelab.serve",
+            "minilm-l6",
+            "--replicas",
+            "2",
+            "--port",
+            str(port),
+            "--set",
+            "threads=1",
+            "--max-batch-size",
+            "8",
+            "--request-timeout",
+            "30",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 240
@@ -83,8 +102,9 @@ def server():
 
 def test_two_replicas_serve_and_a_killed_one_loses_no_request(server):
     url, proc = server
-    reference = np.array(httpx.post(f"{url}/v1/embeddings", json={"input": "reference text"}).json()
-                         ["data"][0]["embedding"])
+    reference = np.array(
+        httpx.post(f"{url}/v1/embeddings", json={"input": "reference text"}).json()["data"][0]["embedding"]
+    )
     answers: dict[int, list[httpx.Response]] = {}
     killed: list[int] = []
 
@@ -125,8 +145,11 @@ def test_two_replicas_serve_and_a_killed_one_loses_no_request(server):
     # the front counts what it did: every 503 is a request lost after its retry died too
     from prometheus_client.parser import text_string_to_metric_families
 
-    front = {(s.name, tuple(s.labels.items())): s.value
-             for f in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text) for s in f.samples}
+    front = {
+        (s.name, tuple(s.labels.items())): s.value
+        for f in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text)
+        for s in f.samples
+    }
     lost = front[("accelab_replica_lost_requests_total", (("when", "before_answer"),))]
     assert lost == codes.count(503) and front[("accelab_replica_retries_total", ())] >= lost
     assert front[("accelab_replicas_configured", ())] == 2

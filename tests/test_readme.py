@@ -71,8 +71,14 @@ def test_every_readme_command_parses():
 def test_quick_readme_commands_run(tmp_path):
     env_json = tmp_path / "env.json"
     for args in (["env", "--json", str(env_json)], ["models", "list"]):
-        proc = subprocess.run([sys.executable, "-m", "accelab", *args], capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "COLUMNS": "200"}, check=False)
+        proc = subprocess.run(
+            [sys.executable, "-m", "accelab", *args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "COLUMNS": "200"},
+            check=False,
+        )
         assert proc.returncode == 0, proc.stderr
     assert "minilm-l6" in proc.stdout and "smollm2-135m" in proc.stdout
     report = json.loads(env_json.read_text())

@@ -84,9 +84,16 @@ def test_memory_has_its_own_threshold():
     assert verdicts(compare([bench(memory=500)], [bench(memory=540)], strict))["peak memory"] == "REGRESSION"
 
 
-@pytest.mark.parametrize("base,cand,expected", [("pass", "fail", "REGRESSION"), ("pass", "warn", "REGRESSION"),
-                                                ("warn", "fail", "REGRESSION"), ("warn", "pass", "improved"),
-                                                ("pass", "pass", "ok")])
+@pytest.mark.parametrize(
+    "base,cand,expected",
+    [
+        ("pass", "fail", "REGRESSION"),
+        ("pass", "warn", "REGRESSION"),
+        ("warn", "fail", "REGRESSION"),
+        ("warn", "pass", "improved"),
+        ("pass", "pass", "ok"),
+    ],
+)
 def test_quality_verdict_getting_worse_is_a_regression(base, cand, expected):
     comparison = compare([bench(quality=base)], [bench(quality=cand)])
     assert verdicts(comparison)["quality"] == expected
@@ -119,9 +126,14 @@ def test_generate_runs_check_e2e_ttft_and_tpot():
     def gen(p50, **kw):
         r = bench(p50=p50, **kw)
         r.workload["scenario"] = "generate"
-        r.metrics = {"e2e_ms": r.metrics["latency_ms"], "ttft_ms": {**r.metrics["latency_ms"], "p50": p50 / 10},
-                     "tpot_ms": {**r.metrics["latency_ms"], "p50": p50 / 40}, "throughput": 1000 / p50,
-                     "throughput_unit": "tokens/s", "peak_memory_mb": 700.0}
+        r.metrics = {
+            "e2e_ms": r.metrics["latency_ms"],
+            "ttft_ms": {**r.metrics["latency_ms"], "p50": p50 / 10},
+            "tpot_ms": {**r.metrics["latency_ms"], "p50": p50 / 40},
+            "throughput": 1000 / p50,
+            "throughput_unit": "tokens/s",
+            "peak_memory_mb": 700.0,
+        }
         return r
 
     comparison = compare([gen(400)], [gen(600)])
@@ -212,8 +224,10 @@ def test_train_runs_check_step_time_samples_per_s_epoch_time_and_memory():
 def with_rounds(result, rates, used=None, level="quiet", reason=""):
     """SYNTHETIC: the rounds and noise record a bench child and its driver write."""
     used = used or [True] * len(rates)
-    result.metrics["rounds"] = [{"rate": r, "seconds": 1.0, "calls": 10, "cv": 0.02, "used": u,
-                                 "level": "quiet" if u else "unreliable"} for r, u in zip(rates, used)]
+    result.metrics["rounds"] = [
+        {"rate": r, "seconds": 1.0, "calls": 10, "cv": 0.02, "used": u, "level": "quiet" if u else "unreliable"}
+        for r, u in zip(rates, used)
+    ]
     result.metrics["noise"] = {"level": level, "reason": reason, "rounds": len(rates), "rounds_used": sum(used)}
     return result
 
@@ -224,21 +238,22 @@ def check(comparison, metric):
 
 def test_a_run_measured_under_noise_is_unreliable_never_a_regression():
     base = with_rounds(bench(p50=100), [80.0, 80.5, 79.5])
-    cand = with_rounds(bench(p50=200), [40.0, 80.0, 41.0], used=[False, False, False], level="unreliable",
-                       reason="31% CPU steal")
+    cand = with_rounds(
+        bench(p50=200), [40.0, 80.0, 41.0], used=[False, False, False], level="unreliable", reason="31% CPU steal"
+    )
     comparison = compare([base], [cand])
     assert not comparison.regressed
     assert {verdicts(comparison)[m] for m in ("p50", "p99", "throughput")} == {"unreliable"}
     assert verdicts(comparison)["peak memory"] == "ok"  # memory does not depend on the neighbours
-    assert check(comparison, "p50").why == ("the candidate ran under noise (31% CPU steal; 0 of 3 rounds quiet "
-                                            "enough): rerun it on a quieter machine")
+    assert check(comparison, "p50").why == (
+        "the candidate ran under noise (31% CPU steal; 0 of 3 rounds quiet enough): rerun it on a quieter machine"
+    )
 
 
 def test_throughput_by_the_quiet_rounds_of_both_runs():
     base = with_rounds(bench(p50=100), [80.0, 80.5, 79.5, 80.2])
     # the pooled figure says 18% slower (a busy round); the quiet rounds say the same speed
-    same = with_rounds(bench(p50=100, batch=8), [40.0, 80.1, 79.9, 80.4], used=[False, True, True, True],
-                       level="quiet")
+    same = with_rounds(bench(p50=100, batch=8), [40.0, 80.1, 79.9, 80.4], used=[False, True, True, True], level="quiet")
     same.metrics["throughput"] = 80.0 * 0.82
     t = check(compare([base], [same]), "throughput")
     assert t.verdict == "ok" and t.why.startswith("rounds: no measurable difference")

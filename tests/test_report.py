@@ -26,8 +26,18 @@ from accelab.report.render import to_html, write_report
 from accelab.results.store import Store
 
 DATA_URI = re.compile(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
-ALL_SECTIONS = ["summary", "speedup", "latency", "throughput-batch", "memory-batch", "pareto", "loadtest", "training",
-                "environment", "runs"]
+ALL_SECTIONS = [
+    "summary",
+    "speedup",
+    "latency",
+    "throughput-batch",
+    "memory-batch",
+    "pareto",
+    "loadtest",
+    "training",
+    "environment",
+    "runs",
+]
 
 
 def run(*args: str):
@@ -42,7 +52,10 @@ def every_kind() -> list:
         bench(batch=8, p50=10.0, with_samples=True, created="2026-11-01T10:00:02+00:00"),
         bench(batch=1, plan="compile", p50=2.5, quality="warn", memory=450, created="2026-11-01T10:00:03+00:00"),
         bench(batch=8, plan="compile", p50=7.0, quality="pass", created="2026-11-01T10:00:04+00:00"),
-        train(), train("bf16", speed=1.6, decay=0.96), loadtest(), *tune_group(),
+        train(),
+        train("bf16", speed=1.6, decay=0.96),
+        loadtest(),
+        *tune_group(),
     ]
 
 
@@ -87,8 +100,9 @@ def test_plan_labels_tell_apart_plans_that_share_a_name():
 
 def test_batch_panels_need_two_batch_sizes():
     assert S.batch_panels([bench(batch=8), bench(batch=8, plan="compile")], "throughput") == []
-    panels = S.batch_panels([bench(batch=1, p50=3), bench(batch=8, p50=10), bench(batch=8, plan="compile", p50=7)],
-                            "throughput")
+    panels = S.batch_panels(
+        [bench(batch=1, p50=3), bench(batch=8, p50=10), bench(batch=8, plan="compile", p50=7)], "throughput"
+    )
     lines = {line.label: line.points for line in panels[0].lines}
     assert lines["baseline"] == [(1, pytest.approx(333.33, rel=1e-3)), (8, pytest.approx(800.0))]
     assert lines["compile"] == [(8, pytest.approx(8 / 0.007))]
@@ -105,8 +119,10 @@ def test_pareto_sets_from_a_tune_group():
 
 
 def test_a_compare_group_of_three_plans_gets_a_pareto_chart_too():
-    group = [bench(kind="compare", plan=name, p50=p50, memory=mem, group_id="cmp1")
-             for name, p50, mem in (("baseline", 10.0, 500), ("compile", 7.0, 520), ("int8-dynamic", 6.0, 300))]
+    group = [
+        bench(kind="compare", plan=name, p50=p50, memory=mem, group_id="cmp1")
+        for name, p50, mem in (("baseline", 10.0, 500), ("compile", 7.0, 520), ("int8-dynamic", 6.0, 300))
+    ]
     (ps,) = S.pareto_sets(group)
     assert [p.label for p in ps.points] == ["baseline", "compile", "int8-dynamic"]
     assert [ps.points[i].label for i in ps.front_latency] == ["int8-dynamic"]
@@ -237,8 +253,7 @@ def test_draw_rejects_an_unknown_chart():
 @pytest.fixture
 def store(tmp_path):
     s = Store(tmp_path / "r.db")
-    s.add(bench(p50=10.0, tag="main"), bench(p50=10.2, tag="pr-same"), bench(p50=19.0, tag="pr-slow"),
-          *every_kind())
+    s.add(bench(p50=10.0, tag="main"), bench(p50=10.2, tag="pr-same"), bench(p50=19.0, tag="pr-slow"), *every_kind())
     return s
 
 
@@ -267,7 +282,9 @@ def test_regress_command_passes_repeats_and_fails_a_slowdown(store, tmp_path):
     assert slow.exit_code == 1, slow.output
     assert "REGRESSION" in slow.output and "+90.0%" in slow.output
     assert json.loads(out.read_text())["regressed"] is True
-    loose = run("regress", "--baseline", "main", "--candidate", "pr-slow", "--threshold", "95%", "--db", str(store.path))
+    loose = run(
+        "regress", "--baseline", "main", "--candidate", "pr-slow", "--threshold", "95%", "--db", str(store.path)
+    )
     assert loose.exit_code == 0, loose.output
 
 
@@ -276,8 +293,16 @@ def test_regress_command_refuses_different_machines(store):
     refused = run("regress", "--baseline", "main", "--candidate", "other-box", "--db", str(store.path))
     assert refused.exit_code != 0
     assert "results from different machines are not compared as equals" in str(refused.exception)
-    allowed = run("regress", "--baseline", "main", "--candidate", "other-box", "--allow-different-machines",
-                  "--db", str(store.path))
+    allowed = run(
+        "regress",
+        "--baseline",
+        "main",
+        "--candidate",
+        "other-box",
+        "--allow-different-machines",
+        "--db",
+        str(store.path),
+    )
     assert allowed.exit_code == 0 and "different machines" in allowed.output
 
 
@@ -291,8 +316,20 @@ def test_regress_command_with_json_refs(store, tmp_path):
 
 def test_report_command_selects_runs_and_writes_html(store, tmp_path):
     out = tmp_path / "r.html"
-    result = run("report", "--last", "3", "--group", "tune01", "--compare", "main", "pr-slow", "--out", str(out),
-                 "--db", str(store.path))
+    result = run(
+        "report",
+        "--last",
+        "3",
+        "--group",
+        "tune01",
+        "--compare",
+        "main",
+        "pr-slow",
+        "--out",
+        str(out),
+        "--db",
+        str(store.path),
+    )
     assert result.exit_code == 0, result.output
     page = out.read_text()
     assert_self_contained(page)

@@ -46,8 +46,9 @@ def measure(threads: int, batch_size: int, tag: str):
     from accelab.plan.plan import Plan
     from accelab.scenarios.workload import Workload
 
-    workload = Workload(scenario="forward", batch_size=batch_size, seq_len=128, min_iters=10,
-                        min_seconds=2 if batch_size > 1 else 1)
+    workload = Workload(
+        scenario="forward", batch_size=batch_size, seq_len=128, min_iters=10, min_seconds=2 if batch_size > 1 else 1
+    )
     result = bench(resolve("minilm-l6"), Plan(name="baseline", threads=threads), workload, tag=tag, timeout_s=600)
     assert result.ok, f"{result.status}: {result.reason}\n{result.metrics.get('traceback', '')}"
     return result
@@ -63,15 +64,43 @@ def derived(real, tag: str, *, slowdown: float = 1.0, threads: int | None = None
     latency = r.metrics["latency_ms"]
     if spread is not None:
         p50 = latency["p50"]
-        latency.update(cv=spread, stdev=spread * p50, mean=p50, min=p50 * (1 - spread), p90=p50 * (1 + spread),
-                       p99=p50 * (1 + 2 * spread), max=p50 * (1 + 3 * spread))
+        latency.update(
+            cv=spread,
+            stdev=spread * p50,
+            mean=p50,
+            min=p50 * (1 - spread),
+            p90=p50 * (1 + spread),
+            p99=p50 * (1 + 2 * spread),
+            max=p50 * (1 + 3 * spread),
+        )
         rate = r.metrics["throughput"]
-        r.metrics[K.ROUNDS] = [{"rate": rate * (1 + k * spread), "seconds": 1.0, "calls": 10, "cv": spread,
-                                "used": True, "steal": 0.0, "others_cores": 0.0, "throttled": 0.0, "level": "quiet"}
-                               for k in (-1, 0, 1, 0)]
-        r.metrics[K.NOISE] = {"level": "quiet", "reason": "DERIVED: set by the test", "steal": 0.0, "steal_max": 0.0,
-                              "others_cores": 0.0, "others_cores_max": 0.0, "throttled": 0.0, "load1": 0.0,
-                              "cv": spread, "rounds": 4, "rounds_used": 4}
+        r.metrics[K.ROUNDS] = [
+            {
+                "rate": rate * (1 + k * spread),
+                "seconds": 1.0,
+                "calls": 10,
+                "cv": spread,
+                "used": True,
+                "steal": 0.0,
+                "others_cores": 0.0,
+                "throttled": 0.0,
+                "level": "quiet",
+            }
+            for k in (-1, 0, 1, 0)
+        ]
+        r.metrics[K.NOISE] = {
+            "level": "quiet",
+            "reason": "DERIVED: set by the test",
+            "steal": 0.0,
+            "steal_max": 0.0,
+            "others_cores": 0.0,
+            "others_cores_max": 0.0,
+            "throttled": 0.0,
+            "load1": 0.0,
+            "cv": spread,
+            "rounds": 4,
+            "rounds_used": 4,
+        }
     for key in LATENCY_KEYS:
         if latency.get(key) is not None:
             latency[key] *= slowdown
@@ -82,8 +111,9 @@ def derived(real, tag: str, *, slowdown: float = 1.0, threads: int | None = None
         r.plan["threads"] = threads
         r.metrics["threads"]["intra_op"] = threads
     fixed = f", spread {spread:.0%}" if spread is not None else ""
-    r.notes.append(f"DERIVED test input: run {real.run_id} with its latencies x {slowdown}{fixed} "
-                   "(tests/test_report_e2e.py)")
+    r.notes.append(
+        f"DERIVED test input: run {real.run_id} with its latencies x {slowdown}{fixed} (tests/test_report_e2e.py)"
+    )
     return r
 
 
@@ -92,8 +122,13 @@ def real(tmp_path_factory):
     store = Store(tmp_path_factory.mktemp("e2e") / "results.db")
     main = measure(2, 8, "main")
     base = derived(main, "base", spread=0.02)
-    runs = {"main": main, "base": base, "pr-slow": derived(base, "pr-slow", slowdown=SLOWDOWN, threads=1),
-            "pr-same": derived(base, "pr-same"), "b1": measure(2, 1, "b1")}
+    runs = {
+        "main": main,
+        "base": base,
+        "pr-slow": derived(base, "pr-slow", slowdown=SLOWDOWN, threads=1),
+        "pr-same": derived(base, "pr-same"),
+        "b1": measure(2, 1, "b1"),
+    }
     store.add(*runs.values())
     synthetic = [train(), train("bf16", speed=1.6, decay=0.96), loadtest(), *tune_group()]
     for i, r in enumerate(synthetic):  # older than the real runs: `--last N` means the real ones
@@ -133,8 +168,21 @@ def test_report_on_real_runs_is_self_contained_with_plots(real, tmp_path):
     store, runs, synthetic = real
     by_kind = {r.kind: r for r in synthetic}
     out = tmp_path / "r.html"
-    result = run("report", "--last", "5", "--group", "tune01", "--run", by_kind["train"].run_id,
-                 "--run", by_kind["loadtest"].run_id, "--out", str(out), "--db", str(store.path))
+    result = run(
+        "report",
+        "--last",
+        "5",
+        "--group",
+        "tune01",
+        "--run",
+        by_kind["train"].run_id,
+        "--run",
+        by_kind["loadtest"].run_id,
+        "--out",
+        str(out),
+        "--db",
+        str(store.path),
+    )
     assert result.exit_code == 0, result.output
     page = out.read_text()
     assert_self_contained(page)

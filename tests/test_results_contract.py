@@ -24,8 +24,18 @@ from accelab.results.result import Result
 from accelab.scenarios.workload import Workload
 
 SRC = Path(__file__).parents[1] / "src" / "accelab"
-CONTRACTS = [K.FORWARD, K.GENERATE, K.TUNE_FORWARD, K.TUNE_GENERATE, K.LOADTEST, K.PROBE, K.FIND_MAX,
-             K.LOADTEST_WORKLOAD, K.TRAIN, K.EVAL]
+CONTRACTS = [
+    K.FORWARD,
+    K.GENERATE,
+    K.TUNE_FORWARD,
+    K.TUNE_GENERATE,
+    K.LOADTEST,
+    K.PROBE,
+    K.FIND_MAX,
+    K.LOADTEST_WORKLOAD,
+    K.TRAIN,
+    K.EVAL,
+]
 
 
 # -- the contract itself ----------------------------------------------------------------------------
@@ -39,8 +49,20 @@ def test_every_key_name_is_in_a_contract_with_a_meaning():
         assert all(key.meaning for key in contract.keys)
 
 
-@pytest.mark.parametrize("path", ["bench/engine.py", "bench/child.py", "bench/rounds.py", "scenarios/forward.py", "scenarios/generate.py",
-                                  "loadtest/summary.py", "loadtest/run.py", "train/report.py", "tune/measure.py"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "bench/engine.py",
+        "bench/child.py",
+        "bench/rounds.py",
+        "scenarios/forward.py",
+        "scenarios/generate.py",
+        "loadtest/summary.py",
+        "loadtest/run.py",
+        "train/report.py",
+        "tune/measure.py",
+    ],
+)
 def test_producers_write_metrics_only_through_the_contract_names(path):
     """A literal key in a producer would bypass the contract (the runtime checks below cover the
     dicts they build; this covers the engine's additions, which need a real model to run)."""
@@ -71,15 +93,24 @@ class FakeRunnable:
 
 
 QUICK = dict(warmup=1, min_iters=5, min_seconds=0.0, max_seconds=5.0)
-ENGINE_FIGURES = {K.LOAD_S: 0.5, K.PEAK_RSS_MB: 300.0, K.PEAK_MEMORY_MB: 250.0, K.DEVICE: "cpu",
-                  K.THREADS: {"intra_op": 2, "inter_op": 2}}
+ENGINE_FIGURES = {
+    K.LOAD_S: 0.5,
+    K.PEAK_RSS_MB: 300.0,
+    K.PEAK_MEMORY_MB: 250.0,
+    K.DEVICE: "cpu",
+    K.THREADS: {"intra_op": 2, "inter_op": 2},
+}
 
 
 def bench_result(metrics: dict, scenario: str, batch: int = 2, kind: str = "bench", plan: str = "baseline") -> Result:
-    return Result(kind=kind, status="ok", model={"name": "fake", "task": "text-generation"},
-                  plan={"name": plan, "batch_size": batch}, workload=Workload(scenario=scenario, batch_size=batch,
-                                                                              **QUICK).to_dict(),
-                  metrics={**metrics, **ENGINE_FIGURES})
+    return Result(
+        kind=kind,
+        status="ok",
+        model={"name": "fake", "task": "text-generation"},
+        plan={"name": plan, "batch_size": batch},
+        workload=Workload(scenario=scenario, batch_size=batch, **QUICK).to_dict(),
+        metrics={**metrics, **ENGINE_FIGURES},
+    )
 
 
 def forward_metrics(batch: int = 2) -> dict:
@@ -99,8 +130,12 @@ def test_forward_writes_only_contract_keys_and_the_report_reads_them():
     assert M.peak_memory_mb(r) == 250.0
     (panel,) = S.latency_panels([r])
     assert panel.curves[0].from_samples and len(panel.curves[0].xs) == metrics[K.ITERATIONS]
-    assert [spec.read(r) for spec in metric_specs(r)] == [metrics[K.LATENCY_MS]["p50"], metrics[K.LATENCY_MS]["p99"],
-                                                          metrics[K.THROUGHPUT], 250.0]
+    assert [spec.read(r) for spec in metric_specs(r)] == [
+        metrics[K.LATENCY_MS]["p50"],
+        metrics[K.LATENCY_MS]["p99"],
+        metrics[K.THROUGHPUT],
+        250.0,
+    ]
 
 
 def test_generate_writes_only_contract_keys_and_the_report_reads_them():
@@ -129,11 +164,22 @@ def test_tune_trials_carry_the_tune_keys_and_make_a_pareto_set(monkeypatch):
         return r
 
     monkeypatch.setattr(measure, "bench", fake_bench)
-    measurer = measure.BenchMeasurer(spec=None, workload=Workload(scenario="forward", **QUICK), device=None,  # type: ignore[arg-type]
-                                     store=None, group_id="tune-x", quality=None, tolerance="balanced",
-                                     console=Console(file=io.StringIO()))
-    for variant, batch, phase in (("baseline", 1, "screen"), ("baseline", 2, "grow"), ("bf16", 2, "screen"),
-                                  ("baseline", 2, "final")):
+    measurer = measure.BenchMeasurer(
+        spec=None,
+        workload=Workload(scenario="forward", **QUICK),
+        device=None,  # type: ignore[arg-type]
+        store=None,
+        group_id="tune-x",
+        quality=None,
+        tolerance="balanced",
+        console=Console(file=io.StringIO()),
+    )
+    for variant, batch, phase in (
+        ("baseline", 1, "screen"),
+        ("baseline", 2, "grow"),
+        ("bf16", 2, "screen"),
+        ("baseline", 2, "final"),
+    ):
         m = measurer(Candidate(variant=variant, batch_size=batch), phase)
         assert m.status == "ok" and m.throughput == measurer.results[-1].metrics[K.THROUGHPUT]
     for r in measurer.results:
@@ -151,8 +197,17 @@ def records(rate: float, latency_s: float, n: int = 20, ttft_s: float | None = N
     for i in range(n):
         start = i / rate
         ttft = ttft_s if ttft_s is not None else latency_s / 2
-        out.append(RequestRecord(start=start, end=start + latency_s, status="200", ttft=ttft,
-                                 chunk_times=[start + ttft, start + latency_s], output_tokens=2, prompt_tokens=5))
+        out.append(
+            RequestRecord(
+                start=start,
+                end=start + latency_s,
+                status="200",
+                ttft=ttft,
+                chunk_times=[start + ttft, start + latency_s],
+                output_tokens=2,
+                prompt_tokens=5,
+            )
+        )
     return out
 
 
@@ -177,9 +232,12 @@ def test_a_load_test_run_writes_only_contract_keys(no_server):
 
 def test_single_runs_at_several_rates_make_a_load_curve(no_server):
     slo = parse_slo("e2e=100ms")
-    runs = [loadtest_run.build_result(config(rate=rate), "fake", slo,
-                                      summary=summarize_run(records(rate, latency), slo, offered_rate=rate))
-            for rate, latency in ((8.0, 0.09), (2.0, 0.04), (4.0, 0.045))]
+    runs = [
+        loadtest_run.build_result(
+            config(rate=rate), "fake", slo, summary=summarize_run(records(rate, latency), slo, offered_rate=rate)
+        )
+        for rate, latency in ((8.0, 0.09), (2.0, 0.04), (4.0, 0.045))
+    ]
     (curve,) = S.load_curves(runs)
     assert curve.load_name == "offered_rate" and curve.latency_name == "e2e_ms"
     assert [p.load for p in curve.points] == [2.0, 4.0, 8.0]
@@ -191,9 +249,12 @@ def test_single_runs_at_several_rates_make_a_load_curve(no_server):
 
 def test_closed_loop_runs_are_plotted_against_their_users(no_server):
     slo = parse_slo(None)
-    runs = [loadtest_run.build_result(config(rate=None, concurrency=users), "fake", slo,
-                                      summary=summarize_run(records(10.0, 0.01 * users), slo))
-            for users in (1, 4, 2)]
+    runs = [
+        loadtest_run.build_result(
+            config(rate=None, concurrency=users), "fake", slo, summary=summarize_run(records(10.0, 0.01 * users), slo)
+        )
+        for users in (1, 4, 2)
+    ]
     (curve,) = S.load_curves(runs)
     assert curve.load_name == "concurrency" and [p.load for p in curve.points] == [1.0, 2.0, 4.0]
     assert [p.p99 for p in curve.points] == pytest.approx([10.0, 20.0, 40.0]) and curve.slo_ms is None
@@ -231,12 +292,27 @@ def train_summary(steps: int = 6) -> dict:
         now[0] += 0.5 if i == 0 else 0.2
         timer.step_done(i // 3)
     losses = [2.0 - 0.1 * i for i in range(steps)]
-    evals = [{K.ACCURACY: 0.5 + 0.1 * e, K.LOSS: 1.5 - 0.2 * e, K.SAMPLES: 40, K.EPOCH: e, K.STEP: 3 * (e + 1)}
-             for e in range(2)]
-    return {"timing": timer.summary(16, 3, [0, 1]), "losses": losses, "evals": evals, "final": evals[-1],
-            "total_steps": steps, "skipped_steps": 0, "threads": 2, "device": "cpu",
-            "memory": {"peak_rss_mb_per_rank": [800.0], "peak_rss_mb_max": 800.0, "peak_rss_mb_sum": 800.0,
-                       "gpu_peak_allocated_mb_per_rank": None, "gpu_peak_allocated_mb_max": None}}
+    evals = [
+        {K.ACCURACY: 0.5 + 0.1 * e, K.LOSS: 1.5 - 0.2 * e, K.SAMPLES: 40, K.EPOCH: e, K.STEP: 3 * (e + 1)}
+        for e in range(2)
+    ]
+    return {
+        "timing": timer.summary(16, 3, [0, 1]),
+        "losses": losses,
+        "evals": evals,
+        "final": evals[-1],
+        "total_steps": steps,
+        "skipped_steps": 0,
+        "threads": 2,
+        "device": "cpu",
+        "memory": {
+            "peak_rss_mb_per_rank": [800.0],
+            "peak_rss_mb_max": 800.0,
+            "peak_rss_mb_sum": 800.0,
+            "gpu_peak_allocated_mb_per_rank": None,
+            "gpu_peak_allocated_mb_max": None,
+        },
+    }
 
 
 def test_train_writes_only_contract_keys_and_the_report_reads_them():
@@ -246,9 +322,14 @@ def test_train_writes_only_contract_keys_and_the_report_reads_them():
     assert K.TRAIN.unnamed(metrics) == []
     for e in metrics[K.EVALS]:
         assert K.EVAL.unnamed(e) == []
-    r = Result(kind="train", status="ok", model={"name": "fake", "task": "image-classification"},
-               plan={"name": "baseline", "batch_size": 16},
-               workload={"scenario": "train-step", "global_batch": 16, "nproc": 1, "nnodes": 1}, metrics=metrics)
+    r = Result(
+        kind="train",
+        status="ok",
+        model={"name": "fake", "task": "image-classification"},
+        plan={"name": "baseline", "batch_size": 16},
+        workload={"scenario": "train-step", "global_batch": 16, "nproc": 1, "nnodes": 1},
+        metrics=metrics,
+    )
     assert M.throughput(r) == pytest.approx(16 / 0.2) and M.throughput_unit(r) == "samples/s"
     assert M.epoch_seconds(r) == pytest.approx(0.6) and M.peak_memory_mb(r) == 800.0
     assert S.final_accuracy(r) == pytest.approx(0.6) and M.batch_size(r) == 16

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from fake_clock import FakeClock
 
 from accelab.serve.scheduler import NeverFits, QueueFull, Scheduler, SchedulerConfig
-from fake_clock import FakeClock
 
 
 def make(**config) -> tuple[Scheduler, FakeClock]:
@@ -181,8 +181,7 @@ def test_config_checks_name_the_field():
 
 def test_reused_prefix_is_not_prefilled_again_but_the_last_token_always_is(clock):
     held = {"a": 3, "b": 99}  # the engine holds a's first 3 tokens; claims more than b has
-    sched = Scheduler(SchedulerConfig(max_running=2, max_step_tokens=64), clock,
-                      reuse=lambda seq: held[seq.payload])
+    sched = Scheduler(SchedulerConfig(max_running=2, max_step_tokens=64), clock, reuse=lambda seq: held[seq.payload])
     a = sched.add("a", (1, 2, 3, 4, 5), max_tokens=4)
     b = sched.add("b", (1, 2), max_tokens=4)
     step = run_step(sched)

@@ -27,20 +27,21 @@ def needs(*names: str):
 
 def generation_engine(model: str, plan: str = "baseline"):
     from accelab.catalog.resolve import resolve
-    from accelab.runtimes import load_runnable
     from accelab.plan.plan import load_plan
+    from accelab.runtimes import load_runnable
     from accelab.serve.engines import build_engine
 
     return build_engine(load_runnable(resolve(model, fetch=False), load_plan(plan), torch.device("cpu")), name=model)
 
 
 def in_process_server(model: str, plan: str = "baseline", **config):
+    from serving import running_server
+
     from accelab.catalog.resolve import resolve
     from accelab.plan.plan import load_plan
     from accelab.serve.app import create_app
     from accelab.serve.config import ServeConfig
     from accelab.serve.server import engine_factory
-    from serving import running_server
 
     factory = engine_factory(resolve(model, fetch=False), load_plan(plan), torch.device("cpu"), name=model)
     return running_server(create_app(ServeConfig(model_name=model, **config), factory), ready_timeout_s=300)
@@ -65,8 +66,10 @@ def smollm2():
 
 
 def chat(engine, text: str, max_tokens: int = 12) -> GenUnit:
-    return GenUnit(prompt=engine.prepare_chat([{"role": "user", "content": text}]),
-                   params=SamplingParams(max_tokens=max_tokens, temperature=0))
+    return GenUnit(
+        prompt=engine.prepare_chat([{"role": "user", "content": text}]),
+        params=SamplingParams(max_tokens=max_tokens, temperature=0),
+    )
 
 
 def test_packed_steps_give_the_models_own_logits(smollm2):
@@ -86,8 +89,7 @@ def test_packed_steps_give_the_models_own_logits(smollm2):
         blocks_a, blocks_b = (7, 2, 11, 4), (3, 15, 0, 9)  # 64 positions each, scattered over the pool
 
         def item(seq, blocks, start, tokens, sample=True):
-            return StepInput(seq_id=seq, start=start, tokens=tuple(tokens), sample=sample, params=greedy,
-                             blocks=blocks)
+            return StepInput(seq_id=seq, start=start, tokens=tuple(tokens), sample=sample, params=greedy, blocks=blocks)
 
         # step 1: a whole; step 2: a decodes one token while b's first half prefills;
         # step 3: a decodes again while b's second half prefills and samples
@@ -126,6 +128,7 @@ def test_continuous_worker_answers_like_one_generate_call_each(smollm2):
             outcomes[i] = outcome
             if len(outcomes) == len(questions):
                 done.set()
+
         return Job(key="generate", units=[chat(smollm2, questions[i])], run=lambda u: [], done=finish)
 
     try:
@@ -142,13 +145,13 @@ def test_continuous_worker_answers_like_one_generate_call_each(smollm2):
 @needs("smollm2-135m")
 def test_real_smollm2_short_request_overtakes_a_long_one_and_a_gone_client_frees_its_slot():
     with in_process_server("smollm2-135m", max_batch_size=4, max_tokens=512) as url:
+
         async def scenario():
             async with httpx.AsyncClient(base_url=url, timeout=300) as client:
                 finished: list[str] = []
 
                 async def ask(name: str, text: str, max_tokens: int) -> dict:
-                    body = {"messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
-                            "temperature": 0}
+                    body = {"messages": [{"role": "user", "content": text}], "max_tokens": max_tokens, "temperature": 0}
                     if name == "long":  # force the full length: a base prompt that rarely ends early
                         body = {"prompt": "Once upon a time", "max_tokens": max_tokens, "temperature": 0}
                         response = await client.post("/v1/completions", json=body)
@@ -172,8 +175,12 @@ def test_real_smollm2_short_request_overtakes_a_long_one_and_a_gone_client_frees
         assert running_meanwhile >= 1
 
         # a streaming client that leaves after a few tokens: its sequence leaves the batch
-        body = {"messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 400,
-                "temperature": 0, "stream": True}
+        body = {
+            "messages": [{"role": "user", "content": "Tell me a long story."}],
+            "max_tokens": 400,
+            "temperature": 0,
+            "stream": True,
+        }
         with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as response:
             seen = 0
             for line in response.iter_lines():
@@ -184,7 +191,10 @@ def test_real_smollm2_short_request_overtakes_a_long_one_and_a_gone_client_frees
                         break
         assert during["accelab_running_sequences"] == 1 and during['accelab_kv_cache_blocks{state="used"}'] > 0
         block_bytes = 30 * 2 * 16 * 3 * 64 * 4  # layers x (keys, values) x positions x KV heads x head dim x fp32
-        assert during['accelab_kv_cache_bytes{state="used"}'] == during['accelab_kv_cache_blocks{state="used"}'] * block_bytes
+        assert (
+            during['accelab_kv_cache_bytes{state="used"}']
+            == during['accelab_kv_cache_blocks{state="used"}'] * block_bytes
+        )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             after = metrics(url)
@@ -192,10 +202,15 @@ def test_real_smollm2_short_request_overtakes_a_long_one_and_a_gone_client_frees
                 break
             time.sleep(0.1)
         assert after["accelab_running_sequences"] == 0
-        assert after['accelab_kv_cache_blocks{state="used"}'] == 0 and after['accelab_kv_cache_bytes{state="used"}'] == 0
+        assert (
+            after['accelab_kv_cache_blocks{state="used"}'] == 0 and after['accelab_kv_cache_bytes{state="used"}'] == 0
+        )
         # the finished sequences' full blocks stay cached for later prompts (the chat template's head)
         assert after["accelab_kv_cache_prefix_blocks"] > 0
-        assert after['accelab_kv_cache_bytes{state="free"}'] == after['accelab_kv_cache_blocks{state="free"}'] * block_bytes
+        assert (
+            after['accelab_kv_cache_bytes{state="free"}']
+            == after['accelab_kv_cache_blocks{state="free"}'] * block_bytes
+        )
         assert after['accelab_errors_total{kind="client_gone"}'] == 1
         assert after["accelab_generated_tokens_total"] < 200 + 4 + 50  # the story stopped early
         assert after["accelab_inter_token_latency_seconds_count"] > 100
@@ -211,8 +226,13 @@ def test_llamacpp_sequences_reuse_their_slots_and_match_the_engine_alone():
     engine = generation_engine("smollm2-135m", "llamacpp")
     limits = SchedulerConfig(max_running=2, max_step_tokens=64, kv_blocks=64, block_size=16)
     stepper = engine.step_engine(limits)
-    questions = ["What is the capital of France?", "Who wrote Hamlet?", "List three fruits.", "What is 2 + 2?",
-                 "Name a color."]
+    questions = [
+        "What is the capital of France?",
+        "Who wrote Hamlet?",
+        "List three fruits.",
+        "What is 2 + 2?",
+        "Name a color.",
+    ]
     try:
         alone = [engine.generate([chat(engine, questions[0], max_tokens=6)])[0]]
         worker = ContinuousWorker(stepper, limits, decode=engine.decode, eos_ids=engine.eos_ids)
@@ -225,8 +245,8 @@ def test_llamacpp_sequences_reuse_their_slots_and_match_the_engine_alone():
                 outcomes[i] = outcome
                 if len(outcomes) == len(questions):
                     done.set()
-            return Job(key="generate", units=[chat(engine, questions[i], max_tokens=6)], run=lambda u: [],
-                       done=finish)
+
+            return Job(key="generate", units=[chat(engine, questions[i], max_tokens=6)], run=lambda u: [], done=finish)
 
         worker.submit(job(0))  # alone in the context: exactly what llama.cpp gives it alone
         deadline = time.monotonic() + 60
@@ -256,11 +276,23 @@ def test_a_vision_language_model_falls_back_to_the_per_batch_scheduler_and_says_
     caplog.set_level(logging.INFO, logger="accelab.serve")
     image = encode_png(inputs.photos(1)[0].resize((64, 48)))
     with in_process_server("smolvlm-tiny", max_tokens=8) as url:
-        body = {"messages": [{"role": "user", "content": [
-            {"type": "text", "text": "What is this?"},
-            {"type": "image_url", "image_url": {"url": image}}]}], "max_tokens": 4, "temperature": 0}
+        body = {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "What is this?"},
+                        {"type": "image_url", "image_url": {"url": image}},
+                    ],
+                }
+            ],
+            "max_tokens": 4,
+            "temperature": 0,
+        }
         response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
         assert response.status_code == 200, response.text
         assert response.json()["usage"]["completion_tokens"] >= 1
-    assert any("continuous batching is off for smolvlm-tiny" in r.getMessage()
-               and "does not take images yet" in r.getMessage() for r in caplog.records)
+    assert any(
+        "continuous batching is off for smolvlm-tiny" in r.getMessage() and "does not take images yet" in r.getMessage()
+        for r in caplog.records
+    )

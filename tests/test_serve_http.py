@@ -14,11 +14,11 @@ import time
 import httpx
 import pytest
 import uvicorn
+from fakes_serve import FakeEmbeddingEngine, FakeGenerationEngine
+from serving import running_server
 
 from accelab.serve.app import create_app
 from accelab.serve.config import ServeConfig
-from fakes_serve import FakeEmbeddingEngine, FakeGenerationEngine
-from serving import running_server
 
 
 def serve(engine, **config):
@@ -78,6 +78,7 @@ def test_flood_past_the_queue_gets_429_and_every_accepted_request_one_answer():
 def test_expired_deadline_gets_504_and_is_not_run():
     engine = FakeEmbeddingEngine(name="fake", delay_s=1.0)
     with serve(engine, max_batch_size=1, max_wait_ms=0, request_timeout_s=0.3) as url:
+
         async def scenario():
             async with httpx.AsyncClient(base_url=url, timeout=30) as client:
                 first = asyncio.create_task(client.post("/v1/embeddings", json={"input": "occupies the model"}))
@@ -99,6 +100,7 @@ def test_expired_deadline_gets_504_and_is_not_run():
 def test_a_client_that_hangs_up_is_dropped_from_the_queue():
     engine = FakeEmbeddingEngine(name="fake", delay_s=1.0)
     with serve(engine, max_batch_size=1, max_wait_ms=0) as url:
+
         async def scenario():
             async with httpx.AsyncClient(base_url=url, timeout=30) as client:
                 first = asyncio.create_task(client.post("/v1/embeddings", json={"input": "occupies the model"}))
@@ -153,8 +155,11 @@ def test_oversized_payloads_get_413():
     with serve(FakeGenerationEngine(name="fake"), max_body_bytes=2000, max_tokens=64, max_inputs=3) as url:
         big = httpx.post(f"{url}/v1/completions", json={"prompt": "x " * 2000})
         assert big.status_code == 413 and "2,000 bytes" in big.json()["error"]["message"]
-        chunked = httpx.post(f"{url}/v1/completions", content=(c for c in [b'{"prompt": "', b"y" * 3000, b'"}']),
-                             headers={"content-type": "application/json"})
+        chunked = httpx.post(
+            f"{url}/v1/completions",
+            content=(c for c in [b'{"prompt": "', b"y" * 3000, b'"}']),
+            headers={"content-type": "application/json"},
+        )
         assert chunked.status_code == 413  # no content-length: counted while reading
         tokens = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 65})
         assert tokens.status_code == 413 and "--max-tokens" in tokens.json()["error"]["message"]
@@ -171,8 +176,9 @@ def test_invalid_requests_get_422_that_say_what_is_wrong():
         assert "messages.0.role" in message and "'robot'" in message and "'user'" in message
         r = httpx.post(f"{url}/v1/chat/completions", json={"messages": []})
         assert r.status_code == 422 and "messages" in r.json()["error"]["message"]
-        r = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
-                                                          "temperature": 5})
+        r = httpx.post(
+            f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "temperature": 5}
+        )
         assert r.status_code == 422 and "temperature" in r.json()["error"]["message"]
         r = httpx.post(f"{url}/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
         assert r.status_code == 422 and "JSON" in r.json()["error"]["message"]
@@ -236,8 +242,12 @@ def test_embeddings_shape_float_and_base64():
 
 def test_streaming_chat_one_id_usage_and_metrics():
     with serve(FakeGenerationEngine(name="fake", delay_s=0.01)) as url:
-        body = {"messages": [{"role": "user", "content": "a b c"}], "max_tokens": 4, "stream": True,
-                "stream_options": {"include_usage": True}}
+        body = {
+            "messages": [{"role": "user", "content": "a b c"}],
+            "max_tokens": 4,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         with httpx.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
             assert response.status_code == 200
             assert response.headers["content-type"].startswith("text/event-stream")
@@ -248,13 +258,21 @@ def test_streaming_chat_one_id_usage_and_metrics():
         text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
         assert text == " w0 w1 w2 w3"
         assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {
-            "prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+            "prompt_tokens": 3,
+            "completion_tokens": 4,
+            "total_tokens": 7,
+        }
         assert metric(url, "accelab_generated_tokens_total") == 4
         assert metric(url, "accelab_time_to_first_token_seconds_count") == 1
         assert metric(url, "accelab_time_per_output_token_seconds_count") == 1
         text = httpx.get(f"{url}/metrics").text
-        for name in ("accelab_queue_time_seconds_bucket", "accelab_compute_time_seconds_bucket",
-                     "accelab_batch_size_bucket", "accelab_queue_depth", "accelab_process_resident_memory_bytes"):
+        for name in (
+            "accelab_queue_time_seconds_bucket",
+            "accelab_compute_time_seconds_bucket",
+            "accelab_batch_size_bucket",
+            "accelab_queue_depth",
+            "accelab_process_resident_memory_bytes",
+        ):
             assert name in text
 
 
@@ -270,8 +288,10 @@ def test_streaming_error_after_start_travels_in_the_stream():
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_completions_with_list_of_prompts_and_stop(temperature):
     with serve(FakeGenerationEngine(name="fake")) as url:
-        r = httpx.post(f"{url}/v1/completions", json={"prompt": ["a", "b c"], "max_tokens": 5, "stop": [" w3"],
-                                                     "temperature": temperature}).json()
+        r = httpx.post(
+            f"{url}/v1/completions",
+            json={"prompt": ["a", "b c"], "max_tokens": 5, "stop": [" w3"], "temperature": temperature},
+        ).json()
         assert [c["text"] for c in r["choices"]] == [" w0 w1 w2"] * 2
         assert [c["finish_reason"] for c in r["choices"]] == ["stop", "stop"]
         assert r["usage"]["prompt_tokens"] == 3
@@ -287,12 +307,16 @@ def test_generation_under_continuous_batching_queues_then_429s_and_504s():
         assert set(codes) == {200, 429} and codes.count(200) >= 2  # two waiting, maybe one running
         refused = [r for r in responses if r.status_code == 429]
         assert all(int(r.headers["retry-after"]) >= 1 for r in refused)
-        assert all(r.json()["choices"][0]["message"]["content"] == "".join(f" w{i}" for i in range(10))
-                   for r in responses if r.status_code == 200)
+        assert all(
+            r.json()["choices"][0]["message"]["content"] == "".join(f" w{i}" for i in range(10))
+            for r in responses
+            if r.status_code == 200
+        )
         assert metric(url, "accelab_errors_total", kind="queue_full") == len(refused)
         assert metric(url, "accelab_running_sequences") == 0  # all answered, none left running
-    with serve(FakeGenerationEngine(name="fake", delay_s=0.05), max_batch_size=1, request_timeout_s=0.3,
-               max_step_tokens=8) as url:
+    with serve(
+        FakeGenerationEngine(name="fake", delay_s=0.05), max_batch_size=1, request_timeout_s=0.3, max_step_tokens=8
+    ) as url:
         bodies = [{"messages": [{"role": "user", "content": "a"}], "max_tokens": 20}] * 3
         codes = sorted(r.status_code for r in asyncio.run(post_many(url, "/v1/chat/completions", bodies)))
         assert codes == [200, 504, 504]  # the first runs 1 s; the others wait past 0.3 s and never run
@@ -300,12 +324,14 @@ def test_generation_under_continuous_batching_queues_then_429s_and_504s():
 
 def test_a_request_that_could_never_fit_the_kv_cache_gets_413():
     with serve(FakeGenerationEngine(name="fake"), kv_cache_tokens=64, max_tokens=512) as url:
-        r = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "a b"}],
-                                                           "max_tokens": 100})
+        r = httpx.post(
+            f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "a b"}], "max_tokens": 100}
+        )
         assert r.status_code == 413
         assert "needs 101 tokens of KV cache; the whole cache holds 64" in r.json()["error"]["message"]
-        ok = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "a b"}],
-                                                            "max_tokens": 8})
+        ok = httpx.post(
+            f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "a b"}], "max_tokens": 8}
+        )
         assert ok.status_code == 200 and metric(url, "accelab_kv_cache_blocks", state="free") == 4
 
 
@@ -327,15 +353,24 @@ def test_a_prompt_past_the_context_is_a_400_or_keeps_its_last_tokens_when_asked(
         r = httpx.post(f"{url}/v1/completions", json=body)
         assert r.status_code == 400
         assert r.json()["error"]["message"].startswith(
-            "prompt (8 tokens) + max_tokens (4) is more than fake's context of 10 tokens; lower max_tokens to 2")
+            "prompt (8 tokens) + max_tokens (4) is more than fake's context of 10 tokens; lower max_tokens to 2"
+        )
         assert metric(url, "accelab_errors_total", kind="too_long") == 1
         r = httpx.post(f"{url}/v1/completions", json={**body, "truncate": True}).json()
         assert r["usage"] == {"prompt_tokens": 6, "completion_tokens": 4, "total_tokens": 10, "truncated_tokens": 2}
-        streamed = {"messages": [{"role": "user", "content": "a b c d e f g h"}], "max_tokens": 4, "truncate": True,
-                    "stream": True, "stream_options": {"include_usage": True}}
+        streamed = {
+            "messages": [{"role": "user", "content": "a b c d e f g h"}],
+            "max_tokens": 4,
+            "truncate": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         with httpx.stream("POST", f"{url}/v1/chat/completions", json=streamed) as response:
-            events = [json.loads(line[6:]) for line in response.iter_lines()
-                      if line.startswith("data: ") and line != "data: [DONE]"]
+            events = [
+                json.loads(line[6:])
+                for line in response.iter_lines()
+                if line.startswith("data: ") and line != "data: [DONE]"
+            ]
         assert events[-1]["usage"]["truncated_tokens"] == 2
         r = httpx.post(f"{url}/v1/completions", json={"prompt": "a", "max_tokens": 10})
         assert r.status_code == 400 and "leaves no room for a prompt" in r.json()["error"]["message"]

@@ -14,10 +14,20 @@ def test_two_apps_do_not_collide_and_every_metric_is_exported():
     text = a.render().decode()
     assert "accelab_generated_tokens_total 5.0" in text
     assert "accelab_generated_tokens_total 0.0" in b.render().decode()
-    for name in ("accelab_request_latency_seconds", "accelab_queue_time_seconds", "accelab_compute_time_seconds",
-                 "accelab_time_to_first_token_seconds", "accelab_time_per_output_token_seconds",
-                 "accelab_batch_size", "accelab_queue_depth", "accelab_errors_total", "accelab_batch_retries_total",
-                 "accelab_process_resident_memory_bytes", "accelab_ready", "accelab_requests_in_flight"):
+    for name in (
+        "accelab_request_latency_seconds",
+        "accelab_queue_time_seconds",
+        "accelab_compute_time_seconds",
+        "accelab_time_to_first_token_seconds",
+        "accelab_time_per_output_token_seconds",
+        "accelab_batch_size",
+        "accelab_queue_depth",
+        "accelab_errors_total",
+        "accelab_batch_retries_total",
+        "accelab_process_resident_memory_bytes",
+        "accelab_ready",
+        "accelab_requests_in_flight",
+    ):
         assert f"# TYPE {name.removesuffix('_total')}" in text, name
     assert 'accelab_errors_total{kind="queue_full"} 0.0' in text  # zeros exported from the start
     rss = next(line for line in text.splitlines() if line.startswith("accelab_process_resident_memory_bytes "))
@@ -49,8 +59,11 @@ def test_replicas_metrics_merge_under_one_schema_labelled_by_replica():
     b.ready.set(1)
     merged = merge_metrics({"r1": (a.render().decode(), 101), "r2": (b.render().decode(), 202)}).decode()
     families = {f.name: f for f in text_string_to_metric_families(merged)}  # parses: one valid exposition
-    requests = {s.labels["replica"]: s.value for s in families["accelab_requests"].samples
-                if s.name == "accelab_requests_total" and s.labels.get("status") == "200"}
+    requests = {
+        s.labels["replica"]: s.value
+        for s in families["accelab_requests"].samples
+        if s.name == "accelab_requests_total" and s.labels.get("status") == "200"
+    }
     assert requests == {"r1": 3.0, "r2": 5.0}
     assert {s.labels["replica"]: s.value for s in families["accelab_ready"].samples} == {"r1": 0.0, "r2": 1.0}
     assert merged.count("# TYPE accelab_requests_total counter") == 1  # one schema, not one per replica

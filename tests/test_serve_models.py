@@ -24,12 +24,13 @@ def needs(*names: str):
 
 
 def in_process_server(model: str, **config):
+    from serving import running_server
+
     from accelab.catalog.resolve import resolve
     from accelab.plan.plan import load_plan
     from accelab.serve.app import create_app
     from accelab.serve.config import ServeConfig
     from accelab.serve.server import engine_factory
-    from serving import running_server
 
     factory = engine_factory(resolve(model, fetch=False), load_plan("baseline"), torch.device("cpu"), name=model)
     return running_server(create_app(ServeConfig(model_name=model, **config), factory))
@@ -44,15 +45,20 @@ def test_openai_client_chat_with_smollm2_streaming_and_not():
         server.wait_ready(timeout_s=180)
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
         question = [{"role": "user", "content": "What is the capital of France?"}]
-        reply = client.chat.completions.create(model="smollm2-135m", messages=question, max_tokens=8,
-                                               temperature=0)
+        reply = client.chat.completions.create(model="smollm2-135m", messages=question, max_tokens=8, temperature=0)
         answer = reply.choices[0].message.content
         assert "Paris" in answer
         assert reply.usage.prompt_tokens > 5 and 1 <= reply.usage.completion_tokens <= 8
         assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
 
-        stream = client.chat.completions.create(model="smollm2-135m", messages=question, max_tokens=8,
-                                                temperature=0, stream=True, stream_options={"include_usage": True})
+        stream = client.chat.completions.create(
+            model="smollm2-135m",
+            messages=question,
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
         chunks = list(stream)
         assert len({c.id for c in chunks}) == 1  # one id per stream
         text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -62,8 +68,9 @@ def test_openai_client_chat_with_smollm2_streaming_and_not():
         finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
         assert finish == [reply.choices[0].finish_reason]
 
-        short = client.completions.create(model="smollm2-135m", prompt="The capital of Germany is", max_tokens=3,
-                                          temperature=0)
+        short = client.completions.create(
+            model="smollm2-135m", prompt="The capital of Germany is", max_tokens=3, temperature=0
+        )
         assert short.usage.completion_tokens == 3 and short.choices[0].finish_reason == "length"
         with pytest.raises(openai.APIStatusError) as err:
             client.chat.completions.create(model="smollm2-135m", messages=question, max_tokens=65)
@@ -99,8 +106,15 @@ def test_openai_client_embeddings_with_minilm_and_a_loadtest():
             assert together[i].index == i
             assert max(abs(x - y) for x, y in zip(together[i].embedding, alone.embedding)) < 1e-5
 
-        config = LoadConfig(url=url, endpoint="embeddings", inputs=tuple(inputs.sentences(50)), concurrency=4,
-                            requests=24, duration_s=30, warmup=2)
+        config = LoadConfig(
+            url=url,
+            endpoint="embeddings",
+            inputs=tuple(inputs.sentences(50)),
+            concurrency=4,
+            requests=24,
+            duration_s=30,
+            warmup=2,
+        )
         summary = summarize_run(run_load(config, "minilm-l6"), parse_slo("e2e=5s"))
         assert summary["requests"] == 24 and summary["ok"] == 24
         assert summary["e2e_ms"]["p50"] <= summary["e2e_ms"]["p99"] < 5000
@@ -116,17 +130,34 @@ def test_vision_language_chat_with_an_image_part():
     image = encode_png(inputs.photos(1)[0].resize((64, 48)))
     with in_process_server("smolvlm-tiny") as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-        content = [{"type": "text", "text": "What is in this photo?"},
-                   {"type": "image_url", "image_url": {"url": image}}]
-        reply = client.chat.completions.create(model="smolvlm-tiny", messages=[{"role": "user", "content": content}],
-                                               max_tokens=4, temperature=0)
+        content = [
+            {"type": "text", "text": "What is in this photo?"},
+            {"type": "image_url", "image_url": {"url": image}},
+        ]
+        reply = client.chat.completions.create(
+            model="smolvlm-tiny", messages=[{"role": "user", "content": content}], max_tokens=4, temperature=0
+        )
         text_only = client.chat.completions.create(
-            model="smolvlm-tiny", messages=[{"role": "user", "content": "What is in this photo?"}], max_tokens=4,
-            temperature=0)
+            model="smolvlm-tiny",
+            messages=[{"role": "user", "content": "What is in this photo?"}],
+            max_tokens=4,
+            temperature=0,
+        )
         assert reply.usage.completion_tokens >= 1
         assert reply.usage.prompt_tokens > text_only.usage.prompt_tokens + 10  # the image's tokens count
-        bad = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "data:image/png;base64,bm90IGFuIGltYWdl"}}]}]})
+        bad = httpx.post(
+            f"{url}/v1/chat/completions",
+            json={
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image_url", "image_url": {"url": "data:image/png;base64,bm90IGFuIGltYWdl"}}
+                        ],
+                    }
+                ]
+            },
+        )
         assert bad.status_code == 422 and "image 0" in bad.json()["error"]["message"]
 
 
@@ -162,17 +193,28 @@ def test_batched_left_padded_generation_equals_one_by_one():
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir("smollm2-135m"))
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     model = LlamaForCausalLM(config).eval()
-    engine = HFGenerationEngine(Runnable(model=model, processor=tokenizer, device=torch.device("cpu"),
-                                         task="text-generation"), name="tiny")
+    engine = HFGenerationEngine(
+        Runnable(model=model, processor=tokenizer, device=torch.device("cpu"), task="text-generation"), name="tiny"
+    )
     prompts = ["Hi", "Tell me a long story about a dragon and a castle by the sea", "What is 2 + 2?"]
 
     def unit(text: str, temperature: float = 0.0, max_tokens: int = 8) -> GenUnit:
-        return GenUnit(prompt=engine.prepare_chat([{"role": "user", "content": text}]),
-                       params=SamplingParams(max_tokens=max_tokens, temperature=temperature))
+        return GenUnit(
+            prompt=engine.prepare_chat([{"role": "user", "content": text}]),
+            params=SamplingParams(max_tokens=max_tokens, temperature=temperature),
+        )
 
     alone = [engine.generate([unit(p)])[0] for p in prompts]
     together = engine.generate([unit(p) for p in prompts])

@@ -16,7 +16,6 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-
 from serving import ServerProcess
 
 FAKE_SERVER = str(Path(__file__).with_name("fake_server.py"))  # run by path, as a script
@@ -28,8 +27,9 @@ def chat(url: str, content: str, max_tokens: int, results: list, stream: bool = 
         if stream:
             with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as r:
                 events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
-            text = "".join(json.loads(e)["choices"][0]["delta"].get("content", "") for e in events[:-1]
-                           if json.loads(e)["choices"])
+            text = "".join(
+                json.loads(e)["choices"][0]["delta"].get("content", "") for e in events[:-1] if json.loads(e)["choices"]
+            )
             results.append((r.status_code, text, events[-1]))
         else:
             r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
@@ -39,14 +39,26 @@ def chat(url: str, content: str, max_tokens: int, results: list, stream: bool = 
 
 
 def test_sigterm_under_load_finishes_in_flight_requests_and_exits_cleanly():
-    server = ServerProcess(FAKE_SERVER, "--kind", "generate", "--delay", "0.1", "--port", "0",
-                           "--max-batch-size", "4", "--grace-period", "10", "--load-delay", "0.5")
+    server = ServerProcess(
+        FAKE_SERVER,
+        "--kind",
+        "generate",
+        "--delay",
+        "0.1",
+        "--port",
+        "0",
+        "--max-batch-size",
+        "4",
+        "--grace-period",
+        "10",
+        "--load-delay",
+        "0.5",
+    )
     try:
         statuses = server.wait_ready()
         assert [s for s in statuses if s][0] == 503 and statuses[-1] == 200  # 503 while "loading", then ready
         results: list = []
-        threads = [threading.Thread(target=chat, args=(server.url, f"req {i}", 10, results, i == 0))
-                   for i in range(6)]
+        threads = [threading.Thread(target=chat, args=(server.url, f"req {i}", 10, results, i == 0)) for i in range(6)]
         for t in threads:
             t.start()
         time.sleep(0.5)  # 4 running (1 s each), 2 queued behind them
@@ -54,8 +66,10 @@ def test_sigterm_under_load_finishes_in_flight_requests_and_exits_cleanly():
         server.proc.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         time.sleep(0.3)
-        refused = httpx.post(f"{server.url}/v1/chat/completions",
-                             json={"messages": [{"role": "user", "content": "late"}], "max_tokens": 2})
+        refused = httpx.post(
+            f"{server.url}/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "late"}], "max_tokens": 2},
+        )
         assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
         assert httpx.get(f"{server.url}/readyz").status_code == 503
         assert httpx.get(f"{server.url}/livez").status_code == 200
@@ -75,8 +89,7 @@ def test_sigterm_under_load_finishes_in_flight_requests_and_exits_cleanly():
 
 
 def test_grace_period_bounds_the_exit():
-    server = ServerProcess(FAKE_SERVER, "--kind", "generate", "--delay", "0.1", "--port", "0",
-                           "--grace-period", "2")
+    server = ServerProcess(FAKE_SERVER, "--kind", "generate", "--delay", "0.1", "--port", "0", "--grace-period", "2")
     try:
         server.wait_ready()
         results: list = []
@@ -95,8 +108,9 @@ def test_grace_period_bounds_the_exit():
 
 @pytest.mark.parametrize("module", ["accelab.serve"])
 def test_cli_entry_rejects_a_bad_model_before_listening(module):
-    proc = subprocess.run([sys.executable, "-m", module, "no-such-model", "--port", "0"], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "no-such-model", "--port", "0"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2
     assert "unknown model 'no-such-model'" in proc.stderr and "listening" not in proc.stderr
 
@@ -113,8 +127,18 @@ def test_commands_register_on_a_typer_app():
     register_loadtest(app)
     serve_help = CliRunner().invoke(app, ["serve", "--help"], terminal_width=200)
     assert serve_help.exit_code == 0
-    for option in ("--plan", "--max-batch-size", "--max-wait-ms", "--max-queue", "--request-timeout",
-                   "--grace-period", "--api-key", "ACCELAB_API_KEY", "--max-body-bytes", "--max-tokens"):
+    for option in (
+        "--plan",
+        "--max-batch-size",
+        "--max-wait-ms",
+        "--max-queue",
+        "--request-timeout",
+        "--grace-period",
+        "--api-key",
+        "ACCELAB_API_KEY",
+        "--max-body-bytes",
+        "--max-tokens",
+    ):
         assert option in serve_help.output, option
     loadtest_help = CliRunner().invoke(app, ["loadtest", "--help"], terminal_width=200)
     for option in ("--rate", "--concurrency", "--burstiness", "--find-max", "--slo", "--warmup", "--plot"):

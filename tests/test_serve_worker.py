@@ -7,10 +7,10 @@ import threading
 import time
 
 import pytest
+from fakes_serve import FakeEmbeddingEngine, FakeModelError
 
 from accelab.serve.batcher import BatchPolicy
 from accelab.serve.worker import Job, JobOutcome, Worker, WorkerHooks
-from fakes_serve import FakeEmbeddingEngine, FakeModelError
 
 
 class Collector:
@@ -26,6 +26,7 @@ class Collector:
                 self.outcomes.setdefault(name, []).append(outcome)
                 if sum(map(len, self.outcomes.values())) == self.expected:
                     self.all_done.set()
+
         return done
 
 
@@ -33,8 +34,15 @@ def submit_all(worker: Worker, engine: FakeEmbeddingEngine, texts: dict[str, str
     collector = Collector()
     collector.expected = len(texts)
     for name, text in texts.items():
-        worker.submit(Job(key="embed", units=[engine.prepare_text(text)], run=engine.embed,
-                          done=collector.done_for(name), timeout_s=timeout_s))
+        worker.submit(
+            Job(
+                key="embed",
+                units=[engine.prepare_text(text)],
+                run=engine.embed,
+                done=collector.done_for(name),
+                timeout_s=timeout_s,
+            )
+        )
     return collector
 
 

@@ -58,9 +58,7 @@ WRITER = textwrap.dedent(
 def test_two_concurrent_writers_both_land(tmp_path):
     db = tmp_path / "r.db"
     Store(db)
-    procs = [
-        subprocess.Popen([sys.executable, "-c", WRITER, str(db), name, "60"]) for name in ("writer-a", "writer-b")
-    ]
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(db), name, "60"]) for name in ("writer-a", "writer-b")]
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
     store = Store(db)
     assert len(store.query(model="writer-a")) == 60

@@ -37,9 +37,17 @@ CPU = torch.device("cpu")
 # -- tiny models ---------------------------------------------------------------------------
 def _llama_config() -> transformers.LlamaConfig:
     return transformers.LlamaConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False,
-        bos_token_id=1, eos_token_id=2, pad_token_id=0,
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
     )
 
 
@@ -51,14 +59,23 @@ def _resnet_config() -> transformers.ResNetConfig:
 
 def _vit_config() -> transformers.ViTConfig:
     return transformers.ViTConfig(
-        image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=128, num_labels=10,
+        image_size=32,
+        patch_size=8,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        num_labels=10,
     )
 
 
 def _bert_config() -> transformers.BertConfig:
     return transformers.BertConfig(
-        vocab_size=256, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=128,
+        vocab_size=256,
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=128,
         max_position_embeddings=64,
     )
 
@@ -98,8 +115,12 @@ def fresh_accelerate_state():
 
 def _run_python(code: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"}, check=False,
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        check=False,
     )
 
 
@@ -266,7 +287,9 @@ def test_disk_offload_places_layers_on_disk_and_keeps_logits(llama_spec):
 
 
 def test_placement_unsupported_on_cpu(llama_spec):
-    with pytest.raises(Unsupported, match="CPU offload moves weights from a GPU to CPU memory; this run is already on CPU"):
+    with pytest.raises(
+        Unsupported, match="CPU offload moves weights from a GPU to CPU memory; this run is already on CPU"
+    ):
         placement.check(Plan(placement="cpu-offload"), llama_spec, CPU)
     with pytest.raises(Unsupported, match="placement=cuda needs a CUDA GPU"):
         placement.check(Plan(placement="cuda"), llama_spec, CPU)

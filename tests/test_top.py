@@ -17,22 +17,26 @@ from accelab.serve.metrics import ServeMetrics
 INF = math.inf
 
 
-@pytest.mark.parametrize(("q", "buckets", "expected"), [
-    (0.5, [(0.1, 0), (0.5, 10), (1.0, 20), (INF, 20)], 0.5),  # rank 10 ends the 0.1-0.5 bucket
-    (0.99, [(0.1, 0), (0.5, 10), (1.0, 20), (INF, 20)], 0.99),  # 9.8 of the 10 in 0.5-1: 0.5 + 0.5 * 0.98
-    (0.25, [(0.1, 10), (INF, 10)], 0.025),  # the first bucket starts at 0
-    (0.9, [(1.0, 5), (INF, 10)], 1.0),  # in +Inf: the largest finite bound
-    (0.5, [(0.1, 4), (0.2, 3), (INF, 8)], 0.1),  # a bucket lagging the one below (a torn scrape) is raised to it
-    (0.5, [(0.1, 0), (INF, 0)], None),  # no observation
-    (0.5, [(0.1, 3), (1.0, 5)], None),  # no +Inf bucket: not a histogram
-])
+@pytest.mark.parametrize(
+    ("q", "buckets", "expected"),
+    [
+        (0.5, [(0.1, 0), (0.5, 10), (1.0, 20), (INF, 20)], 0.5),  # rank 10 ends the 0.1-0.5 bucket
+        (0.99, [(0.1, 0), (0.5, 10), (1.0, 20), (INF, 20)], 0.99),  # 9.8 of the 10 in 0.5-1: 0.5 + 0.5 * 0.98
+        (0.25, [(0.1, 10), (INF, 10)], 0.025),  # the first bucket starts at 0
+        (0.9, [(1.0, 5), (INF, 10)], 1.0),  # in +Inf: the largest finite bound
+        (0.5, [(0.1, 4), (0.2, 3), (INF, 8)], 0.1),  # a bucket lagging the one below (a torn scrape) is raised to it
+        (0.5, [(0.1, 0), (INF, 0)], None),  # no observation
+        (0.5, [(0.1, 3), (1.0, 5)], None),  # no +Inf bucket: not a histogram
+    ],
+)
 def test_quantile_is_prometheus_histogram_quantile(q, buckets, expected):
     got = quantile(q, buckets)
     assert got == (None if expected is None else pytest.approx(expected))
 
 
-def exposition(*, requests: int = 0, ttft: tuple[float, ...] = (), errors: int = 0, kv: bool = False,
-               generated: int = 0) -> str:
+def exposition(
+    *, requests: int = 0, ttft: tuple[float, ...] = (), errors: int = 0, kv: bool = False, generated: int = 0
+) -> str:
     m = ServeMetrics()
     m.configure(max_queue=64, model_name="m")
     for _ in range(requests):
@@ -101,7 +105,9 @@ def test_top_draws_the_window_and_keeps_its_numbers_when_the_server_goes_away(ca
     assert run_top(options, fetch=fetch, clock=lambda: next(ticks), frames=2) == 0
     screen = capsys.readouterr().out
     assert "accelab top · http://127.0.0.1:9 · m (plan baseline, cpu) · ready" in screen
-    assert "cannot read http://127.0.0.1:9/metrics: ConnectionError: connection refused (retrying every 0.01 s)" in screen
+    assert (
+        "cannot read http://127.0.0.1:9/metrics: ConnectionError: connection refused (retrying every 0.01 s)" in screen
+    )
     requests = next(line for line in screen.splitlines() if line.strip().startswith("requests"))
     assert [cell.strip() for cell in requests.split("│")] == ["requests", "2.50/s", "8"]  # /v1/models left out
     errors = next(line for line in screen.splitlines() if line.strip().startswith("errors"))
@@ -122,5 +128,7 @@ def test_a_server_that_is_not_there_is_said_before_the_screen_is_taken(capsys):
         raise ConnectionError("connection refused")
 
     assert run_top(TopOptions(url="http://127.0.0.1:9"), fetch=refuse, frames=1) == 1
-    assert capsys.readouterr().err == ("cannot read http://127.0.0.1:9/metrics: ConnectionError: connection refused; "
-                                       "is `accelab serve` running there?\n")
+    assert capsys.readouterr().err == (
+        "cannot read http://127.0.0.1:9/metrics: ConnectionError: connection refused; "
+        "is `accelab serve` running there?\n"
+    )

@@ -55,15 +55,25 @@ def build_tiny_vit(path: Path, num_labels: int = 10) -> Path:
     from accelab.catalog.build_vision import image_processor_class
 
     labels = {i: str(i) for i in range(num_labels)}
-    config = ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                       image_size=16, patch_size=4, num_labels=num_labels, id2label=labels,
-                       label2id={v: k for k, v in labels.items()}, hidden_dropout_prob=0.0,
-                       attention_probs_dropout_prob=0.0)
+    config = ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=16,
+        patch_size=4,
+        num_labels=num_labels,
+        id2label=labels,
+        label2id={v: k for k, v in labels.items()},
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         ViTForImageClassification(config).save_pretrained(path)
-    image_processor_class("ViTImageProcessor")(size={"height": 16, "width": 16}, image_mean=[0.5] * 3,
-                                               image_std=[0.5] * 3).save_pretrained(path)
+    image_processor_class("ViTImageProcessor")(
+        size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3
+    ).save_pretrained(path)
     return path
 
 
@@ -101,9 +111,28 @@ def test_short_digits_run_learns_and_saves_a_model_the_catalog_resolves(cache, t
 
     out, db = tmp_path / "run.json", tmp_path / "results.db"
     # --threads 1: on this shared 2-core machine one thread per process was ~4x faster than two
-    cli("--model", "vit-tiny", "--dataset", "digits", "--max-steps", "180", "--batch-size", "16", "--threads", "1",
-        "--save-as", "digits-vit-test", "--json", str(out), "--db", str(db), "--log-with", "tensorboard",
-        "--output-dir", str(tmp_path / "run"))
+    cli(
+        "--model",
+        "vit-tiny",
+        "--dataset",
+        "digits",
+        "--max-steps",
+        "180",
+        "--batch-size",
+        "16",
+        "--threads",
+        "1",
+        "--save-as",
+        "digits-vit-test",
+        "--json",
+        str(out),
+        "--db",
+        str(db),
+        "--log-with",
+        "tensorboard",
+        "--output-dir",
+        str(tmp_path / "run"),
+    )
     metrics = result_json(out)["metrics"]
     losses = metrics["losses"]
     assert len(losses) == 180
@@ -133,14 +162,33 @@ def test_resume_from_a_checkpoint_ends_with_the_same_weights(cache, tmp_path):
     tiny = str(cache / "tiny-vit")
     # 128 per step: 11 steps per epoch; the checkpoint at 7 is mid-epoch and the resumed run
     # crosses the epoch end (eval, epoch checkpoint, a new epoch's order) before step 14.
-    common = ["--model", tiny, "--dataset", "digits", "--max-steps", "14", "--batch-size", "128", "--threads", "1",
-              "--no-save", "--no-store"]
+    common = [
+        "--model",
+        tiny,
+        "--dataset",
+        "digits",
+        "--max-steps",
+        "14",
+        "--batch-size",
+        "128",
+        "--threads",
+        "1",
+        "--no-save",
+        "--no-store",
+    ]
     cli(*common, "--checkpoint-every", "7", "--output-dir", str(tmp_path / "full"))
     checkpoint = tmp_path / "full" / "checkpoints" / "step-0000007"
     assert (checkpoint / "trainer_state.json").is_file()
     assert (tmp_path / "full" / "checkpoints" / "step-0000011").is_dir()  # the epoch-end checkpoint
-    cli(*common, "--resume", str(checkpoint), "--output-dir", str(tmp_path / "resumed"),
-        "--json", str(tmp_path / "resumed.json"))
+    cli(
+        *common,
+        "--resume",
+        str(checkpoint),
+        "--output-dir",
+        str(tmp_path / "resumed"),
+        "--json",
+        str(tmp_path / "resumed.json"),
+    )
     assert result_json(tmp_path / "resumed.json")["metrics"]["steps"] == 14
     full = load_file(tmp_path / "full" / "model" / "model.safetensors")
     resumed = load_file(tmp_path / "resumed" / "model" / "model.safetensors")
@@ -153,10 +201,25 @@ def test_resume_from_another_models_checkpoint_is_a_clear_error(cache, tmp_path)
     run = tmp_path / "full"
     ckpt_dir = run / "checkpoints" / "step-0000004"
     ckpt_dir.mkdir(parents=True)
-    (ckpt_dir / "trainer_state.json").write_text(json.dumps({
-        "global_step": 4, "epoch": 0, "step_in_epoch": 4, "batch_size": 16, "seed": 0, "mixed_precision": "no",
-        "model": "vit-tiny", "identity": {"model_type": "vit", "task": "image-classification", "num_labels": 10,
-                                          "config_sha": "0123456789abcdef"}}))
+    (ckpt_dir / "trainer_state.json").write_text(
+        json.dumps(
+            {
+                "global_step": 4,
+                "epoch": 0,
+                "step_in_epoch": 4,
+                "batch_size": 16,
+                "seed": 0,
+                "mixed_precision": "no",
+                "model": "vit-tiny",
+                "identity": {
+                    "model_type": "vit",
+                    "task": "image-classification",
+                    "num_labels": 10,
+                    "config_sha": "0123456789abcdef",
+                },
+            }
+        )
+    )
     result = invoke("--model", str(cache / "tiny-vit"), "--resume", str(ckpt_dir), "--no-store")
     assert isinstance(result.exception, ValueError)
     assert "was written for vit-tiny" in str(result.exception) and "same --model" in str(result.exception)
@@ -169,9 +232,27 @@ def test_bench_rows_and_one_vs_two_processes(cache, tmp_path):
     from accelab.results.store import open_store
 
     out, db = tmp_path / "bench.json", tmp_path / "results.db"
-    result = cli("--bench", "--model", str(cache / "tiny-vit"), "--dataset", "digits", "--max-steps", "5",
-                 "--bench-warmup", "1", "--batch-size", "16", "--threads", "1", "--json", str(out), "--db", str(db),
-                 "--output-dir", str(tmp_path / "bench"))
+    result = cli(
+        "--bench",
+        "--model",
+        str(cache / "tiny-vit"),
+        "--dataset",
+        "digits",
+        "--max-steps",
+        "5",
+        "--bench-warmup",
+        "1",
+        "--batch-size",
+        "16",
+        "--threads",
+        "1",
+        "--json",
+        str(out),
+        "--db",
+        str(db),
+        "--output-dir",
+        str(tmp_path / "bench"),
+    )
     doc = result_json(out)
     rows = {row["configuration"]: row for row in doc["rows"]}
     full = {r["plan"]["name"]: r for r in doc["results"]}
@@ -184,7 +265,10 @@ def test_bench_rows_and_one_vs_two_processes(cache, tmp_path):
         assert row["samples_per_s"] == pytest.approx(row["timed_samples"] / row["timed_wall_s"])
         assert row["final_accuracy"] is not None and row["peak_rss_mb_max"] > 0
     assert rows["grad accum x4"]["grad_accum"] == 4 and rows["grad accum x4"]["global_batch"] == 16
-    assert rows["2 processes"]["nproc"] == 2 and rows["2 processes"]["peak_rss_mb_sum"] > rows["2 processes"]["peak_rss_mb_max"]
+    assert (
+        rows["2 processes"]["nproc"] == 2
+        and rows["2 processes"]["peak_rss_mb_sum"] > rows["2 processes"]["peak_rss_mb_max"]
+    )
     assert "unsupported" in result.output and "samples/s" in result.output  # the printed table
 
     baseline, two = full["baseline (fp32)"]["metrics"], full["2 processes"]["metrics"]
@@ -206,7 +290,11 @@ def test_bench_rows_and_one_vs_two_processes(cache, tmp_path):
     for name in ("bf16 autocast", "grad accum x4", "2 processes"):
         speedup = full[name]["metrics"]["speedup"]
         assert speedup["reference"] == "baseline (fp32)" and speedup["verdict"] in (
-            "faster", "slower", "no measurable difference", "unreliable")
+            "faster",
+            "slower",
+            "no measurable difference",
+            "unreliable",
+        )
 
 
 # other data sources ----------------------------------------------------------------------------
@@ -225,8 +313,19 @@ def _digit_folder(root: Path, classes: tuple[int, ...] = (0, 1, 7), per_class: i
 
 def test_imagefolder_with_an_unreadable_file_and_a_new_head(cache, tmp_path, caplog):
     folder = _digit_folder(tmp_path / "folder")
-    common = ["--model", str(cache / "tiny-vit"), "--dataset", str(folder), "--max-steps", "3", "--batch-size", "8",
-              "--threads", "1", "--no-store"]
+    common = [
+        "--model",
+        str(cache / "tiny-vit"),
+        "--dataset",
+        str(folder),
+        "--max-steps",
+        "3",
+        "--batch-size",
+        "8",
+        "--threads",
+        "1",
+        "--no-store",
+    ]
     mismatch = invoke(*common)
     assert isinstance(mismatch.exception, ValueError) and "--reinit-head" in str(mismatch.exception)
     out = tmp_path / "r.json"
@@ -251,8 +350,9 @@ def test_imagefolder_builder_counts_and_names_unreadable_images(cache, tmp_path,
 
     folder = _digit_folder(tmp_path / "folder", per_class=5)
     processor = image_processor_class("ViTImageProcessor")(size={"height": 16, "width": 16})
-    config = TrainConfig(model="m", model_source="/m", output_dir="/o", dataset=str(folder),
-                         dataset_kind="imagefolder", batch_size=4)
+    config = TrainConfig(
+        model="m", model_source="/m", output_dir="/o", dataset=str(folder), dataset_kind="imagefolder", batch_size=4
+    )
     with caplog.at_level(logging.WARNING):
         data = build_folder(config, processor, 16)
     assert data.skipped == 1 and "broken.png" in caplog.text
@@ -269,12 +369,17 @@ def test_saved_datasets_dataset_with_autodetected_columns(cache, tmp_path):
     from accelab.train.data_images import build_disk
 
     images, labels = inputs.digits("all", image_size=16)
-    features = datasets.Features({"img": datasets.Image(), "digit": datasets.ClassLabel(names=[str(i) for i in range(10)])})
+    features = datasets.Features(
+        {"img": datasets.Image(), "digit": datasets.ClassLabel(names=[str(i) for i in range(10)])}
+    )
     ds = datasets.Dataset.from_dict({"img": images[:60], "digit": labels[:60]}, features=features)
-    datasets.DatasetDict({"train": ds.select(range(50)), "test": ds.select(range(50, 60))}).save_to_disk(tmp_path / "ds")
+    datasets.DatasetDict({"train": ds.select(range(50)), "test": ds.select(range(50, 60))}).save_to_disk(
+        tmp_path / "ds"
+    )
     assert detect_kind(str(tmp_path / "ds"), "image-classification") == "disk"
-    config = TrainConfig(model="m", model_source="/m", output_dir="/o", dataset=str(tmp_path / "ds"),
-                         dataset_kind="disk", batch_size=4)
+    config = TrainConfig(
+        model="m", model_source="/m", output_dir="/o", dataset=str(tmp_path / "ds"), dataset_kind="disk", batch_size=4
+    )
     assert class_names(config) == [str(i) for i in range(10)]
     processor = image_processor_class("ViTImageProcessor")(size={"height": 16, "width": 16})
     data = build_disk(config, processor, 16)
@@ -291,10 +396,18 @@ def test_causal_lm_fine_tuning_reports_perplexity(cache, tmp_path):
 
     tiny = tmp_path / "tiny-llama"
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-                         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         LlamaForCausalLM(config).save_pretrained(tiny)
@@ -308,8 +421,30 @@ def test_causal_lm_fine_tuning_reports_perplexity(cache, tmp_path):
 
     corpus.write_text(inputs.heldout_text())
     out = tmp_path / "lm.json"
-    cli("--model", str(tiny), "--dataset", str(corpus), "--max-steps", "4", "--batch-size", "4", "--block-size", "64",
-        "--lr", "3e-3", "--warmup-steps", "0", "--threads", "1", "--gradient-checkpointing", "--save-as", "tiny-llama-ft", "--json", str(out), "--no-store")
+    cli(
+        "--model",
+        str(tiny),
+        "--dataset",
+        str(corpus),
+        "--max-steps",
+        "4",
+        "--batch-size",
+        "4",
+        "--block-size",
+        "64",
+        "--lr",
+        "3e-3",
+        "--warmup-steps",
+        "0",
+        "--threads",
+        "1",
+        "--gradient-checkpointing",
+        "--save-as",
+        "tiny-llama-ft",
+        "--json",
+        str(out),
+        "--no-store",
+    )
     metrics = result_json(out)["metrics"]
     assert metrics["losses"][-1] < metrics["losses"][0]
     assert 1 < metrics["final_perplexity"] < len(tokenizer)
@@ -318,18 +453,22 @@ def test_causal_lm_fine_tuning_reports_perplexity(cache, tmp_path):
 
     meta = read_meta(Path(resolve("tiny-llama-ft").source))
     assert meta["task"] == "text-generation" and meta["metrics"]["eval_perplexity"] == pytest.approx(
-        metrics["final_perplexity"])
+        metrics["final_perplexity"]
+    )
 
 
 # parent-side errors: no worker starts ---------------------------------------------------------
-@pytest.mark.parametrize("args,fragment", [
-    (["--dataset", "/no/such/dir"], "does not exist"),
-    (["--mixed-precision", "fp16"], "fp16 mixed precision needs a GPU"),
-    (["--batch-size", "30", "--nproc", "4"], "must be divisible by processes x grad-accum"),
-    (["--image-size", "64"], "takes 16 px images"),
-    (["--plan", "bf16", "--batch-size", "8"], "cast of the weights for inference"),
-    (["--resume", "latest"], "no complete checkpoint"),
-])
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--dataset", "/no/such/dir"], "does not exist"),
+        (["--mixed-precision", "fp16"], "fp16 mixed precision needs a GPU"),
+        (["--batch-size", "30", "--nproc", "4"], "must be divisible by processes x grad-accum"),
+        (["--image-size", "64"], "takes 16 px images"),
+        (["--plan", "bf16", "--batch-size", "8"], "cast of the weights for inference"),
+        (["--resume", "latest"], "no complete checkpoint"),
+    ],
+)
 def test_bad_input_fails_before_training_with_the_fix(cache, tmp_path, args, fragment):
     result = invoke("--model", str(cache / "tiny-vit"), *args, "--no-store", "--output-dir", str(tmp_path / "o"))
     assert isinstance(result.exception, ValueError), result.output
@@ -343,8 +482,9 @@ def test_gradient_checkpointing_on_a_model_without_it_is_a_clear_error(cache, tm
     from accelab.catalog.build_vision import image_processor_class
 
     path = tmp_path / "tiny-resnet"
-    ResNetForImageClassification(ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1],
-                                              num_labels=10)).save_pretrained(path)
+    ResNetForImageClassification(
+        ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=10)
+    ).save_pretrained(path)
     image_processor_class("ConvNextImageProcessor")(size={"shortest_edge": 32}).save_pretrained(path)
     result = invoke("--model", str(path), "--gradient-checkpointing", "--no-store")
     assert isinstance(result.exception, ValueError)

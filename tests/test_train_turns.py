@@ -12,8 +12,15 @@ from accelab.train import turns
 
 
 def worker(directory, row, log, *, steps, step_s, timed_from=1, seconds_per_turn=0.05):
-    gate = turns.Gate(directory, row, main=True, seconds_per_turn=seconds_per_turn, timed_from=timed_from,
-                      last_step=steps, sleep=lambda s: time.sleep(0.001))
+    gate = turns.Gate(
+        directory,
+        row,
+        main=True,
+        seconds_per_turn=seconds_per_turn,
+        timed_from=timed_from,
+        last_step=steps,
+        sleep=lambda s: time.sleep(0.001),
+    )
     try:
         for step in range(1, steps + 1):
             log.append((row, step))
@@ -26,8 +33,10 @@ def worker(directory, row, log, *, steps, step_s, timed_from=1, seconds_per_turn
 def test_rows_run_only_in_their_turns_in_alternating_order(tmp_path):
     table = turns.Table(tmp_path)
     log: list = []
-    threads = [threading.Thread(target=worker, args=(tmp_path, row, log), kwargs={"steps": 6, "step_s": 0.03})
-               for row in ("a", "b")]
+    threads = [
+        threading.Thread(target=worker, args=(tmp_path, row, log), kwargs={"steps": 6, "step_s": 0.03})
+        for row in ("a", "b")
+    ]
     for t in threads:
         t.start()
     for row in ("a", "b"):  # the warm-up step ran at once, then each waits at the gate
@@ -38,9 +47,11 @@ def test_rows_run_only_in_their_turns_in_alternating_order(tmp_path):
         round_index = index // 2
         before = len(log)
         table.give(row, round_index)
-        assert table.wait_for(lambda row=row, round_index=round_index: table.report(row, round_index) is not None,
-                              timeout_s=10,
-                              sleep=lambda s: time.sleep(0.001))
+        assert table.wait_for(
+            lambda row=row, round_index=round_index: table.report(row, round_index) is not None,
+            timeout_s=10,
+            sleep=lambda s: time.sleep(0.001),
+        )
         reports[(row, round_index)] = table.report(row, round_index)
         # only the row whose turn it is ran: two steps of 0.03 s fill its 0.05 s turn
         assert {r for r, _ in log[before:]} <= {row} and len(log) - before == 2

@@ -32,14 +32,17 @@ def test_global_batch_splits_over_processes_and_accumulation():
         micro_batch(32, 3, 1)
 
 
-@pytest.mark.parametrize("field,value,fragment", [
-    ("mixed_precision", "fp8", "mixed_precision='fp8' is not allowed"),
-    ("schedule", "step", "--schedule"),
-    ("epochs", 0, "--epochs 1 or more"),
-    ("warmup_ratio", 1.5, "warmup_ratio=1.5"),
-    ("lr", 0.0, "--lr"),
-    ("max_grad_norm", -1.0, "--max-grad-norm"),
-])
+@pytest.mark.parametrize(
+    "field,value,fragment",
+    [
+        ("mixed_precision", "fp8", "mixed_precision='fp8' is not allowed"),
+        ("schedule", "step", "--schedule"),
+        ("epochs", 0, "--epochs 1 or more"),
+        ("warmup_ratio", 1.5, "warmup_ratio=1.5"),
+        ("lr", 0.0, "--lr"),
+        ("max_grad_norm", -1.0, "--max-grad-norm"),
+    ],
+)
 def test_config_rejects_bad_values_naming_the_option(field, value, fragment):
     with pytest.raises(ValueError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
         make_config(**{field: value})
@@ -81,9 +84,9 @@ def test_split_batches_gives_every_step_the_same_samples_for_1_and_2_processes()
     """accelerate (split_batches=True) gives rank r the r-th slice of each loader batch; the union
     over ranks of one optimizer step's slices equals the one-process batch."""
     order = EpochSampler(64, seed=0, multiple_of=16).order()
-    one_process = [order[i:i + 16] for i in range(0, 64, 16)]
+    one_process = [order[i : i + 16] for i in range(0, 64, 16)]
     for batch in one_process:
-        ranks = [batch[r * 8:(r + 1) * 8] for r in range(2)]
+        ranks = [batch[r * 8 : (r + 1) * 8] for r in range(2)]
         assert sorted(ranks[0] + ranks[1]) == sorted(batch)
 
 
@@ -117,8 +120,16 @@ def test_step_timer_estimates_the_epoch_when_none_completed(clock):
 
 # checkpoints -------------------------------------------------------------------------------
 def _state(step: int, **changes) -> ckpt.TrainerState:
-    base = {"global_step": step, "epoch": 0, "step_in_epoch": step, "identity": {"config_sha": "a", "num_labels": 10},
-            "batch_size": 32, "seed": 0, "mixed_precision": "no", "model": "vit-tiny"}
+    base = {
+        "global_step": step,
+        "epoch": 0,
+        "step_in_epoch": step,
+        "identity": {"config_sha": "a", "num_labels": 10},
+        "batch_size": 32,
+        "seed": 0,
+        "mixed_precision": "no",
+        "model": "vit-tiny",
+    }
     return ckpt.TrainerState(**{**base, **changes})
 
 
@@ -151,10 +162,18 @@ def test_resume_latest_picks_the_newest_complete_checkpoint(tmp_path):
 def test_incompatible_checkpoint_is_a_clear_error_and_changed_settings_a_warning(tmp_path):
     state = _state(10)
     with pytest.raises(ValueError, match=r"written for vit-tiny .*differs in config_sha.*same --model"):
-        ckpt.check_compatible(state, tmp_path, identity={"config_sha": "b", "num_labels": 10}, model="resnet-50",
-                              batch_size=32, seed=0, mixed_precision="no")
-    warnings = ckpt.check_compatible(state, tmp_path, identity=state.identity, model="vit-tiny", batch_size=64,
-                                     seed=0, mixed_precision="no")
+        ckpt.check_compatible(
+            state,
+            tmp_path,
+            identity={"config_sha": "b", "num_labels": 10},
+            model="resnet-50",
+            batch_size=32,
+            seed=0,
+            mixed_precision="no",
+        )
+    warnings = ckpt.check_compatible(
+        state, tmp_path, identity=state.identity, model="vit-tiny", batch_size=64, seed=0, mixed_precision="no"
+    )
     assert len(warnings) == 1 and "--batch-size 64" in warnings[0]
 
 
@@ -171,8 +190,11 @@ def test_threads_follow_the_idle_cpus_shared_among_the_ranks_of_a_node():
 
 # options -----------------------------------------------------------------------------------
 def test_explicit_options_beat_the_plan_which_beats_defaults():
-    merged = merge({"batch_size": 8, "lr": None}, {"batch_size": 64, "mixed_precision": "bf16"},
-                   {"batch_size": 32, "lr": 1e-3, "mixed_precision": "no"})
+    merged = merge(
+        {"batch_size": 8, "lr": None},
+        {"batch_size": 64, "mixed_precision": "bf16"},
+        {"batch_size": 32, "lr": 1e-3, "mixed_precision": "no"},
+    )
     assert merged == {"batch_size": 8, "lr": 1e-3, "mixed_precision": "bf16"}
 
 
@@ -180,7 +202,9 @@ def test_plan_fields_map_to_training_options(tmp_path):
     settings, notes = plan_settings("bf16-autocast")
     assert settings["mixed_precision"] == "bf16" and settings["compile"] == "off" and not notes
     path = tmp_path / "p.yaml"
-    path.write_text("precision: fp16-autocast\ncompile: default\nbatch_size: 64\nthreads: 2\nquantization: int8-weight\n")
+    path.write_text(
+        "precision: fp16-autocast\ncompile: default\nbatch_size: 64\nthreads: 2\nquantization: int8-weight\n"
+    )
     settings, notes = plan_settings(str(path))
     assert settings == {"mixed_precision": "fp16", "compile": "default", "batch_size": 64, "threads": 2}
     assert "quantization" in notes[0]
@@ -254,8 +278,9 @@ def test_bench_rows_on_cpu_and_on_a_one_gpu_machine():
     gpu = {r.name: r for r in bench_rows(config, cuda=True, bf16_on_gpu=True, gpus=1, nproc=2, accum=4)}
     assert gpu["fp16 autocast"].unsupported is None
     assert "need 2 GPUs; 1 found" in gpu["2 processes"].unsupported
-    odd = {r.name: r for r in bench_rows(make_config(batch_size=6), cuda=False, bf16_on_gpu=None, gpus=0, nproc=2,
-                                         accum=4)}
+    odd = {
+        r.name: r for r in bench_rows(make_config(batch_size=6), cuda=False, bf16_on_gpu=None, gpus=0, nproc=2, accum=4)
+    }
     assert "does not split" in odd["grad accum x4"].unsupported
 
 
@@ -288,8 +313,12 @@ def test_after_step_counts_skipped_fp16_steps_and_checkpoints_on_cadence(monkeyp
 
     saved = []
     monkeypatch.setattr(loop, "save_checkpoint", lambda session, position: saved.append(position.global_step))
-    session = SimpleNamespace(config=make_config(checkpoint_every=2, grad_accum=2), accelerator=FakeAccelerator(),
-                              scheduler=SimpleNamespace(get_last_lr=lambda: [0.1]), steps_per_epoch=3)
+    session = SimpleNamespace(
+        config=make_config(checkpoint_every=2, grad_accum=2),
+        accelerator=FakeAccelerator(),
+        scheduler=SimpleNamespace(get_last_lr=lambda: [0.1]),
+        steps_per_epoch=3,
+    )
     position, record = loop.Position(), loop.Record(losses=[], lrs=[], evals=[])
     timer = StepTimer(warmup=0, clock=clock)
     timer.start()
@@ -312,11 +341,19 @@ def test_a_torchrun_rank_exits_without_interpreter_finalization(world_size, fina
     import os
     import subprocess
 
-    script = ("import atexit, sys; from accelab.launch import exit_worker; "
-              "atexit.register(lambda: print('finalized', flush=True)); "
-              "print('summary written', end=''); sys.stderr.write('a warning'); exit_worker(3)")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "WORLD_SIZE": world_size}, check=False)
+    script = (
+        "import atexit, sys; from accelab.launch import exit_worker; "
+        "atexit.register(lambda: print('finalized', flush=True)); "
+        "print('summary written', end=''); sys.stderr.write('a warning'); exit_worker(3)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "WORLD_SIZE": world_size},
+        check=False,
+    )
     assert done.returncode == 3
     assert done.stdout.startswith("summary written") and done.stderr.endswith("a warning")  # flushed
     assert ("finalized" in done.stdout) is finalized

@@ -11,19 +11,33 @@ pytestmark = pytest.mark.slow
 
 
 def accelab(*args, check=True):
-    proc = subprocess.run([sys.executable, "-m", "accelab", *args], capture_output=True, text=True, timeout=900, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "accelab", *args], capture_output=True, text=True, timeout=900, check=False
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"accelab {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
     return proc
 
 
 # one searchable plan (fp16 autocast is pruned on CPU) and batches 2..4 keep this to a few children
-COMMON = ["vit-tiny", "--include", "baseline,fp16-autocast", "--batch-size", "2", "--max-batch", "4", "--min-seconds", "0.5"]
+COMMON = [
+    "vit-tiny",
+    "--include",
+    "baseline,fp16-autocast",
+    "--batch-size",
+    "2",
+    "--max-batch",
+    "4",
+    "--min-seconds",
+    "0.5",
+]
 
 
 def test_tune_writes_plan_resumes_and_reproduces(tmp_path):
     db, out, plot, js = tmp_path / "r.db", tmp_path / "best.yaml", tmp_path / "p.png", tmp_path / "t.json"
-    proc = accelab("tune", *COMMON, "--quality", "off", "--db", str(db), "--out", str(out), "--plot", str(plot), "--json", str(js))
+    proc = accelab(
+        "tune", *COMMON, "--quality", "off", "--db", str(db), "--out", str(out), "--plot", str(plot), "--json", str(js)
+    )
     report = json.loads(js.read_text())
     plan = yaml.safe_load(out.read_text())
     variant, batch = report["winner"].split("@")
@@ -44,8 +58,19 @@ def test_tune_writes_plan_resumes_and_reproduces(tmp_path):
 
 
 def test_tune_impossible_limit_says_which(tmp_path):
-    proc = accelab("tune", *COMMON, "--quality", "off", "--max-memory", "10MiB", "--db", str(tmp_path / "r.db"),
-                   "--out", str(tmp_path / "b.yaml"), check=False)
+    proc = accelab(
+        "tune",
+        *COMMON,
+        "--quality",
+        "off",
+        "--max-memory",
+        "10MiB",
+        "--db",
+        str(tmp_path / "r.db"),
+        "--out",
+        str(tmp_path / "b.yaml"),
+        check=False,
+    )
     assert proc.returncode == 3
     assert "no plan met every limit" in proc.stdout and "memory limit (10 MB)" in proc.stdout
     assert not (tmp_path / "b.yaml").exists()

@@ -20,9 +20,16 @@ def test_techniques_name_what_a_plan_changes():
 
 
 def _limits(bf16_ratio: float) -> HardwareLimits:
-    return HardwareLimits(device="cpu", fp32_flops=300e9, bf16_flops=300e9 * bf16_ratio, tf32_flops=None,
-                          bandwidth_bytes_per_s=20e9, threads=2, measured_at="2026-11-30T00:00:00+00:00",
-                          fingerprint="test")
+    return HardwareLimits(
+        device="cpu",
+        fp32_flops=300e9,
+        bf16_flops=300e9 * bf16_ratio,
+        tf32_flops=None,
+        bandwidth_bytes_per_s=20e9,
+        threads=2,
+        measured_at="2026-11-30T00:00:00+00:00",
+        fingerprint="test",
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="judges this machine's CPU; with a GPU the report judges the GPU")
@@ -38,8 +45,11 @@ def test_slow_here_follows_the_measured_bf16_rate(monkeypatch, ratio, slow):
 
 def test_the_default_space_leaves_out_slow_techniques_unless_asked_for(monkeypatch):
     spec = resolve("smollm2-135m")
-    monkeypatch.setattr(space, "slow_here", lambda device: {"bf16-autocast": "measured bf16 slower (test)",
-                                                            "bf16-weights": "measured bf16 slower (test)"})
+    monkeypatch.setattr(
+        space,
+        "slow_here",
+        lambda device: {"bf16-autocast": "measured bf16 slower (test)", "bf16-weights": "measured bf16 slower (test)"},
+    )
     pruned = search_space(spec, "generate", "cpu", max_batch=8, prune_slow=True)
     assert "bf16-autocast" in pruned.pruned and "bf16" in pruned.pruned
     assert "measured bf16 slower (test)" in pruned.pruned["bf16"] and "--include" in pruned.pruned["bf16"]

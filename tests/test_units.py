@@ -6,8 +6,19 @@ import pytest
 from accelab.units import parse_duration_s, parse_objectives, parse_percent, parse_size_mib
 
 
-@pytest.mark.parametrize("text,mib", [("2GiB", 2048), ("1500MiB", 1500), ("1GB", 1e9 / 2**20), ("512kib", 0.5),
-                                      (" 1.5 gib ", 1536), ("2.GiB", 2048), (".5TiB", 2**19), ("1048576B", 1.0)])
+@pytest.mark.parametrize(
+    "text,mib",
+    [
+        ("2GiB", 2048),
+        ("1500MiB", 1500),
+        ("1GB", 1e9 / 2**20),
+        ("512kib", 0.5),
+        (" 1.5 gib ", 1536),
+        ("2.GiB", 2048),
+        (".5TiB", 2**19),
+        ("1048576B", 1.0),
+    ],
+)
 def test_sizes_are_mib(text, mib):
     assert parse_size_mib(text) == pytest.approx(mib)
 
@@ -19,8 +30,11 @@ def test_a_size_needs_a_unit():
 
 @pytest.mark.parametrize("text", ["two GiB", "2 GiBs", "2XB", "", "-1GiB", "1.2.3GiB"])
 def test_a_bad_size_names_the_value_and_the_units(text):
-    with pytest.raises(ValueError, match=rf"--max-memory {text!r} must be a size like 2GiB or 1500MB "
-                                         r"\(units: B, kB, KiB, MB, MiB, GB, GiB, TB, TiB\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"--max-memory {text!r} must be a size like 2GiB or 1500MB "
+        r"\(units: B, kB, KiB, MB, MiB, GB, GiB, TB, TiB\)",
+    ):
         parse_size_mib(text)
 
 
@@ -36,8 +50,11 @@ def test_budget_durations(text, seconds):
 
 @pytest.mark.parametrize("text", ["5ms", "2d", "soon", "10 minutes", ""])
 def test_a_duration_outside_the_options_units_is_refused(text):
-    with pytest.raises(ValueError, match=rf"--budget {text!r} must be a duration like 30s, 10m, 2h "
-                                         r"\(units: s, m, h; a bare number is s\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"--budget {text!r} must be a duration like 30s, 10m, 2h "
+        r"\(units: s, m, h; a bare number is s\)",
+    ):
         parse_duration_s(text)
 
 
@@ -66,13 +83,19 @@ def test_objectives_are_seconds_by_key():
     assert parse_objectives(None, keys) == {} and parse_objectives("", keys) == {}
 
 
-@pytest.mark.parametrize("text,message", [
-    ("latency=1s", r"--slo part 'latency=1s' must look like KEY=TIME with KEY one of ttft, tpot, e2e, "
-                   r"e.g. --slo ttft=500ms,e2e=2s"),
-    ("ttft", r"--slo part 'ttft' must look like KEY=TIME"),
-    ("ttft=fast", r"--slo ttft='fast': give a time such as 500ms, 2s or 0.5 \(seconds\)"),
-    ("e2e=1m", r"--slo e2e='1m': give a time such as 500ms, 2s or 0.5 \(seconds\)"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        (
+            "latency=1s",
+            r"--slo part 'latency=1s' must look like KEY=TIME with KEY one of ttft, tpot, e2e, "
+            r"e.g. --slo ttft=500ms,e2e=2s",
+        ),
+        ("ttft", r"--slo part 'ttft' must look like KEY=TIME"),
+        ("ttft=fast", r"--slo ttft='fast': give a time such as 500ms, 2s or 0.5 \(seconds\)"),
+        ("e2e=1m", r"--slo e2e='1m': give a time such as 500ms, 2s or 0.5 \(seconds\)"),
+    ],
+)
 def test_bad_objectives_name_the_part_and_the_forms(text, message):
     with pytest.raises(ValueError, match=message):
         parse_objectives(text, ("ttft", "tpot", "e2e"))

@@ -17,16 +17,19 @@ import pytest
 
 from accelab.catalog.fetch import is_fetched
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not is_fetched("smollm2-135m"),
-                                                   reason="run `accelab models fetch smollm2-135m` first")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not is_fetched("smollm2-135m"), reason="run `accelab models fetch smollm2-135m` first"),
+]
 
 QUICK = ["--warmup", "1", "--min-iters", "3", "--min-seconds", "0.5"]
 
 
 def accelab(*args, check=True):
     env = {**os.environ, "ACCELAB_VLLM_KEEP_S": "300"}  # a leftover engine leaves by itself
-    proc = subprocess.run([sys.executable, "-m", "accelab", *args], capture_output=True, text=True, timeout=1500,
-                          env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "accelab", *args], capture_output=True, text=True, timeout=1500, env=env
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"accelab {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -59,8 +62,24 @@ def stop_new_engines():
 
 def test_compare_baseline_llamacpp_vllm_gives_three_rows_with_verdicts(tmp_path):
     out = tmp_path / "c.json"
-    accelab("compare", "smollm2-135m", "--scenario", "generate", "--plans", "baseline,llamacpp,vllm",
-            "--new-tokens", "8", "--samples", "4", "--rounds", "2", *QUICK, "--json", str(out), "--no-store")
+    accelab(
+        "compare",
+        "smollm2-135m",
+        "--scenario",
+        "generate",
+        "--plans",
+        "baseline,llamacpp,vllm",
+        "--new-tokens",
+        "8",
+        "--samples",
+        "4",
+        "--rounds",
+        "2",
+        *QUICK,
+        "--json",
+        str(out),
+        "--no-store",
+    )
     rows = {r["plan"]: r for r in json.loads(out.read_text())["rows"]}
     assert list(rows) == ["baseline", "llamacpp", "vllm"]
     assert all(r["status"] == "ok" and r["quality"] in ("pass", "warn", "fail") for r in rows.values()), rows
@@ -72,8 +91,19 @@ def test_compare_baseline_llamacpp_vllm_gives_three_rows_with_verdicts(tmp_path)
 
 def test_verify_vllm_passes_with_the_reference_tokens_and_perplexity(tmp_path):
     out = tmp_path / "v.json"
-    accelab("verify", "smollm2-135m", "--plan", "vllm", "--samples", "8", "--new-tokens", "16", "--json", str(out),
-            "--no-store")
+    accelab(
+        "verify",
+        "smollm2-135m",
+        "--plan",
+        "vllm",
+        "--samples",
+        "8",
+        "--new-tokens",
+        "16",
+        "--json",
+        str(out),
+        "--no-store",
+    )
     result = json.loads(out.read_text())
     quality = result["quality"]
     m = quality["metrics"]
@@ -86,8 +116,22 @@ def test_bench_vllm_fills_the_generate_contract(tmp_path):
     from accelab.results import contract as K
 
     out = tmp_path / "b.json"
-    accelab("bench", "smollm2-135m", "--plan", "vllm", "--scenario", "generate", "-b", "4", "--new-tokens", "8",
-            *QUICK, "--json", str(out), "--no-store")
+    accelab(
+        "bench",
+        "smollm2-135m",
+        "--plan",
+        "vllm",
+        "--scenario",
+        "generate",
+        "-b",
+        "4",
+        "--new-tokens",
+        "8",
+        *QUICK,
+        "--json",
+        str(out),
+        "--no-store",
+    )
     metrics = json.loads(out.read_text())["metrics"]
     for key in (K.TTFT_MS, K.TPOT_MS, K.ITL_MS):
         assert 0 < metrics[key]["p50"] < 10_000, key
@@ -97,9 +141,25 @@ def test_bench_vllm_fills_the_generate_contract(tmp_path):
 
 def test_tune_measures_vllm_plans_and_says_why_each_lost_or_won(tmp_path):
     js = tmp_path / "t.json"
-    proc = accelab("tune", "smollm2-135m", "--goal", "throughput", "--include", "baseline,vllm",
-                   "--max-batch", "2", "--new-tokens", "8", "--min-seconds", "0.5", "--db", str(tmp_path / "r.db"),
-                   "--json", str(js), check=False)
+    proc = accelab(
+        "tune",
+        "smollm2-135m",
+        "--goal",
+        "throughput",
+        "--include",
+        "baseline,vllm",
+        "--max-batch",
+        "2",
+        "--new-tokens",
+        "8",
+        "--min-seconds",
+        "0.5",
+        "--db",
+        str(tmp_path / "r.db"),
+        "--json",
+        str(js),
+        check=False,
+    )
     assert proc.returncode in (0, 3), proc.stdout + proc.stderr
     report = json.loads(js.read_text())
     verdicts = report["verdicts"]

@@ -18,8 +18,10 @@ from accelab.catalog.fetch import is_fetched
 
 openai = pytest.importorskip("openai")
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not is_fetched("smollm2-135m"),
-                                                   reason="run `accelab models fetch smollm2-135m` first")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not is_fetched("smollm2-135m"), reason="run `accelab models fetch smollm2-135m` first"),
+]
 
 MODEL = "smollm2-135m"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -29,12 +31,27 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 def server():
     from serving import ServerProcess
 
-    proc = ServerProcess("-m", "accelab.serve", MODEL, "--plan", "vllm", "--set", "vllm_max_num_seqs=16",
-                         "--port", "0", "--max-tokens", "64", "--grace-period", "20", timeout_s=120)
+    proc = ServerProcess(
+        "-m",
+        "accelab.serve",
+        MODEL,
+        "--plan",
+        "vllm",
+        "--set",
+        "vllm_max_num_seqs=16",
+        "--port",
+        "0",
+        "--max-tokens",
+        "64",
+        "--grace-period",
+        "20",
+        timeout_s=120,
+    )
     try:
         proc.wait_ready(timeout_s=900)  # the engine starts in 30 s (eager) to minutes on a busy machine
-        proc.engines = [c for c in psutil.Process(proc.proc.pid).children()
-                        if any("vllm_engine.py" in part for part in c.cmdline())]
+        proc.engines = [
+            c for c in psutil.Process(proc.proc.pid).children() if any("vllm_engine.py" in part for part in c.cmdline())
+        ]
         yield proc
     finally:
         proc.stop()
@@ -58,19 +75,25 @@ def test_chat_and_completions_streaming_and_not(server):
     answer = reply.choices[0].message.content
     assert "Paris" in answer
     assert reply.usage.prompt_tokens > 5 and 1 <= reply.usage.completion_tokens <= 8
-    stream = c.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=8, temperature=0, stream=True,
-                                       stream_options={"include_usage": True})
+    stream = c.chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
     chunks = list(stream)
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == answer  # greedy: the same
     assert chunks[-1].usage.completion_tokens == reply.usage.completion_tokens
     short = c.completions.create(model=MODEL, prompt="The capital of Germany is", max_tokens=3, temperature=0)
     assert short.usage.completion_tokens == 3 and short.choices[0].finish_reason == "length"
-    stopped = c.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=20, temperature=0,
-                                   stop=["."])
+    stopped = c.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=20, temperature=0, stop=["."]
+    )
     assert stopped.choices[0].finish_reason == "stop" and "." not in stopped.choices[0].text
     assert "Paris" in stopped.choices[0].text
-    sampled = [c.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=12, temperature=1.0,
-                                    seed=7).choices[0].text for _ in range(2)]
+    sampled = [
+        c.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=12, temperature=1.0, seed=7)
+        .choices[0]
+        .text
+        for _ in range(2)
+    ]
     assert sampled[0] == sampled[1]  # a seed repeats itself on vLLM too
 
 
@@ -96,8 +119,14 @@ def test_eight_concurrent_streams_and_the_metrics_follow_vllm(server):
 
     def one(i: int) -> None:
         stream = client(server.url).chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": f"Count to {i + 3}."}], max_tokens=24, temperature=0,
-            stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+            model=MODEL,
+            messages=[{"role": "user", "content": f"Count to {i + 3}."}],
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
         chunks = list(stream)
         results.append(chunks[-1].usage.completion_tokens)
 
@@ -115,8 +144,13 @@ def test_eight_concurrent_streams_and_the_metrics_follow_vllm(server):
 
 
 def test_a_client_that_hangs_up_mid_stream_frees_its_sequence(server):
-    body = {"model": MODEL, "prompt": "Write a long story about a dragon.", "max_tokens": 64, "stream": True,
-            "temperature": 0}
+    body = {
+        "model": MODEL,
+        "prompt": "Write a long story about a dragon.",
+        "max_tokens": 64,
+        "stream": True,
+        "temperature": 0,
+    }
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as response:
         lines = response.iter_lines()
         got = [next(lines) for _ in range(4)]
@@ -134,9 +168,19 @@ def test_sigterm_finishes_in_flight_streams_refuses_new_ones_and_stops_the_engin
     results: list = []
 
     def one() -> None:
-        with httpx.stream("POST", f"{server.url}/v1/completions", timeout=120,
-                          json={"model": MODEL, "prompt": "Tell me about Paris.", "max_tokens": 48, "stream": True,
-                                "temperature": 0, "ignore_eos": True}) as response:
+        with httpx.stream(
+            "POST",
+            f"{server.url}/v1/completions",
+            timeout=120,
+            json={
+                "model": MODEL,
+                "prompt": "Tell me about Paris.",
+                "max_tokens": 48,
+                "stream": True,
+                "temperature": 0,
+                "ignore_eos": True,
+            },
+        ) as response:
             text = [line for line in response.iter_lines() if line.startswith("data:")]
             results.append((response.status_code, text[-1]))
 

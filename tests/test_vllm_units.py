@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from accelab.backends import vllm_cli
-from accelab.backends import vllm_wire as W
+from accelab.backends import vllm_cli, vllm_wire as W
 from accelab.plan.backend_options import VllmOptions
 from accelab.plan.plan import Plan, load_plan
 from accelab.plan.presets import PRESETS
@@ -25,26 +24,36 @@ from accelab.plan.presets import PRESETS
 # -- plan options --------------------------------------------------------------------------------
 def test_presets_and_options_parse_to_engine_arguments():
     assert PRESETS["vllm"].backend == "vllm" and PRESETS["vllm-bf16"].option == {"vllm_dtype": "bfloat16"}
-    plan = load_plan("vllm[vllm_max_num_seqs=16;vllm_mode=compiled;vllm_block_size=64;vllm_prefix_caching=on;"
-                     "vllm_kv_cache_gib=3;vllm_max_num_batched_tokens=512;vllm_max_model_len=4096]")
+    plan = load_plan(
+        "vllm[vllm_max_num_seqs=16;vllm_mode=compiled;vllm_block_size=64;vllm_prefix_caching=on;"
+        "vllm_kv_cache_gib=3;vllm_max_num_batched_tokens=512;vllm_max_model_len=4096]"
+    )
     options = VllmOptions.parse(plan.option)
-    assert (options.max_num_seqs, options.mode, options.block_size, options.prefix_caching) == (16, "compiled", 64, "on")
+    assert (options.max_num_seqs, options.mode, options.block_size, options.prefix_caching) == (
+        16,
+        "compiled",
+        64,
+        "on",
+    )
     assert (options.kv_cache_gib, options.max_num_batched_tokens, options.max_model_len) == (3, 512, 4096)
     assert Plan.from_yaml(plan.to_yaml()) == plan
     defaults = VllmOptions.parse({})
     assert (defaults.dtype, defaults.mode, defaults.prefix_caching) == ("float32", "eager", "off")
 
 
-@pytest.mark.parametrize("ref, words", [
-    ("vllm[vllm_dtype=fp32]", ["vllm_dtype='fp32'", "float32, bfloat16, float16"]),
-    ("vllm[vllm_max_num_seqs=0]", ["vllm_max_num_seqs='0'", "1 or more"]),
-    ("vllm[vllm_block_size=48]", ["vllm_block_size='48'", "16, 32, 64, 128, 256"]),
-    ("vllm[vllm_mode=fast]", ["vllm_mode='fast'", "eager, compiled"]),
-    ("vllm[vllm_blocksize=32]", ["vllm_blocksize", "did you mean 'vllm_block_size'"]),
-    ("baseline[vllm_mode=eager]", ["vllm_mode", "option of backend=vllm", "--set backend=vllm"]),
-    ("vllm[vllm_max_num_seqs=8;vllm_max_num_batched_tokens=4]", ["vllm_max_num_batched_tokens=4", "raise it to 8"]),
-    ("vllm[ort_fusion=on]", ["ort_fusion", "backend=onnxruntime"]),
-])
+@pytest.mark.parametrize(
+    "ref, words",
+    [
+        ("vllm[vllm_dtype=fp32]", ["vllm_dtype='fp32'", "float32, bfloat16, float16"]),
+        ("vllm[vllm_max_num_seqs=0]", ["vllm_max_num_seqs='0'", "1 or more"]),
+        ("vllm[vllm_block_size=48]", ["vllm_block_size='48'", "16, 32, 64, 128, 256"]),
+        ("vllm[vllm_mode=fast]", ["vllm_mode='fast'", "eager, compiled"]),
+        ("vllm[vllm_blocksize=32]", ["vllm_blocksize", "did you mean 'vllm_block_size'"]),
+        ("baseline[vllm_mode=eager]", ["vllm_mode", "option of backend=vllm", "--set backend=vllm"]),
+        ("vllm[vllm_max_num_seqs=8;vllm_max_num_batched_tokens=4]", ["vllm_max_num_batched_tokens=4", "raise it to 8"]),
+        ("vllm[ort_fusion=on]", ["ort_fusion", "backend=onnxruntime"]),
+    ],
+)
 def test_a_bad_option_names_the_field_and_what_is_allowed(ref, words):
     with pytest.raises(ValueError) as err:
         load_plan(ref)
@@ -54,10 +63,27 @@ def test_a_bad_option_names_the_field_and_what_is_allowed(ref, words):
 
 def test_the_cli_refuses_a_bad_option_before_loading_anything(tmp_path):
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "accelab", "bench", "smollm2-135m", "--plan", "vllm", "--set",
-                           "vllm_dtype=half", "--no-store"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "accelab",
+            "bench",
+            "smollm2-135m",
+            "--plan",
+            "vllm",
+            "--set",
+            "vllm_dtype=half",
+            "--no-store",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0
-    assert "vllm_dtype='half'" in proc.stdout + proc.stderr and "float32, bfloat16, float16" in proc.stdout + proc.stderr
+    assert (
+        "vllm_dtype='half'" in proc.stdout + proc.stderr and "float32, bfloat16, float16" in proc.stdout + proc.stderr
+    )
     assert time.monotonic() - started < 60  # no vLLM engine was started (that takes 30 s to minutes)
 
 
@@ -68,16 +94,23 @@ def test_torch_fields_on_a_vllm_plan_are_refused_before_loading():
 
     spec = resolve("smollm2-135m", fetch=False)
     with pytest.raises(Unsupported, match="torch fields precision, compile"):
-        BACKENDS["vllm"].check(spec, load_plan("vllm", ["precision=bf16-weights", "compile=default"]),
-                               torch.device("cpu"))
+        BACKENDS["vllm"].check(
+            spec, load_plan("vllm", ["precision=bf16-weights", "compile=default"]), torch.device("cpu")
+        )
 
 
 # -- the wire --------------------------------------------------------------------------------------
 def test_every_message_round_trips_through_one_json_line():
-    messages = [W.Submit(id="3", prompt_ids=[1, 2], max_tokens=4, min_tokens=4, temperature=0.7, seed=5),
-                W.Abort(id="3"), W.Score(id="4", prompt_ids=[5, 6]), W.Watch(),
-                W.Tokens(id="3", tokens=[9], finished="length"), W.Scored(id="4", logprobs=[-1.5]),
-                W.Failed(id="3", error="boom"), W.Stats(running=2, waiting=1, kv_usage=0.25)]
+    messages = [
+        W.Submit(id="3", prompt_ids=[1, 2], max_tokens=4, min_tokens=4, temperature=0.7, seed=5),
+        W.Abort(id="3"),
+        W.Score(id="4", prompt_ids=[5, 6]),
+        W.Watch(),
+        W.Tokens(id="3", tokens=[9], finished="length"),
+        W.Scored(id="4", logprobs=[-1.5]),
+        W.Failed(id="3", error="boom"),
+        W.Stats(running=2, waiting=1, kv_usage=0.25),
+    ]
     for message in messages:
         line = W.encode(message)
         assert line.endswith(b"\n") and line.count(b"\n") == 1
@@ -170,9 +203,20 @@ class FakeClient:
     """FAKE engine client: records what is sent; the test delivers the engine's messages."""
 
     def __init__(self, *, kv_blocks: int = 10, block_size: int = 16, max_num_seqs: int = 4):
-        self.info = W.Info(model="m", vllm_version="0", pid=0, max_model_len=256, max_num_seqs=max_num_seqs,
-                           max_num_batched_tokens=256, block_size=block_size, kv_blocks=kv_blocks, dtype="float32",
-                           enforce_eager=True, prefix_caching=False, load_s=0.0)
+        self.info = W.Info(
+            model="m",
+            vllm_version="0",
+            pid=0,
+            max_model_len=256,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=256,
+            block_size=block_size,
+            kv_blocks=kv_blocks,
+            dtype="float32",
+            enforce_eager=True,
+            prefix_caching=False,
+            load_s=0.0,
+        )
         self.sent: list[W.Submit] = []
         self.aborted: list[str] = []
         self.handlers: dict[str, object] = {}

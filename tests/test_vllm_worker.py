@@ -7,13 +7,13 @@ from __future__ import annotations
 import time
 
 import pytest
+from test_vllm_units import FakeClient
 
 from accelab.backends import vllm_wire as W
 from accelab.serve.engines.base import GenUnit, PayloadTooLarge, Prompt, SamplingParams
 from accelab.serve.engines.vllm_worker import VllmWorker
 from accelab.serve.scheduler import QueueFull
 from accelab.serve.worker import Job, ShuttingDown
-from test_vllm_units import FakeClient
 
 EOS = 2
 WORDS = {10: "a", 11: " b", 12: " c", 13: " STOP", 14: " d"}
@@ -32,14 +32,22 @@ def make(clock, **client):
 
 def job(*units, timeout_s=30.0):
     outcomes, started = [], []
-    j = Job(key="generate", units=list(units), run=lambda u: [], done=outcomes.append,
-            started=lambda: started.append(True), timeout_s=timeout_s)
+    j = Job(
+        key="generate",
+        units=list(units),
+        run=lambda u: [],
+        done=outcomes.append,
+        started=lambda: started.append(True),
+        timeout_s=timeout_s,
+    )
     return j, outcomes, started
 
 
 def unit(ids=(1, 2, 3), max_tokens=4, stop=()):
-    return GenUnit(prompt=Prompt(ids=tuple(ids), prompt_tokens=len(ids)),
-                   params=SamplingParams(max_tokens=max_tokens, temperature=0, stop=stop))
+    return GenUnit(
+        prompt=Prompt(ids=tuple(ids), prompt_tokens=len(ids)),
+        params=SamplingParams(max_tokens=max_tokens, temperature=0, stop=stop),
+    )
 
 
 def wait_for(condition, timeout_s=2.0):
@@ -167,5 +175,13 @@ def test_each_vllm_step_reports_its_figures(clock):
     clock.advance(0.02)
     fake.on_stats(W.Stats(running=1, waiting=0, kv_usage=0.25, preempted=1, prefix_hit_tokens=16))
     r = reports[0]
-    assert (r.running, r.waiting, r.kv_used, r.kv_free, r.sampled, r.preempted, r.reused_tokens) == (1, 0, 25, 75, 2, 1, 16)
+    assert (r.running, r.waiting, r.kv_used, r.kv_free, r.sampled, r.preempted, r.reused_tokens) == (
+        1,
+        0,
+        25,
+        75,
+        2,
+        1,
+        16,
+    )
     assert r.seconds == pytest.approx(0.02) and r.batch == 1

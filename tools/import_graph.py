@@ -102,11 +102,13 @@ def module_name(path: Path, src: Path) -> str:
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _statements(tree: ast.AST):
     """(node, under TYPE_CHECKING) for every import statement; an `else:` of the guard runs."""
+
     def walk(node: ast.AST, guarded: bool):
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.Import, ast.ImportFrom)):
@@ -118,6 +120,7 @@ def _statements(tree: ast.AST):
                     yield from walk(ast.Module(body=[stmt], type_ignores=[]), guarded)
             else:
                 yield from walk(child, guarded)
+
     yield from walk(tree, False)
 
 
@@ -149,8 +152,9 @@ def imports(src: Path) -> list[Import]:
             for name in names:
                 module = resolve(name)
                 if module and module != source:
-                    found.append(Import(source=source, name=name, module=module, line=node.lineno,
-                                        type_checking=guarded))
+                    found.append(
+                        Import(source=source, name=name, module=module, line=node.lineno, type_checking=guarded)
+                    )
     return found
 
 
@@ -172,8 +176,13 @@ def statements(src: Path) -> list[Statement]:
         source = module_name(path, src)
         package = source if path.name == "__init__.py" else source.rsplit(".", 1)[0]
         tree = ast.parse(path.read_text())
-        functions = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                     for n in ast.walk(f) if n is not f}
+        functions = {
+            id(n)
+            for f in ast.walk(tree)
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for n in ast.walk(f)
+            if n is not f
+        }
         for node, guarded in _statements(tree):
             if isinstance(node, ast.Import):
                 names = tuple(a.name for a in node.names)
@@ -183,8 +192,15 @@ def statements(src: Path) -> list[Statement]:
                     anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join(anchor + ([base] if base else []))
                 names = tuple(f"{base}.{a.name}" for a in node.names)
-            out.append(Statement(source=source, names=names, line=node.lineno, in_function=id(node) in functions,
-                                 type_checking=guarded))
+            out.append(
+                Statement(
+                    source=source,
+                    names=names,
+                    line=node.lineno,
+                    in_function=id(node) in functions,
+                    type_checking=guarded,
+                )
+            )
     return out
 
 
@@ -236,8 +252,9 @@ def startup_modules(src: Path) -> frozenset[str]:
     cli = ast.parse((src / "accelab" / "cli.py").read_text())
     roots = ["accelab.cli"]
     for node in ast.walk(cli):
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "COMMAND_MODULES"
-                                                for t in node.targets):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "COMMAND_MODULES" for t in node.targets
+        ):
             roots += [e.value for e in node.value.elts if isinstance(e, ast.Constant)]  # type: ignore[attr-defined]
     found = statements(src)
     known = {module_name(p, src) for p in (src / "accelab").rglob("*.py")}
@@ -247,8 +264,9 @@ def startup_modules(src: Path) -> frozenset[str]:
             continue
         for name in s.names:
             parts = name.split(".")
-            links[s.source].update(".".join(parts[:n]) for n in range(1, len(parts) + 1)
-                                   if ".".join(parts[:n]) in known)
+            links[s.source].update(
+                ".".join(parts[:n]) for n in range(1, len(parts) + 1) if ".".join(parts[:n]) in known
+            )
     seen: set[str] = set()
     todo = [m for root in roots for m in (root.rsplit(".", 1)[0], root)]
     while todo:
@@ -272,8 +290,13 @@ def lazy_imports(src: Path) -> list[LazyImport]:
     """Every import inside a function, and the reason it is there (or None)."""
     heavy = heavy_modules(src)
     startup = startup_modules(src)
-    at_startup = {name.split(".")[0] for s in statements(src) if s.source in startup and not s.in_function
-                  and not s.type_checking for name in s.names if not name.startswith("accelab")}
+    at_startup = {
+        name.split(".")[0]
+        for s in statements(src)
+        if s.source in startup and not s.in_function and not s.type_checking
+        for name in s.names
+        if not name.startswith("accelab")
+    }
     out = []
     for s in statements(src):
         if not s.in_function:
@@ -283,8 +306,9 @@ def lazy_imports(src: Path) -> list[LazyImport]:
             reason = None
             if top == "accelab":
                 parts = name.split(".")
-                target = next((".".join(parts[:n]) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in heavy),
-                              "accelab")
+                target = next(
+                    (".".join(parts[:n]) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in heavy), "accelab"
+                )
                 extra = heavy[target] - heavy.get(s.source, frozenset())
                 if extra:
                     reason = f"loads {', '.join(sorted(extra))}"
@@ -395,8 +419,10 @@ def main() -> None:
         members = set(group)
         for a in group:
             for b in sorted(file_graph[a] & members):
-                print(f"      {a.removeprefix('accelab.')} -> {b.removeprefix('accelab.')}"
-                      f"  (line {', '.join(map(str, arrows[(a, b)]))})")
+                print(
+                    f"      {a.removeprefix('accelab.')} -> {b.removeprefix('accelab.')}"
+                    f"  (line {', '.join(map(str, arrows[(a, b)]))})"
+                )
     sys.exit(1 if up or unknown or groups or cycles(graph) else 0)
 
 

@@ -42,8 +42,11 @@ class MiniLMEmbeddings(ls.LitAPI):
 
     def encode_response(self, vector: np.ndarray) -> dict:
         data = base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode()
-        return {"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": data}],
-                "model": "minilm-l6"}
+        return {
+            "object": "list",
+            "data": [{"object": "embedding", "index": 0, "embedding": data}],
+            "model": "minilm-l6",
+        }
 
 
 def main() -> None:
@@ -54,9 +57,16 @@ def main() -> None:
     parser.add_argument("--max-batch-size", type=int, default=16)
     parser.add_argument("--batch-timeout", type=float, default=0.01)
     args = parser.parse_args()
-    api = MiniLMEmbeddings(args.model_dir, args.threads, max_batch_size=args.max_batch_size,
-                           batch_timeout=args.batch_timeout, api_path="/v1/embeddings")
-    ls.LitServer(api, accelerator="cpu", workers_per_device=1, timeout=30).run(port=args.port, generate_client_file=False)
+    api = MiniLMEmbeddings(
+        args.model_dir,
+        args.threads,
+        max_batch_size=args.max_batch_size,
+        batch_timeout=args.batch_timeout,
+        api_path="/v1/embeddings",
+    )
+    ls.LitServer(api, accelerator="cpu", workers_per_device=1, timeout=30).run(
+        port=args.port, generate_client_file=False
+    )
 
 
 if __name__ == "__main__":

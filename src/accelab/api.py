@@ -40,10 +40,22 @@ PlanLike = Any  # str (preset or YAML file) | Path | Plan
 WorkloadLike = Any  # Workload | dict of its fields | None
 
 
-def bench(model: ModelLike, plan: PlanLike = "baseline", workload: WorkloadLike = None, *,
-          inputs: Any = None, task: str | None = None, processor: Any = None, device: str | None = None,
-          quality: bool = False, tolerance: str = "balanced", timeout_s: float = 1800.0,
-          store: bool = True, db: str | Path | None = None, tag: str | None = None) -> Result:
+def bench(
+    model: ModelLike,
+    plan: PlanLike = "baseline",
+    workload: WorkloadLike = None,
+    *,
+    inputs: Any = None,
+    task: str | None = None,
+    processor: Any = None,
+    device: str | None = None,
+    quality: bool = False,
+    tolerance: str = "balanced",
+    timeout_s: float = 1800.0,
+    store: bool = True,
+    db: str | Path | None = None,
+    tag: str | None = None,
+) -> Result:
     """Measure `model` under one plan and workload (latency, throughput, memory, MFU or roofline).
 
     `workload`: a Workload or a dict of its fields (scenario, batch_size, seq_len, new_tokens,
@@ -57,17 +69,33 @@ def bench(model: ModelLike, plan: PlanLike = "baseline", workload: WorkloadLike 
     plan_obj = _plan(plan)
     work = _workload(spec, workload, plan_obj)
     qconfig = quality_config_for(work, 8, 8) if quality else None
-    result = run_bench(spec, plan_obj, work, device=device, timeout_s=timeout_s, tag=tag,
-                       quality=qconfig, tolerance=tolerance)
+    result = run_bench(
+        spec, plan_obj, work, device=device, timeout_s=timeout_s, tag=tag, quality=qconfig, tolerance=tolerance
+    )
     _keep([result], store, db)
     return result
 
 
-def compare(model: ModelLike, plans: Sequence[PlanLike] = ("baseline", "compile"), workload: WorkloadLike = None, *,
-            inputs: Any = None, task: str | None = None, processor: Any = None, device: str | None = None,
-            quality: bool = True, samples: int = 8, tolerance: str = "balanced", timeout_s: float = 1800.0,
-            max_seconds_per_plan: float | None = None, rounds: int = 6, sequential: bool = False,
-            store: bool = True, db: str | Path | None = None, tag: str | None = None) -> list[Result]:
+def compare(
+    model: ModelLike,
+    plans: Sequence[PlanLike] = ("baseline", "compile"),
+    workload: WorkloadLike = None,
+    *,
+    inputs: Any = None,
+    task: str | None = None,
+    processor: Any = None,
+    device: str | None = None,
+    quality: bool = True,
+    samples: int = 8,
+    tolerance: str = "balanced",
+    timeout_s: float = 1800.0,
+    max_seconds_per_plan: float | None = None,
+    rounds: int = 6,
+    sequential: bool = False,
+    store: bool = True,
+    db: str | Path | None = None,
+    tag: str | None = None,
+) -> list[Result]:
     """Several plans side by side, each in its own warm process, measured in `rounds` alternating
     rounds (or one after another with `sequential`): one Result per plan, the first the
     reference row, the others with their paired speed-up and its interval (`metrics["speedup"]`)
@@ -86,19 +114,42 @@ def compare(model: ModelLike, plans: Sequence[PlanLike] = ("baseline", "compile"
     plan_objs = [_plan(p) for p in plans]
     work = _workload(spec, workload, None)
     qconfig = quality_config_for(work, samples, 8) if quality else None
-    budget = PlanBudget(explicit_s=max_seconds_per_plan,
-                        slow=slow_techniques(resolve_device(plan_objs[0], device), measure=True))
-    results = run_compare(spec, plan_objs, work, device=device, quality=qconfig, tolerance=tolerance,
-                          timeout_s=timeout_s, tag=tag, budget=budget,
-                          rounds=RoundsConfig(rounds=rounds, sequential=sequential))
+    budget = PlanBudget(
+        explicit_s=max_seconds_per_plan, slow=slow_techniques(resolve_device(plan_objs[0], device), measure=True)
+    )
+    results = run_compare(
+        spec,
+        plan_objs,
+        work,
+        device=device,
+        quality=qconfig,
+        tolerance=tolerance,
+        timeout_s=timeout_s,
+        tag=tag,
+        budget=budget,
+        rounds=RoundsConfig(rounds=rounds, sequential=sequential),
+    )
     _keep(results, store, db)
     return results
 
 
-def verify(model: ModelLike, plan: PlanLike, *, inputs: Any = None, task: str | None = None, processor: Any = None,
-           samples: int = 16, new_tokens: int = 16, batch_size: int = 8, tolerance: str = "balanced",
-           device: str | None = None, timeout_s: float = 1800.0, store: bool = True, db: str | Path | None = None,
-           tag: str | None = None) -> Result:
+def verify(
+    model: ModelLike,
+    plan: PlanLike,
+    *,
+    inputs: Any = None,
+    task: str | None = None,
+    processor: Any = None,
+    samples: int = 16,
+    new_tokens: int = 16,
+    batch_size: int = 8,
+    tolerance: str = "balanced",
+    device: str | None = None,
+    timeout_s: float = 1800.0,
+    store: bool = True,
+    db: str | Path | None = None,
+    tag: str | None = None,
+) -> Result:
     """A plan's outputs against the fp32 eager reference on the same inputs; the verdict
     (pass / warn / fail) and its metrics are in `result.quality`."""
     from accelab.quality.collect import QualityConfig
@@ -113,13 +164,32 @@ def verify(model: ModelLike, plan: PlanLike, *, inputs: Any = None, task: str | 
     return result
 
 
-def tune(model: ModelLike, *, goal: str = "throughput", percentile: str = "p99", inputs: Any = None,
-         task: str | None = None, processor: Any = None, scenario: str = "auto", batch_size: int | None = None,
-         max_batch: int | None = None, seq_len: int = 128, new_tokens: int = 32, image_size: int | None = None,
-         max_memory: str | None = None, p99_ms: float | None = None, quality: str = "balanced",
-         budget: str | None = None, include: Sequence[str] | None = None, exclude: Sequence[str] | None = None,
-         min_seconds: float = 3.0, device: str | None = None, out: str | Path | None = None,
-         db: str | Path | None = None, fresh: bool = False) -> Plan:
+def tune(
+    model: ModelLike,
+    *,
+    goal: str = "throughput",
+    percentile: str = "p99",
+    inputs: Any = None,
+    task: str | None = None,
+    processor: Any = None,
+    scenario: str = "auto",
+    batch_size: int | None = None,
+    max_batch: int | None = None,
+    seq_len: int = 128,
+    new_tokens: int = 32,
+    image_size: int | None = None,
+    max_memory: str | None = None,
+    p99_ms: float | None = None,
+    quality: str = "balanced",
+    budget: str | None = None,
+    include: Sequence[str] | None = None,
+    exclude: Sequence[str] | None = None,
+    min_seconds: float = 3.0,
+    device: str | None = None,
+    out: str | Path | None = None,
+    db: str | Path | None = None,
+    fresh: bool = False,
+) -> Plan:
     """Search the plan space for `goal` under the memory, latency and quality limits, as
     `accelab tune` does (same search, same store, resumable); returns the winning Plan, with its
     batch size, and writes it as YAML to `out` when given. Raises ValueError when no plan meets
@@ -128,11 +198,26 @@ def tune(model: ModelLike, *, goal: str = "throughput", percentile: str = "p99",
 
     spec = model_spec(model, inputs=inputs, task=task, processor=processor)
     request = TuneRequest(
-        spec=spec, goal=goal, percentile=percentile, scenario=scenario, batch_size=batch_size, max_batch=max_batch,
-        seq_len=seq_len, new_tokens=new_tokens, image_size=image_size, max_memory=max_memory, p99_ms=p99_ms,
-        quality=quality, budget=budget, include=list(include) if include else None,
-        exclude=list(exclude) if exclude else None, min_seconds=min_seconds, device=device,
-        out=Path(out) if out else None, db=db, fresh=fresh,
+        spec=spec,
+        goal=goal,
+        percentile=percentile,
+        scenario=scenario,
+        batch_size=batch_size,
+        max_batch=max_batch,
+        seq_len=seq_len,
+        new_tokens=new_tokens,
+        image_size=image_size,
+        max_memory=max_memory,
+        p99_ms=p99_ms,
+        quality=quality,
+        budget=budget,
+        include=list(include) if include else None,
+        exclude=list(exclude) if exclude else None,
+        min_seconds=min_seconds,
+        device=device,
+        out=Path(out) if out else None,
+        db=db,
+        fresh=fresh,
     )
     outcome = run_tune(request)
     if outcome.plan is None:
@@ -152,8 +237,10 @@ def apply(model: torch.nn.Module, plan: PlanLike, *, device: str | None = None, 
     from accelab.plan.apply import apply_to_model, resolve_device
 
     if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"accelab.apply takes a torch.nn.Module; got a {type(model).__name__}. "
-                        "For a catalog name or a directory use accelab.bench, or load it first")
+        raise TypeError(
+            f"accelab.apply takes a torch.nn.Module; got a {type(model).__name__}. "
+            "For a catalog name or a directory use accelab.bench, or load it first"
+        )
     plan_obj = _plan(plan)
     return apply_to_model(model, plan_obj, resolve_device(plan_obj, device), processor=processor)
 
@@ -187,7 +274,9 @@ def model_spec(model: ModelLike, *, inputs: Any = None, task: str | None = None,
         target = _importable_target(model)
         if target is not None and inputs is None:
             return resolve(target, task)
-        return from_object(custom.as_bundle(model(), getattr(model, "__name__", "the callable")), inputs=inputs, task=task)
+        return from_object(
+            custom.as_bundle(model(), getattr(model, "__name__", "the callable")), inputs=inputs, task=task
+        )
     raise TypeError(f"model is a {type(model).__name__}; pass a name, a path, a Hub id, a callable or an nn.Module")
 
 

@@ -36,10 +36,16 @@ COMMAND_MODULES = [
 @app.callback()
 def _root(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log each step."),
-    offline: bool = typer.Option(False, "--offline", help="Never download: Hub models come from the local "
-                                 "Hugging Face cache only (the same as HF_HUB_OFFLINE=1)."),
-    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Let Hub models run the Python code "
-                                           "of their repository (read it first); off by default."),
+    offline: bool = typer.Option(
+        False,
+        "--offline",
+        help="Never download: Hub models come from the local Hugging Face cache only (the same as HF_HUB_OFFLINE=1).",
+    ),
+    trust_remote_code: bool = typer.Option(
+        False,
+        "--trust-remote-code",
+        help="Let Hub models run the Python code of their repository (read it first); off by default.",
+    ),
 ) -> None:
     # what the user asked for goes where every process of this run (the measuring children
     # too) and huggingface_hub read it: the environment

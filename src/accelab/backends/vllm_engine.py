@@ -53,18 +53,25 @@ def build_engine(config: Any, stats: Any) -> Any:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     args: dict[str, Any] = {
-        "model": config.model, "dtype": config.dtype, "enforce_eager": config.enforce_eager,
-        "enable_prefix_caching": config.prefix_caching, "disable_log_stats": True,
+        "model": config.model,
+        "dtype": config.dtype,
+        "enforce_eager": config.enforce_eager,
+        "enable_prefix_caching": config.prefix_caching,
+        "disable_log_stats": True,
     }
-    optional = {"max_num_seqs": config.max_num_seqs, "max_num_batched_tokens": config.max_num_batched_tokens,
-                "block_size": config.block_size, "max_model_len": config.max_model_len,
-                "kv_cache_memory_bytes": config.kv_cache_bytes}
+    optional = {
+        "max_num_seqs": config.max_num_seqs,
+        "max_num_batched_tokens": config.max_num_batched_tokens,
+        "block_size": config.block_size,
+        "max_model_len": config.max_model_len,
+        "kv_cache_memory_bytes": config.kv_cache_bytes,
+    }
     args.update({k: v for k, v in optional.items() if v is not None})  # the platform (CPU, CUDA) is vLLM's pick
     log.info("vLLM engine args: %s", args)
     return AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=[stats])
 
 
-def stat_logger(server: "EngineServer") -> Any:
+def stat_logger(server: EngineServer) -> Any:
     """A vLLM stat logger class that forwards each step's scheduler figures to watching clients."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
@@ -72,15 +79,20 @@ def stat_logger(server: "EngineServer") -> Any:
         def __init__(self, vllm_config: Any, engine_index: int = 0):
             self.engine_index = engine_index
 
-        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
-                   engine_idx: int = 0) -> None:
+        def record(
+            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+        ) -> None:
             if scheduler_stats is None or not server.watchers:
                 return
-            server.broadcast(W.Stats(
-                running=scheduler_stats.num_running_reqs, waiting=scheduler_stats.num_waiting_reqs,
-                kv_usage=float(scheduler_stats.kv_cache_usage),
-                preempted=iteration_stats.num_preempted_reqs if iteration_stats is not None else 0,
-                prefix_hit_tokens=scheduler_stats.prefix_cache_stats.hits))
+            server.broadcast(
+                W.Stats(
+                    running=scheduler_stats.num_running_reqs,
+                    waiting=scheduler_stats.num_waiting_reqs,
+                    kv_usage=float(scheduler_stats.kv_cache_usage),
+                    preempted=iteration_stats.num_preempted_reqs if iteration_stats is not None else 0,
+                    prefix_hit_tokens=scheduler_stats.prefix_cache_stats.hits,
+                )
+            )
 
         def log_engine_initialized(self) -> None:
             pass
@@ -93,19 +105,26 @@ def engine_info(engine: Any, config: Any, load_s: float) -> Any:
 
     vc = engine.vllm_config
     return W.Info(
-        model=config.model, vllm_version=vllm.__version__, pid=os.getpid(),
-        max_model_len=vc.model_config.max_model_len, max_num_seqs=vc.scheduler_config.max_num_seqs,
-        max_num_batched_tokens=vc.scheduler_config.max_num_batched_tokens, block_size=vc.cache_config.block_size,
-        kv_blocks=int(vc.cache_config.num_gpu_blocks or 0), dtype=str(vc.model_config.dtype).removeprefix("torch."),
-        enforce_eager=bool(vc.model_config.enforce_eager), prefix_caching=bool(vc.cache_config.enable_prefix_caching),
-        load_s=load_s)
+        model=config.model,
+        vllm_version=vllm.__version__,
+        pid=os.getpid(),
+        max_model_len=vc.model_config.max_model_len,
+        max_num_seqs=vc.scheduler_config.max_num_seqs,
+        max_num_batched_tokens=vc.scheduler_config.max_num_batched_tokens,
+        block_size=vc.cache_config.block_size,
+        kv_blocks=int(vc.cache_config.num_gpu_blocks or 0),
+        dtype=str(vc.model_config.dtype).removeprefix("torch."),
+        enforce_eager=bool(vc.model_config.enforce_eager),
+        prefix_caching=bool(vc.cache_config.enable_prefix_caching),
+        load_s=load_s,
+    )
 
 
 # -- the socket ------------------------------------------------------------------------------------
 class Connection:
     """One client: its requests run as tasks; when it leaves, they are aborted."""
 
-    def __init__(self, server: "EngineServer", writer: asyncio.StreamWriter, number: int):
+    def __init__(self, server: EngineServer, writer: asyncio.StreamWriter, number: int):
         self.server, self.writer, self.number = server, writer, number
         self.tasks: dict[str, asyncio.Task] = {}
 
@@ -138,19 +157,35 @@ class Connection:
         from vllm.sampling_params import RequestOutputKind
 
         params = SamplingParams(
-            max_tokens=msg.max_tokens, min_tokens=msg.min_tokens, temperature=msg.temperature, top_p=msg.top_p,
-            seed=msg.seed, ignore_eos=msg.ignore_eos, top_k=msg.top_k, min_p=msg.min_p,
-            repetition_penalty=msg.repetition_penalty, presence_penalty=msg.presence_penalty,
-            frequency_penalty=msg.frequency_penalty, stop_token_ids=list(msg.stop_token_ids) or None,
-            logit_bias={int(t): float(b) for t, b in msg.logit_bias} or None, detokenize=False,
-            output_kind=RequestOutputKind.DELTA)
+            max_tokens=msg.max_tokens,
+            min_tokens=msg.min_tokens,
+            temperature=msg.temperature,
+            top_p=msg.top_p,
+            seed=msg.seed,
+            ignore_eos=msg.ignore_eos,
+            top_k=msg.top_k,
+            min_p=msg.min_p,
+            repetition_penalty=msg.repetition_penalty,
+            presence_penalty=msg.presence_penalty,
+            frequency_penalty=msg.frequency_penalty,
+            stop_token_ids=list(msg.stop_token_ids) or None,
+            logit_bias={int(t): float(b) for t, b in msg.logit_bias} or None,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
         try:
-            stream = self.server.engine.generate(TokensPrompt(prompt_token_ids=msg.prompt_ids), params,
-                                                 f"{self.number}-{msg.id}")
+            stream = self.server.engine.generate(
+                TokensPrompt(prompt_token_ids=msg.prompt_ids), params, f"{self.number}-{msg.id}"
+            )
             async for out in stream:
                 piece = out.outputs[0]
-                self.send(W.Tokens(id=msg.id, tokens=list(piece.token_ids),
-                                   finished=(piece.finish_reason or "stop") if out.finished else None))
+                self.send(
+                    W.Tokens(
+                        id=msg.id,
+                        tokens=list(piece.token_ids),
+                        finished=(piece.finish_reason or "stop") if out.finished else None,
+                    )
+                )
         except asyncio.CancelledError:
             self.send(W.Tokens(id=msg.id, tokens=[], finished="abort"))
         except Exception as err:  # noqa: BLE001 - this request fails alone
@@ -162,12 +197,14 @@ class Connection:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False,
-                                output_kind=RequestOutputKind.FINAL_ONLY)
+        params = SamplingParams(
+            max_tokens=1, prompt_logprobs=0, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY
+        )
         try:
             final = None
-            async for out in self.server.engine.generate(TokensPrompt(prompt_token_ids=msg.prompt_ids), params,
-                                                         f"{self.number}-{msg.id}"):
+            async for out in self.server.engine.generate(
+                TokensPrompt(prompt_token_ids=msg.prompt_ids), params, f"{self.number}-{msg.id}"
+            ):
                 final = out
             rows = (final.prompt_logprobs or [])[1:] if final is not None else []
             # each row holds the prompt's own token (and the top-0 others: none)

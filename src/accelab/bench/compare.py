@@ -41,6 +41,18 @@ def run_compare(
     A plan past its `budget` (see accelab.measure.budget) is stopped, and its row says so.
     `workload.batch_size` is the rows' shared batch: a plan with its own batch_size runs at that."""
     console = console or Console(stderr=True)
-    return measure_plans(spec, plans, with_rows(workload, plans), device=device, quality=quality,
-                         tolerance=tolerance, timeout_s=timeout_s, kind="compare", tag=tag, group_id=new_run_id(),
-                         budget=budget, config=rounds, console=console)
+    return measure_plans(
+        spec,
+        plans,
+        with_rows(workload, plans),
+        device=device,
+        quality=quality,
+        tolerance=tolerance,
+        timeout_s=timeout_s,
+        kind="compare",
+        tag=tag,
+        group_id=new_run_id(),
+        budget=budget,
+        config=rounds,
+        console=console,
+    )

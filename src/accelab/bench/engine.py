@@ -44,7 +44,19 @@ def bench(
     the plan's batch_size is not read here. With `quality`, the same child also collects outputs
     on the real inputs and the Result's `quality` holds the verdict against the fp32 eager
     reference (computed once, cached)."""
-    (result,) = measure_plans(spec, [plan], [workload], device=device, quality=quality, tolerance=tolerance,
-                              timeout_s=timeout_s, kind=kind, tag=tag, group_id=group_id, env=env,
-                              config=rounds or RoundsConfig.single(), console=console or Console(stderr=True, quiet=True))
+    (result,) = measure_plans(
+        spec,
+        [plan],
+        [workload],
+        device=device,
+        quality=quality,
+        tolerance=tolerance,
+        timeout_s=timeout_s,
+        kind=kind,
+        tag=tag,
+        group_id=group_id,
+        env=env,
+        config=rounds or RoundsConfig.single(),
+        console=console or Console(stderr=True, quiet=True),
+    )
     return result

@@ -69,9 +69,11 @@ class RoundsConfig:
         return cls(rounds=3, extra=3, min_usable=2)
 
     def spec(self, workload: Workload) -> RoundSpec:
-        return RoundSpec(min_iters=max(1, math.ceil(workload.min_iters / self.rounds)),
-                         min_seconds=workload.min_seconds / self.rounds,
-                         max_seconds=max(workload.max_seconds / self.rounds, 1.0))
+        return RoundSpec(
+            min_iters=max(1, math.ceil(workload.min_iters / self.rounds)),
+            min_seconds=workload.min_seconds / self.rounds,
+            max_seconds=max(workload.max_seconds / self.rounds, 1.0),
+        )
 
 
 def turn_order(n: int, round_index: int) -> list[int]:
@@ -130,8 +132,16 @@ def needs_more(contenders: Sequence[Contender], config: RoundsConfig) -> bool:
 class Driver:
     """Runs the contenders: load each, alternate their rounds, finish each (module docstring)."""
 
-    def __init__(self, contenders: list[Contender], *, config: RoundsConfig, timeout_s: float,
-                 budget: PlanBudget, console: Console, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        contenders: list[Contender],
+        *,
+        config: RoundsConfig,
+        timeout_s: float,
+        budget: PlanBudget,
+        console: Console,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.contenders, self.config, self.timeout_s = contenders, config, timeout_s
         self.budget, self.console, self.env = budget, console, env or {}
 
@@ -157,8 +167,9 @@ class Driver:
 
     def _rounds(self, contenders: list[Contender]) -> None:
         index = 0
-        while index < self.config.rounds or (index < self.config.rounds + self.config.extra
-                                              and needs_more(contenders, self.config)):
+        while index < self.config.rounds or (
+            index < self.config.rounds + self.config.extra and needs_more(contenders, self.config)
+        ):
             if not any(c.active for c in contenders):
                 break
             self._round(index, contenders)
@@ -194,9 +205,10 @@ class Driver:
         c.budget_s = self.budget.seconds_for(c.techniques, reference_s)
         why = self.budget.expected_slow(c.techniques)
         limit = f"; budget {c.budget_s:.0f} s, then stopped" if c.budget_s else ""
-        self.console.print(f"[dim][{i}/{len(self.contenders)}] {escape(c.job.spec.name)}: plan {escape(c.plan.name)}: loading...[/]"
-                           + (f" [yellow]expected slow here ({why}){limit}[/]" if why else
-                              f"[dim]{limit}[/]" if limit else ""))
+        self.console.print(
+            f"[dim][{i}/{len(self.contenders)}] {escape(c.job.spec.name)}: plan {escape(c.plan.name)}: loading...[/]"
+            + (f" [yellow]expected slow here ({why}){limit}[/]" if why else f"[dim]{limit}[/]" if limit else "")
+        )
         c.child = WarmChild("accelab.bench.child:BenchChild", c.job, env=self.env)
         started = c.child.start()
         if not started.ok:
@@ -225,7 +237,11 @@ class Driver:
         cells.sort()
         loudest = noise.worst([w for _, _, w in cells if w is not None])
         state = "quiet" if loudest is None or loudest.level == "quiet" else f"{loudest.level}: {escape(loudest.reason)}"
-        total = self.config.rounds if index < self.config.rounds else f"{self.config.rounds}+{index + 1 - self.config.rounds}"
+        total = (
+            self.config.rounds
+            if index < self.config.rounds
+            else f"{self.config.rounds}+{index + 1 - self.config.rounds}"
+        )
         self.console.print(f"[dim]  round {index + 1}/{total}: {' · '.join(text for _, text, _ in cells)} ({state})[/]")
 
     def _finish(self, c: Contender) -> None:
@@ -241,9 +257,20 @@ def rounds_record(c: Contender) -> list[dict[str, Any]]:
     out = []
     for i, done in enumerate(c.rounds):
         w = c.windows[i] if i < len(c.windows) else None
-        out.append({"rate": done.rate, "seconds": done.seconds, "calls": done.calls, "cv": done.cv,
-                    "used": c.usable(i), **({"steal": w.steal, "others_cores": w.others_cores,
-                                            "throttled": w.throttled, "level": w.level} if w else {})})
+        out.append(
+            {
+                "rate": done.rate,
+                "seconds": done.seconds,
+                "calls": done.calls,
+                "cv": done.cv,
+                "used": c.usable(i),
+                **(
+                    {"steal": w.steal, "others_cores": w.others_cores, "throttled": w.throttled, "level": w.level}
+                    if w
+                    else {}
+                ),
+            }
+        )
     return out
 
 
@@ -257,54 +284,113 @@ def speedup_record(c: Contender, reference: Contender, *, paired: bool = True) -
     usable = paired_usable(c, reference)
     n = len(usable)
     loud = noise.worst([w for w in (*c.windows[:n], *reference.windows[:n]) if w is not None])
-    ratio = paired_ratio([r.rate for r in c.rounds[:n]], [r.rate for r in reference.rounds[:n]], usable,
-                         why_dropped=f"{loud.reason} in the loudest round" if loud is not None and loud.reason else "")
+    ratio = paired_ratio(
+        [r.rate for r in c.rounds[:n]],
+        [r.rate for r in reference.rounds[:n]],
+        usable,
+        why_dropped=f"{loud.reason} in the loudest round" if loud is not None and loud.reason else "",
+    )
     ratio = check_overlap(ratio, [c.rounds[i].rate for i in c.kept], [reference.rounds[i].rate for i in reference.kept])
     return {**ratio.to_dict(), "reference": reference.plan.name}
 
 
-def measure_plans(spec: ModelSpec, plans: Sequence[Plan], workloads: Sequence[Workload], *, device: str | None,
-                  quality: QualityConfig | None, tolerance: str, timeout_s: float, kind: str, tag: str | None,
-                  group_id: str | None, env: dict[str, str] | None = None, budget: PlanBudget | None = None,
-                  config: RoundsConfig | None = None, console: Console | None = None) -> list[Result]:
+def measure_plans(
+    spec: ModelSpec,
+    plans: Sequence[Plan],
+    workloads: Sequence[Workload],
+    *,
+    device: str | None,
+    quality: QualityConfig | None,
+    tolerance: str,
+    timeout_s: float,
+    kind: str,
+    tag: str | None,
+    group_id: str | None,
+    env: dict[str, str] | None = None,
+    budget: PlanBudget | None = None,
+    config: RoundsConfig | None = None,
+    console: Console | None = None,
+) -> list[Result]:
     """Measure every plan in alternating rounds; one Result per plan, in order. With several
     plans, each Result after the first that ran carries its paired speed-up (`speedup`)."""
     console = console or Console(stderr=True)
-    contenders = [Contender(plan=p, workload=w, techniques=plan_techniques(p),
-                            job=BenchJob(spec=spec, plan=p, workload=w, device=device, quality=quality))
-                  for p, w in zip(plans, workloads)]
-    driver = Driver(contenders, config=config or RoundsConfig(), timeout_s=timeout_s,
-                    budget=budget or PlanBudget(), console=console, env=env)
+    contenders = [
+        Contender(
+            plan=p,
+            workload=w,
+            techniques=plan_techniques(p),
+            job=BenchJob(spec=spec, plan=p, workload=w, device=device, quality=quality),
+        )
+        for p, w in zip(plans, workloads)
+    ]
+    driver = Driver(
+        contenders,
+        config=config or RoundsConfig(),
+        timeout_s=timeout_s,
+        budget=budget or PlanBudget(),
+        console=console,
+        env=env,
+    )
     driver.run()
     reference = next((c for c in contenders if c.output is not None), None)
     results = []
     for c in contenders:
-        result = _result(c, spec, kind=kind, tag=tag, group_id=group_id, device=device, quality=quality,
-                         tolerance=tolerance, timeout_s=timeout_s)
+        result = _result(
+            c,
+            spec,
+            kind=kind,
+            tag=tag,
+            group_id=group_id,
+            device=device,
+            quality=quality,
+            tolerance=tolerance,
+            timeout_s=timeout_s,
+        )
         if result.ok and reference is not None and c is not reference and len(contenders) > 1:
             result.metrics[K.SPEEDUP] = speedup_record(c, reference, paired=not driver.config.sequential)
         results.append(result)
     return results
 
 
-def result_shell(spec: ModelSpec, plan: Plan, workload: Workload, *, kind: str, tag: str | None,
-                 group_id: str | None) -> Result:
+def result_shell(
+    spec: ModelSpec, plan: Plan, workload: Workload, *, kind: str, tag: str | None, group_id: str | None
+) -> Result:
     """A Result with everything but the measurement (status "error" until one is filled in)."""
     machine = environment()
-    return Result(kind=kind, status="error", model=spec.to_dict(), plan=plan.to_dict(), workload=workload.to_dict(),
-                  environment=machine, fingerprint=fingerprint(machine), command=command_line(), tag=tag,
-                  group_id=group_id)
+    return Result(
+        kind=kind,
+        status="error",
+        model=spec.to_dict(),
+        plan=plan.to_dict(),
+        workload=workload.to_dict(),
+        environment=machine,
+        fingerprint=fingerprint(machine),
+        command=command_line(),
+        tag=tag,
+        group_id=group_id,
+    )
 
 
-def _result(c: Contender, spec: ModelSpec, *, kind: str, tag: str | None, group_id: str | None, device: str | None,
-            quality: QualityConfig | None, tolerance: str, timeout_s: float) -> Result:
+def _result(
+    c: Contender,
+    spec: ModelSpec,
+    *,
+    kind: str,
+    tag: str | None,
+    group_id: str | None,
+    device: str | None,
+    quality: QualityConfig | None,
+    tolerance: str,
+    timeout_s: float,
+) -> Result:
     result = result_shell(spec, c.plan, c.workload, kind=kind, tag=tag, group_id=group_id)
     if c.output is not None:
         output = c.output
         result.status = output.status  # type: ignore[assignment]
         result.metrics, result.notes, result.reason = output.metrics, output.notes, output.reason
-        result.metrics[K.NOISE] = noise.summary([w for w in c.windows if w is not None],
-                                                [c.usable(i) for i, w in enumerate(c.windows) if w is not None])
+        result.metrics[K.NOISE] = noise.summary(
+            [w for w in c.windows if w is not None], [c.usable(i) for i, w in enumerate(c.windows) if w is not None]
+        )
         result.metrics[K.ROUNDS] = rounds_record(c)
         if quality is not None and output.outputs is not None:
             reference = reference_outputs(spec, quality, device=device, timeout_s=timeout_s)

@@ -84,16 +84,19 @@ def _text_forward(loaded: Loaded, batch_size: int, seq_len: int, offset: int) ->
     check_seq_len(loaded, seq_len)
     tokenizer = loaded.processor
     texts = samples.sentences(batch_size, offset)
-    encoded = tokenizer(texts, padding="max_length", truncation=True, max_length=seq_len,
-                        padding_side="right", return_tensors="pt")
+    encoded = tokenizer(
+        texts, padding="max_length", truncation=True, max_length=seq_len, padding_side="right", return_tensors="pt"
+    )
     return dict(encoded)  # input_ids / attention_mask (/ token_type_ids): [B, seq_len]
 
 
 def _text_generate(tokenizer: Any, batch_size: int, offset: int) -> Batch:
     questions = samples.prompts(batch_size, offset)
     if tokenizer.chat_template:
-        texts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                               tokenize=False) for q in questions]
+        texts = [
+            tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+            for q in questions
+        ]
         special = False  # the template already holds the special tokens
     else:
         texts, special = questions, True
@@ -148,8 +151,10 @@ def _check_image_size(loaded: Loaded, image_size: int) -> None:
 
 def _vlm_forward(loaded: Loaded, batch_size: int, seq_len: int, image_size: int | None, offset: int) -> Batch:
     if image_size is not None:
-        raise ValueError(f"image_size={image_size} is not supported for {loaded.spec.name} "
-                         "(its vision tower has a fixed size); omit --image-size")
+        raise ValueError(
+            f"image_size={image_size} is not supported for {loaded.spec.name} "
+            "(its vision tower has a fixed size); omit --image-size"
+        )
     check_seq_len(loaded, seq_len)
     batch = _vlm_inputs(loaded.processor, batch_size, offset, padding_side="right")
     length = batch["input_ids"].shape[1]
@@ -166,7 +171,8 @@ def _vlm_inputs(processor: Any, batch_size: int, offset: int, *, padding_side: s
     texts = [
         processor.apply_chat_template(
             [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q}]}],
-            add_generation_prompt=True, tokenize=False,
+            add_generation_prompt=True,
+            tokenize=False,
         )
         for q in samples.image_prompts(batch_size, offset)
     ]

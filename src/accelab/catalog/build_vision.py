@@ -44,8 +44,11 @@ def _imagenet_convnet_processor():
     # microsoft/resnet-50 and facebook/convnext-tiny-224 both ship this preprocessor config:
     # resize the short side to 224 / 0.875 = 256, centre-crop 224, ImageNet mean/std.
     return image_processor_class("ConvNextImageProcessor")(
-        size={"shortest_edge": 224}, crop_pct=0.875, resample=BICUBIC,
-        image_mean=IMAGENET_MEAN, image_std=IMAGENET_STD,
+        size={"shortest_edge": 224},
+        crop_pct=0.875,
+        resample=BICUBIC,
+        image_mean=IMAGENET_MEAN,
+        image_std=IMAGENET_STD,
     )
 
 
@@ -60,8 +63,13 @@ def build_vit_base(target: Path, step: Step) -> None:
     from transformers import ViTConfig, ViTForImageClassification
 
     config = ViTConfig(
-        hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
-        image_size=224, patch_size=16, num_labels=1000,
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        image_size=224,
+        patch_size=16,
+        num_labels=1000,
     )
     save_seeded(target, step, lambda: ViTForImageClassification(config), _vit_processor(224))
 
@@ -71,8 +79,13 @@ def build_resnet50(target: Path, step: Step) -> None:
     from transformers import ResNetConfig, ResNetForImageClassification
 
     config = ResNetConfig(
-        embedding_size=64, hidden_sizes=[256, 512, 1024, 2048], depths=[3, 4, 6, 3],
-        layer_type="bottleneck", hidden_act="relu", downsample_in_first_stage=False, num_labels=1000,
+        embedding_size=64,
+        hidden_sizes=[256, 512, 1024, 2048],
+        depths=[3, 4, 6, 3],
+        layer_type="bottleneck",
+        hidden_act="relu",
+        downsample_in_first_stage=False,
+        num_labels=1000,
     )
     save_seeded(target, step, lambda: ResNetForImageClassification(config), _imagenet_convnet_processor())
 
@@ -92,7 +105,14 @@ def build_vit_tiny(target: Path, step: Step) -> None:
 
     labels = {i: str(i) for i in range(10)}
     config = ViTConfig(
-        hidden_size=192, num_hidden_layers=4, num_attention_heads=3, intermediate_size=768,
-        image_size=32, patch_size=4, num_labels=10, id2label=labels, label2id={v: k for k, v in labels.items()},
+        hidden_size=192,
+        num_hidden_layers=4,
+        num_attention_heads=3,
+        intermediate_size=768,
+        image_size=32,
+        patch_size=4,
+        num_labels=10,
+        id2label=labels,
+        label2id={v: k for k, v in labels.items()},
     )
     save_seeded(target, step, lambda: ViTForImageClassification(config), _vit_processor(32))

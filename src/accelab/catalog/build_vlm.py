@@ -30,11 +30,23 @@ CHAT_TEMPLATE = (
 )
 # A small Llama decoder: 4 layers, hidden 256; most parameters are the 49k-token embedding.
 TEXT_CONFIG = dict(
-    model_type="llama", hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True,
+    model_type="llama",
+    hidden_size=256,
+    intermediate_size=768,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=2048,
+    tie_word_embeddings=True,
 )
-VISION_SIZES = dict(hidden_size=192, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
-                    image_size=IMAGE_SIZE, patch_size=PATCH)
+VISION_SIZES = dict(
+    hidden_size=192,
+    intermediate_size=768,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    image_size=IMAGE_SIZE,
+    patch_size=PATCH,
+)
 
 
 def _smollm2_tokenizer(step: Step, special_tokens: list[str]):
@@ -48,8 +60,9 @@ def _smollm2_tokenizer(step: Step, special_tokens: list[str]):
 
 
 def _text_config(tokenizer) -> dict:
-    ids = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-               pad_token_id=tokenizer.pad_token_id)
+    ids = dict(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
     return dict(TEXT_CONFIG, vocab_size=len(tokenizer), **ids)
 
 
@@ -57,7 +70,8 @@ def _with_generation_config(model, tokenizer):
     from transformers import GenerationConfig
 
     model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
     return model
@@ -81,8 +95,11 @@ def build_smolvlm_tiny(target: Path, step: Step) -> None:
         image_processor=image_processor, tokenizer=tokenizer, image_seq_len=image_seq_len, chat_template=CHAT_TEMPLATE
     )
     config = Idefics3Config(
-        vision_config=VISION_SIZES, text_config=_text_config(tokenizer), scale_factor=scale_factor,
-        image_token_id=tokenizer.convert_tokens_to_ids("<image>"), tie_word_embeddings=True,
+        vision_config=VISION_SIZES,
+        text_config=_text_config(tokenizer),
+        scale_factor=scale_factor,
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        tie_word_embeddings=True,
     )
 
     def make() -> Any:
@@ -100,13 +117,21 @@ def build_llava_tiny(target: Path, step: Step) -> None:
         size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
     )
     processor = LlavaProcessor(
-        image_processor=image_processor, tokenizer=tokenizer, patch_size=PATCH, image_token="<image>",
-        vision_feature_select_strategy="default", num_additional_image_tokens=1, chat_template=CHAT_TEMPLATE,
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=PATCH,
+        image_token="<image>",
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+        chat_template=CHAT_TEMPLATE,
     )
     config = LlavaConfig(
         vision_config=dict(VISION_SIZES, model_type="clip_vision_model", projection_dim=VISION_SIZES["hidden_size"]),
-        text_config=_text_config(tokenizer), image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
-        vision_feature_layer=-2, vision_feature_select_strategy="default", tie_word_embeddings=True,
+        text_config=_text_config(tokenizer),
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+        tie_word_embeddings=True,
     )
 
     def make() -> Any:

@@ -31,12 +31,24 @@ def list_models() -> None:
     for column in ("name", "task", "fetched", "size", "offline source", "Hub id"):
         table.add_column(column)
     for entry in CATALOG.values():
-        table.add_row(entry.name, entry.task, "yes" if is_fetched(entry.name) else "no", entry.size,
-                      entry.origin, entry.hub_id or "-")
+        table.add_row(
+            entry.name,
+            entry.task,
+            "yes" if is_fetched(entry.name) else "no",
+            entry.size,
+            entry.origin,
+            entry.hub_id or "-",
+        )
     for name, meta in stored_models().items():
         if name not in CATALOG:
-            table.add_row(name, meta.get("task", "?"), "user model", _metrics_text(meta.get("metrics") or {}),
-                          meta.get("origin", ""), meta.get("hub_id") or "-")
+            table.add_row(
+                name,
+                meta.get("task", "?"),
+                "user model",
+                _metrics_text(meta.get("metrics") or {}),
+                meta.get("origin", ""),
+                meta.get("hub_id") or "-",
+            )
     Console().print(table)
 
 
@@ -78,9 +90,16 @@ def info(
 
     if name in CATALOG and not is_fetched(name):
         entry = CATALOG[name]
-        data = {"name": name, "fetched": False, "task": entry.task, "hub_id": entry.hub_id,
-                "origin": entry.origin, "random_weights": entry.random_weights, "size": entry.size,
-                "hint": f"accelab models fetch {name}"}
+        data = {
+            "name": name,
+            "fetched": False,
+            "task": entry.task,
+            "hub_id": entry.hub_id,
+            "origin": entry.origin,
+            "random_weights": entry.random_weights,
+            "size": entry.size,
+            "hint": f"accelab models fetch {name}",
+        }
     else:
         spec = resolve(name, task, fetch=False)
         data = {"spec": spec.to_dict(), "meta": read_meta(Path(spec.source))}

@@ -87,8 +87,12 @@ def resolve_target(target: str, task: str | None) -> Resolved:
     chosen = _choose_task(built, task, target)
     # the weights' digest is part of the spec, so cached references and exports follow a retrained
     # checkpoint that the builder loads (its module file alone would not change)
-    return Resolved(builder=target, source=root, task=chosen,
-                    origin=f"custom model {target} (from {root}; weights {_digest(built)})")
+    return Resolved(
+        builder=target,
+        source=root,
+        task=chosen,
+        origin=f"custom model {target} (from {root}; weights {_digest(built)})",
+    )
 
 
 def _digest(bundle: CustomModel) -> str:
@@ -106,11 +110,14 @@ def _digest(bundle: CustomModel) -> str:
     return digest.hexdigest()[:12]
 
 
-def save_object(model: Any, *, inputs: Inputs = None, task: str | None = None, labels: list[str] | None = None,
-                directory: Path) -> Resolved:
+def save_object(
+    model: Any, *, inputs: Inputs = None, task: str | None = None, labels: list[str] | None = None, directory: Path
+) -> Resolved:
     """Write a model object (with its inputs) once with cloudpickle; the file's name is the hash
     of its bytes, so the same object twice is one file (and one cached fp32 reference)."""
-    bundle = model if isinstance(model, CustomModel) else CustomModel(model=model, inputs=inputs, task=task, labels=labels)
+    bundle = (
+        model if isinstance(model, CustomModel) else CustomModel(model=model, inputs=inputs, task=task, labels=labels)
+    )
     _check_model(bundle.model, type(bundle.model).__name__)
     chosen = _choose_task(bundle, task or bundle.task, type(bundle.model).__name__)
     blob = cloudpickle.dumps(bundle)
@@ -120,14 +127,18 @@ def save_object(model: Any, *, inputs: Inputs = None, task: str | None = None, l
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_bytes(blob)
         tmp.replace(path)  # atomic: a reader never sees half a model
-    return Resolved(builder=PICKLE_PREFIX + str(path), source=str(path), task=chosen,
-                    origin=f"model object {type(bundle.model).__name__} (saved as {path.name})")
+    return Resolved(
+        builder=PICKLE_PREFIX + str(path),
+        source=str(path),
+        task=chosen,
+        origin=f"model object {type(bundle.model).__name__} (saved as {path.name})",
+    )
 
 
 def files_of(builder: str, source: str) -> list[Path]:
     """The files whose change makes a custom model another model (for cache keys)."""
     if builder.startswith(PICKLE_PREFIX):
-        return [Path(builder[len(PICKLE_PREFIX):])]
+        return [Path(builder[len(PICKLE_PREFIX) :])]
     module = builder.split(":", 1)[0]
     _on_path(source)
     try:
@@ -150,9 +161,11 @@ def load(spec: Any, dtype: torch.dtype = torch.float32) -> tuple[CustomModule, C
 
 def build(builder: str, source: str) -> CustomModel:
     if builder.startswith(PICKLE_PREFIX):
-        path = Path(builder[len(PICKLE_PREFIX):])
+        path = Path(builder[len(PICKLE_PREFIX) :])
         if not path.is_file():
-            raise ValueError(f"the saved model object {path} is gone (the accelab cache was cleared?); pass the model again")
+            raise ValueError(
+                f"the saved model object {path} is gone (the accelab cache was cleared?); pass the model again"
+            )
         return cloudpickle.loads(path.read_bytes())
     return _call_builder(builder, source)
 
@@ -195,7 +208,9 @@ def as_bundle(made: Any, where: str) -> CustomModel:
     if isinstance(made, dict) and "model" in made:
         unknown = set(made) - {"model", "inputs", "task", "labels"}
         if unknown:
-            raise ValueError(f"{where} returned a dict with unknown keys {sorted(unknown)}; allowed: model, inputs, task, labels")
+            raise ValueError(
+                f"{where} returned a dict with unknown keys {sorted(unknown)}; allowed: model, inputs, task, labels"
+            )
         return CustomModel(**made)
     raise ValueError(
         f"{where} returned a {type(made).__name__}; return a torch.nn.Module, an accelab.CustomModel or "
@@ -240,7 +255,9 @@ def _example(inputs: Inputs, batch_size: int) -> Any:
 
 
 def _image_shaped(example: Any) -> bool:
-    return torch.is_tensor(example) and example.dim() == 4 and example.shape[1] in (1, 3) and example.is_floating_point()
+    return (
+        torch.is_tensor(example) and example.dim() == 4 and example.shape[1] in (1, 3) and example.is_floating_point()
+    )
 
 
 def _as_named(example: Any) -> tuple[dict[str, torch.Tensor], Call]:
@@ -257,8 +274,10 @@ def _as_named(example: Any) -> tuple[dict[str, torch.Tensor], Call]:
 def _as_image_input(example: dict[str, torch.Tensor], call: Call) -> tuple[dict[str, torch.Tensor], Call]:
     """An image classifier's one input under the key "pixel_values"."""
     if not (len(example) == 1 and _image_shaped(next(iter(example.values())))):
-        raise ValueError("a custom image classifier takes one float tensor [B, C, H, W] with C = 1 or 3; "
-                         "give task='feature-extraction' for other inputs")
+        raise ValueError(
+            "a custom image classifier takes one float tensor [B, C, H, W] with C = 1 or 3; "
+            "give task='feature-extraction' for other inputs"
+        )
     return {"pixel_values": next(iter(example.values()))}, Call(keys=("pixel_values",), params=call.params)
 
 
@@ -294,8 +313,9 @@ class CustomInputs:
         _, c, h, w = next(iter(self.example.values())).shape
         return c, h, w
 
-    def batch(self, batch_size: int, *, image_size: int | None = None, synthetic: bool = False,
-              offset: int = 0) -> dict[str, torch.Tensor]:
+    def batch(
+        self, batch_size: int, *, image_size: int | None = None, synthetic: bool = False, offset: int = 0
+    ) -> dict[str, torch.Tensor]:
         if self.task == "image-classification":
             from accelab.catalog import samples
 
@@ -325,7 +345,9 @@ class CustomInputs:
                 out[name] = torch.randint(0, high, shape, generator=gen, dtype=tensor.dtype)
         return out
 
-    def __call__(self, images: Any, return_tensors: str = "pt", size: int | None = None, **_: Any) -> dict[str, torch.Tensor]:
+    def __call__(
+        self, images: Any, return_tensors: str = "pt", size: int | None = None, **_: Any
+    ) -> dict[str, torch.Tensor]:
         """PIL images -> the model's image tensor, as an image processor would (so the photo paths
         of verify, predict and serve work unchanged)."""
         import numpy as np
@@ -375,8 +397,10 @@ class CustomModule(torch.nn.Module):
     def forward(self, return_dict: bool = True, **inputs: torch.Tensor) -> CustomOutput:
         # return_dict: transformers' call convention (the ONNX export passes it); always an output object
         dtype = next((p.dtype for p in self.model.parameters() if p.is_floating_point()), None)
-        cast = {k: v.to(dtype) if dtype is not None and torch.is_tensor(v) and v.is_floating_point() else v
-                for k, v in inputs.items()}
+        cast = {
+            k: v.to(dtype) if dtype is not None and torch.is_tensor(v) and v.is_floating_point() else v
+            for k, v in inputs.items()
+        }
         args = [cast[key] for key in self.call.keys]
         out = self.model(**dict(zip(self.call.params, args))) if self.call.params else self.model(*args)
         return CustomOutput(logits=_main_tensor(out))
@@ -391,4 +415,6 @@ def _main_tensor(out: Any) -> torch.Tensor:
         return next(iter(out.values()))
     if isinstance(out, (tuple, list)) and out and torch.is_tensor(out[0]):
         return out[0]
-    raise TypeError(f"the custom model returned a {type(out).__name__}; return a tensor (or a tuple whose first item is one)")
+    raise TypeError(
+        f"the custom model returned a {type(out).__name__}; return a tensor (or a tuple whose first item is one)"
+    )

@@ -55,8 +55,13 @@ def fetch_all(*, force: bool = False, step: Step | None = None) -> dict[str, Pat
 def _build(entry: CatalogEntry, say: Step) -> Path:
     start = time.perf_counter()
     meta = make_meta(
-        name=entry.name, task=entry.task, origin=entry.origin, hub_id=entry.hub_id,
-        random_weights=entry.random_weights, size=entry.size, catalog=True,
+        name=entry.name,
+        task=entry.task,
+        origin=entry.origin,
+        hub_id=entry.hub_id,
+        random_weights=entry.random_weights,
+        size=entry.size,
+        catalog=True,
     )
     path = build_atomically(entry.name, meta, lambda target: entry.build(target, say))
     say(f"fetched into {path} in {time.perf_counter() - start:.1f} s")

@@ -104,11 +104,14 @@ def _explain(err: Exception, repo: str, revision: str | None) -> ValueError | No
     if isinstance(err, hub_errors.HfHubHTTPError) and (access := _access_error(err, repo, where)) is not None:
         return access
     if isinstance(err, hub_errors.RevisionNotFoundError):
-        return ValueError(f"{repo} has no revision {revision!r} on the Hub at {endpoint}; give a branch, tag or "
-                          "commit that exists (org/name@revision)")
+        return ValueError(
+            f"{repo} has no revision {revision!r} on the Hub at {endpoint}; give a branch, tag or "
+            "commit that exists (org/name@revision)"
+        )
     if isinstance(err, PermissionError):
-        return ValueError(f"cannot write the Hugging Face cache ({err}); set HF_HOME or HF_HUB_CACHE to a "
-                          "directory you may write")
+        return ValueError(
+            f"cannot write the Hugging Face cache ({err}); set HF_HOME or HF_HUB_CACHE to a directory you may write"
+        )
     if isinstance(err, (httpx2.TransportError, hub_errors.HfHubHTTPError)) or (
         isinstance(err, OSError) and not isinstance(err, hub_errors.LocalEntryNotFoundError)
     ):  # a connection dropped mid-file (after huggingface_hub's own resumes), a timeout, a 5xx, a short file

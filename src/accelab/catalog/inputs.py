@@ -11,6 +11,13 @@ from accelab.catalog.embedding import embed
 from accelab.catalog.samples import digits, heldout_text, image_prompts, photos, prompts, sentences
 
 __all__ = [
-    "digits", "embed", "forward_batch", "generate_batch", "heldout_text", "image_prompts", "photos",
-    "prompts", "sentences",
+    "digits",
+    "embed",
+    "forward_batch",
+    "generate_batch",
+    "heldout_text",
+    "image_prompts",
+    "photos",
+    "prompts",
+    "sentences",
 ]

@@ -61,7 +61,9 @@ def _load_custom(spec: ModelSpec, dtype: torch.dtype, attn_implementation: str |
     # the technique checks refuse these for custom models first; this is the last line
     options = [*(["attn_implementation"] if attn_implementation is not None else []), *kwargs]
     if options:
-        raise ValueError(f"{spec.name} is a custom nn.Module: transformers' load options ({', '.join(options)}) do not apply")
+        raise ValueError(
+            f"{spec.name} is a custom nn.Module: transformers' load options ({', '.join(options)}) do not apply"
+        )
 
     log.info("building the custom model %s (%s)", spec.name, spec.task)
     model, inputs = custom.load(spec, dtype)

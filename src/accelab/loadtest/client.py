@@ -28,8 +28,11 @@ log = logging.getLogger(__name__)
 
 Endpoint = Literal["chat", "completions", "embeddings"]
 MIN_REQUESTS = 10  # an open-loop run sends at least this many (or --requests), whatever the duration
-ENDPOINTS: dict[str, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions",
-                             "embeddings": "/v1/embeddings"}
+ENDPOINTS: dict[str, str] = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "embeddings": "/v1/embeddings",
+}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -131,8 +134,9 @@ async def _run(config: LoadConfig, model: str, rate: float | None) -> list[Reque
 
 
 async def _open_loop(sender: _Sender, config: LoadConfig, rate: float) -> list[RequestRecord]:
-    schedule = arrival_times(rate, n=config.requests, duration_s=config.duration_s, burstiness=config.burstiness,
-                             seed=config.seed)
+    schedule = arrival_times(
+        rate, n=config.requests, duration_s=config.duration_s, burstiness=config.burstiness, seed=config.seed
+    )
     floor = min(MIN_REQUESTS, config.requests or MIN_REQUESTS)
     if len(schedule) < floor:  # a low rate (a find-max probe) still gets a few requests: past --duration
         schedule = arrival_times(rate, n=floor, burstiness=config.burstiness, seed=config.seed)
@@ -146,8 +150,14 @@ async def _open_loop(sender: _Sender, config: LoadConfig, rate: float) -> list[R
         if sender.in_flight >= config.max_in_flight:
             # far past the server's capacity: more open connections would only swamp this machine
             now = time.perf_counter() - t0
-            refused.append(RequestRecord(start=now, end=now, status="error:client-limit",
-                                         error=f"{config.max_in_flight} requests unanswered (--max-in-flight)"))
+            refused.append(
+                RequestRecord(
+                    start=now,
+                    end=now,
+                    status="error:client-limit",
+                    error=f"{config.max_in_flight} requests unanswered (--max-in-flight)",
+                )
+            )
             continue
         tasks.append(asyncio.create_task(sender.one(config.warmup + index, t0)))
     return list(await asyncio.gather(*tasks)) + refused
@@ -183,8 +193,12 @@ class _Sender:
         if self.config.endpoint == "embeddings":
             return {"model": self.model, "input": text, "encoding_format": "base64"}
         cycle = self.config.max_tokens_cycle
-        body: dict[str, Any] = {"model": self.model, "max_tokens": cycle[index % len(cycle)], "temperature": 0,
-                                "stream": self.config.streams}
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": cycle[index % len(cycle)],
+            "temperature": 0,
+            "stream": self.config.streams,
+        }
         if self.config.streams:
             body["stream_options"] = {"include_usage": True}
         if self.config.endpoint == "chat":

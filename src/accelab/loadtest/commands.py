@@ -16,37 +16,54 @@ def loadtest_command(
     url: str = typer.Argument(..., help="Server base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine)."),
     endpoint: str = typer.Option("chat", help="chat | completions | embeddings."),
     model: str | None = typer.Option(None, help="Model id to send (default: the first of /v1/models)."),
-    rate: float | None = typer.Option(None, help="Open loop: requests per second (the start rate of "
-                                         "--find-max)."),
-    concurrency: int | None = typer.Option(None, help="Closed loop: users, each sending its next request "
-                                              "when the last one answered."),
+    rate: float | None = typer.Option(None, help="Open loop: requests per second (the start rate of --find-max)."),
+    concurrency: int | None = typer.Option(
+        None, help="Closed loop: users, each sending its next request when the last one answered."
+    ),
     burstiness: float = typer.Option(1.0, help="Open-loop arrivals: gamma shape; 1 = Poisson, <1 burstier."),
     duration: float = typer.Option(30.0, help="Seconds of sending per run (each find-max probe is one run)."),
     requests: int | None = typer.Option(None, help="Most requests per run (with --duration, whichever first)."),
     warmup: int = typer.Option(2, help="Requests sent first and left out of the numbers."),
-    max_tokens: str = typer.Option("32", "--max-tokens", help="max_tokens of each generation request; a list "
-                                   "(16,128,32,96) mixes short and long answers, request i asking for item i mod n."),
+    max_tokens: str = typer.Option(
+        "32",
+        "--max-tokens",
+        help="max_tokens of each generation request; a list "
+        "(16,128,32,96) mixes short and long answers, request i asking for item i mod n.",
+    ),
     stream: bool = typer.Option(True, "--stream/--no-stream", help="Stream generations (needed for TTFT/ITL)."),
     timeout: float = typer.Option(60.0, help="Seconds before one request counts as failed."),
-    slo: str | None = typer.Option(None, help="Per-request objectives, e.g. ttft=500ms,e2e=2s (keys: ttft, "
-                                      "tpot, e2e); goodput counts requests meeting all."),
-    find_max_: bool = typer.Option(False, "--find-max", help="Search the highest rate whose goodput meets "
-                                   "--goodput-target (doubling, then bisection)."),
-    goodput_target: float = typer.Option(0.95, "--goodput-target", help="Fraction of requests that must meet "
-                                         "the SLO for a rate to pass."),
+    slo: str | None = typer.Option(
+        None,
+        help="Per-request objectives, e.g. ttft=500ms,e2e=2s (keys: ttft, "
+        "tpot, e2e); goodput counts requests meeting all.",
+    ),
+    find_max_: bool = typer.Option(
+        False,
+        "--find-max",
+        help="Search the highest rate whose goodput meets --goodput-target (doubling, then bisection).",
+    ),
+    goodput_target: float = typer.Option(
+        0.95, "--goodput-target", help="Fraction of requests that must meet the SLO for a rate to pass."
+    ),
     max_steps: int = typer.Option(8, "--max-steps", help="Most runs a --find-max search makes."),
-    cooldown: float = typer.Option(2.0, help="Seconds of quiet between --find-max runs (the server sheds a "
-                                   "backlog)."),
-    max_in_flight: int = typer.Option(1024, "--max-in-flight", help="Open loop: an arrival finding this many "
-                                      "requests unanswered fails at once instead of opening another connection."),
-    prompts_file: Path | None = typer.Option(None, "--prompts-file", help="Inputs to send: a JSON list of "
-                                                "strings or one per line (default: accelab's sample prompts / "
-                                                "sentences)."),
+    cooldown: float = typer.Option(2.0, help="Seconds of quiet between --find-max runs (the server sheds a backlog)."),
+    max_in_flight: int = typer.Option(
+        1024,
+        "--max-in-flight",
+        help="Open loop: an arrival finding this many "
+        "requests unanswered fails at once instead of opening another connection.",
+    ),
+    prompts_file: Path | None = typer.Option(
+        None,
+        "--prompts-file",
+        help="Inputs to send: a JSON list of strings or one per line (default: accelab's sample prompts / sentences).",
+    ),
     api_key: str | None = typer.Option(None, "--api-key", envvar="ACCELAB_API_KEY", show_envvar=True),
     seed: int = typer.Option(0, help="Seed of the arrival schedule."),
     json_out: Path | None = typer.Option(None, "--json", help="Write the Result as JSON to this file."),
-    plot: Path | None = typer.Option(None, "--plot", help="PNG: latency CDF (one run) or latency and goodput "
-                                        "against offered load (--find-max)."),
+    plot: Path | None = typer.Option(
+        None, "--plot", help="PNG: latency CDF (one run) or latency and goodput against offered load (--find-max)."
+    ),
     db: Path | None = typer.Option(None, help="Results store (SQLite); default in the cache dir."),
     tag: str | None = typer.Option(None, help="Label this run."),
     store: bool = typer.Option(True, "--store/--no-store", help="Append the run to the results store."),
@@ -60,12 +77,33 @@ def loadtest_command(
     objectives = parse_slo(slo)
     rate, concurrency = loop_of(rate, concurrency, find_max=find_max_, slo=objectives)
     config = LoadConfig(
-        url=url, endpoint=endpoint, inputs=tuple(load_inputs(endpoint, prompts_file)), model=model, rate=rate,
-        concurrency=concurrency, burstiness=burstiness, duration_s=duration, requests=requests, warmup=warmup,
-        max_tokens=parse_max_tokens(max_tokens), stream=stream, timeout_s=timeout, api_key=api_key, seed=seed,
+        url=url,
+        endpoint=endpoint,
+        inputs=tuple(load_inputs(endpoint, prompts_file)),
+        model=model,
+        rate=rate,
+        concurrency=concurrency,
+        burstiness=burstiness,
+        duration_s=duration,
+        requests=requests,
+        warmup=warmup,
+        max_tokens=parse_max_tokens(max_tokens),
+        stream=stream,
+        timeout_s=timeout,
+        api_key=api_key,
+        seed=seed,
         max_in_flight=max_in_flight,
     )
-    result = run_loadtest(LoadTestRequest(config=config, slo=objectives, find_max=find_max_,
-                                          goodput_target=goodput_target, max_steps=max_steps, cooldown_s=cooldown,
-                                          plot=plot, tag=tag))
+    result = run_loadtest(
+        LoadTestRequest(
+            config=config,
+            slo=objectives,
+            find_max=find_max_,
+            goodput_target=goodput_target,
+            max_steps=max_steps,
+            cooldown_s=cooldown,
+            plot=plot,
+            tag=tag,
+        )
+    )
     keep(result, json_out=json_out, store=store, db=db)

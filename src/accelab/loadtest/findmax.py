@@ -27,8 +27,11 @@ class FindMax:
         return self.lowest_failing is not None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"best_rate": self.best_rate, "lowest_failing": self.lowest_failing,
-                "probes": [{"rate": p.rate, "passed": p.passed} for p in self.probes]}
+        return {
+            "best_rate": self.best_rate,
+            "lowest_failing": self.lowest_failing,
+            "probes": [{"rate": p.rate, "passed": p.passed} for p in self.probes],
+        }
 
 
 def goodput_at_least(target: float) -> Callable[[Any], bool]:
@@ -43,8 +46,15 @@ def goodput_at_least(target: float) -> Callable[[Any], bool]:
     return passes
 
 
-def find_max(measure: Callable[[float], Any], passes: Callable[[Any], bool], *, start_rate: float,
-             max_steps: int = 10, rel_tol: float = 0.05, min_rate: float = 0.01) -> FindMax:
+def find_max(
+    measure: Callable[[float], Any],
+    passes: Callable[[Any], bool],
+    *,
+    start_rate: float,
+    max_steps: int = 10,
+    rel_tol: float = 0.05,
+    min_rate: float = 0.01,
+) -> FindMax:
     """Probe rates until the pass/fail boundary is known within `rel_tol` (relative to the
     passing rate) or `max_steps` measurements were made."""
     if start_rate <= 0:

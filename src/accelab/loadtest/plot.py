@@ -48,8 +48,13 @@ def plot_find_max(probes: list[dict[str, Any]], path: Path, *, title: str, best_
             for q, style in (("p50", "-o"), ("p99", "--o")):
                 values = [(p.get(key) or {}).get(q) for p in probes]
                 if any(v is not None for v in values):
-                    ax.plot(rates, [v if v is not None else float("nan") for v in values], style, color=color,
-                            label=f"{label} {q}")
+                    ax.plot(
+                        rates,
+                        [v if v is not None else float("nan") for v in values],
+                        style,
+                        color=color,
+                        label=f"{label} {q}",
+                    )
         ax.set_xlabel("offered load (requests/s)")
         ax.set_ylabel("latency (ms)")
         ax.set_yscale("log")

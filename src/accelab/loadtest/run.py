@@ -33,9 +33,16 @@ def measure_once(config: LoadConfig, model: str, slo: SLO, rate: float | None = 
     return summarize_run(records, slo, offered_rate=offered)
 
 
-def search_max_rate(config: LoadConfig, model: str, slo: SLO, *, goodput_target: float, max_steps: int,
-                    cooldown_s: float = 2.0,
-                    on_probe: Callable[[float, dict[str, Any]], None] | None = None) -> FindMax:
+def search_max_rate(
+    config: LoadConfig,
+    model: str,
+    slo: SLO,
+    *,
+    goodput_target: float,
+    max_steps: int,
+    cooldown_s: float = 2.0,
+    on_probe: Callable[[float, dict[str, Any]], None] | None = None,
+) -> FindMax:
     """find-max with real measurements; `cooldown_s` of quiet between probes lets a server that
     a failing probe overloaded shed its backlog before the next one (or it would fail too)."""
     probes = 0
@@ -63,15 +70,34 @@ def server_info(config: LoadConfig) -> dict[str, Any]:
         return {}
 
 
-def build_result(config: LoadConfig, model: str, slo: SLO, *, summary: dict[str, Any] | None = None,
-                 search: FindMax | None = None, goodput_target: float | None = None, tag: str | None = None) -> Result:
+def build_result(
+    config: LoadConfig,
+    model: str,
+    slo: SLO,
+    *,
+    summary: dict[str, Any] | None = None,
+    search: FindMax | None = None,
+    goodput_target: float | None = None,
+    tag: str | None = None,
+) -> Result:
     info = server_info(config)
     workload = {
-        "scenario": "loadtest", "endpoint": config.endpoint, "url": config.base_url,
-        "mode": "closed" if config.concurrency else "open", "rate": config.rate, "concurrency": config.concurrency,
-        "burstiness": config.burstiness, "duration_s": config.duration_s, "requests": config.requests,
-        "warmup": config.warmup, "max_tokens": config.max_tokens, "stream": config.streams, "slo": slo.to_dict(),
-        "find_max": search is not None, "goodput_target": goodput_target, "seed": config.seed,
+        "scenario": "loadtest",
+        "endpoint": config.endpoint,
+        "url": config.base_url,
+        "mode": "closed" if config.concurrency else "open",
+        "rate": config.rate,
+        "concurrency": config.concurrency,
+        "burstiness": config.burstiness,
+        "duration_s": config.duration_s,
+        "requests": config.requests,
+        "warmup": config.warmup,
+        "max_tokens": config.max_tokens,
+        "stream": config.streams,
+        "slo": slo.to_dict(),
+        "find_max": search is not None,
+        "goodput_target": goodput_target,
+        "seed": config.seed,
     }
     metrics: dict[str, Any] = dict(summary or {})
     if search is not None:
@@ -81,10 +107,17 @@ def build_result(config: LoadConfig, model: str, slo: SLO, *, summary: dict[str,
         metrics[K.SEARCH] = search.to_dict()
         metrics[K.PROBES] = [{K.RATE: p.rate, K.PASSED: p.passed, **_probe_numbers(p.summary)} for p in search.probes]
     return Result(
-        kind="loadtest", status="ok", model={"name": model, "task": info.get("task"), "server": config.base_url},
-        plan={"name": info.get("plan", "")}, workload=workload, metrics=metrics, command=command_line(), tag=tag,
-        notes=[] if search is None or search.saturated else
-        ["the server met the SLO at every rate tried: raise --max-steps or the start --rate"],
+        kind="loadtest",
+        status="ok",
+        model={"name": model, "task": info.get("task"), "server": config.base_url},
+        plan={"name": info.get("plan", "")},
+        workload=workload,
+        metrics=metrics,
+        command=command_line(),
+        tag=tag,
+        notes=[]
+        if search is None or search.saturated
+        else ["the server met the SLO at every rate tried: raise --max-steps or the start --rate"],
     )
 
 
@@ -110,7 +143,9 @@ class LoadTestRequest:
     tag: str | None = None
 
 
-def loop_of(rate: float | None, concurrency: int | None, *, find_max: bool, slo: SLO) -> tuple[float | None, int | None]:
+def loop_of(
+    rate: float | None, concurrency: int | None, *, find_max: bool, slo: SLO
+) -> tuple[float | None, int | None]:
     """(rate, concurrency): open loop at `rate` or closed loop of `concurrency` users; one user
     when neither is given, or 1 req/s as the start of a find-max search."""
     if find_max and not slo.to_dict():
@@ -151,8 +186,11 @@ def run_loadtest(request: LoadTestRequest, console: Any = None) -> Result:
     print_summary(console, summary)
     if request.plot:
         ok = [r for r in records if r.ok]
-        plot_cdf({"e2e": [r.e2e * 1000 for r in ok], "TTFT": [r.ttft * 1000 for r in ok if r.ttft is not None]},
-                 request.plot, title=f"{served} {config.endpoint}: latency CDF")
+        plot_cdf(
+            {"e2e": [r.e2e * 1000 for r in ok], "TTFT": [r.ttft * 1000 for r in ok if r.ttft is not None]},
+            request.plot,
+            title=f"{served} {config.endpoint}: latency CDF",
+        )
     return result
 
 
@@ -160,22 +198,40 @@ def _find_max(request: LoadTestRequest, served: str, console: Any) -> Result:
     config, objectives = request.config, request.slo
 
     def show(rate_: float, summary: dict[str, Any]) -> None:
-        console.print(f"  {rate_:8.3g} req/s: goodput {summary[K.GOODPUT_FRACTION]:.1%}, "
-                      f"{summary[K.REQUEST_THROUGHPUT]:.3g} req/s served, e2e p99 {_p(summary, K.E2E_MS)} ms, "
-                      f"errors {summary[K.ERRORS_BY_STATUS] or 0}")
+        console.print(
+            f"  {rate_:8.3g} req/s: goodput {summary[K.GOODPUT_FRACTION]:.1%}, "
+            f"{summary[K.REQUEST_THROUGHPUT]:.3g} req/s served, e2e p99 {_p(summary, K.E2E_MS)} ms, "
+            f"errors {summary[K.ERRORS_BY_STATUS] or 0}"
+        )
 
-    console.print(f"find-max on {config.base_url} ({served}, {config.endpoint}), SLO {objectives.describe()}, "
-                  f"goodput >= {request.goodput_target:.0%}:")
-    search = search_max_rate(config, served, objectives, goodput_target=request.goodput_target,
-                             max_steps=request.max_steps, cooldown_s=request.cooldown_s, on_probe=show)
-    result = build_result(config, served, objectives, search=search, goodput_target=request.goodput_target,
-                          tag=request.tag)
+    console.print(
+        f"find-max on {config.base_url} ({served}, {config.endpoint}), SLO {objectives.describe()}, "
+        f"goodput >= {request.goodput_target:.0%}:"
+    )
+    search = search_max_rate(
+        config,
+        served,
+        objectives,
+        goodput_target=request.goodput_target,
+        max_steps=request.max_steps,
+        cooldown_s=request.cooldown_s,
+        on_probe=show,
+    )
+    result = build_result(
+        config, served, objectives, search=search, goodput_target=request.goodput_target, tag=request.tag
+    )
     best = "none (not even the lowest rate tried)" if search.best_rate is None else f"{search.best_rate:.4g} req/s"
-    console.print(f"max sustainable rate: [bold]{best}[/bold]" + ("" if search.saturated else
-                                                                   " (never saturated: raise --max-steps)"))
+    console.print(
+        f"max sustainable rate: [bold]{best}[/bold]"
+        + ("" if search.saturated else " (never saturated: raise --max-steps)")
+    )
     if request.plot:
-        plot_find_max(result.metrics[K.PROBES], request.plot, best_rate=search.best_rate,
-                      title=f"{served} {config.endpoint}: latency and goodput vs load")
+        plot_find_max(
+            result.metrics[K.PROBES],
+            request.plot,
+            best_rate=search.best_rate,
+            title=f"{served} {config.endpoint}: latency and goodput vs load",
+        )
     return result
 
 
@@ -194,8 +250,9 @@ def print_summary(console: Any, s: dict[str, Any]) -> None:
     table.add_row("output token throughput", f"{s[K.OUTPUT_TOKEN_THROUGHPUT]:.1f} tok/s")
     for key, label in ((K.TTFT_MS, "TTFT"), (K.TPOT_MS, "TPOT"), (K.ITL_MS, "ITL"), (K.E2E_MS, "end-to-end")):
         if s.get(key):
-            table.add_row(f"{label} p50 / p90 / p99", " / ".join(f"{s[key][q]:.4g}" for q in ("p50", "p90", "p99"))
-                          + " ms")
+            table.add_row(
+                f"{label} p50 / p90 / p99", " / ".join(f"{s[key][q]:.4g}" for q in ("p50", "p90", "p99")) + " ms"
+            )
     if s[K.SLO]:
         table.add_row("goodput", f"{s[K.GOODPUT_FRACTION]:.1%} of requests, {s[K.GOODPUT_RATE]:.3f} req/s")
     console.print(table)

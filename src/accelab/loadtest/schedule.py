@@ -10,8 +10,9 @@ from __future__ import annotations
 import random
 
 
-def arrival_times(rate: float, *, n: int | None = None, duration_s: float | None = None,
-                  burstiness: float = 1.0, seed: int = 0) -> list[float]:
+def arrival_times(
+    rate: float, *, n: int | None = None, duration_s: float | None = None, burstiness: float = 1.0, seed: int = 0
+) -> list[float]:
     """Seconds from the start at which to send each request: at most `n` of them, all before
     `duration_s` (at least one bound must be given)."""
     if rate <= 0:

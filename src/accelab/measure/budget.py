@@ -42,5 +42,6 @@ class PlanBudget:
     def stopped_reason(self, budget_s: float, ran_s: float, techniques: Iterable[str]) -> str:
         """What a stopped row says: its budget and how long it had run (loading included)."""
         why = self.expected_slow(techniques)
-        return (f"stopped: too slow, ran {ran_s:.0f} s of its {budget_s:.0f} s budget"
-                + (f" (expected: {why})" if why else ""))
+        return f"stopped: too slow, ran {ran_s:.0f} s of its {budget_s:.0f} s budget" + (
+            f" (expected: {why})" if why else ""
+        )

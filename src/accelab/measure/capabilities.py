@@ -208,8 +208,10 @@ def _probed(technique: str, fallback: Callable[[_Machine], Check]) -> Callable[[
             return status, reason
         detail = m.limits.probe_details.get(technique) if m.limits is not None else None
         if detail is not None and not detail.get("trusted", True):
-            return status, (f"{describe(factor)}, but under noise ({detail.get('reason')}): not used as a verdict "
-                            f"(`accelab env --refresh` on a quiet machine measures it again); {reason}")
+            return status, (
+                f"{describe(factor)}, but under noise ({detail.get('reason')}): not used as a verdict "
+                f"(`accelab env --refresh` on a quiet machine measures it again); {reason}"
+            )
         high = detail.get("high") if detail else None
         if (high if high is not None else factor) < SLOW_BELOW:
             return "slow", f"{describe(factor, detail)}: expect it slower than fp32"

@@ -17,8 +17,12 @@ def register(app: typer.Typer) -> None:
     @app.command("env")
     def env(
         json_file: Path | None = typer.Option(None, "--json", help="Also write the whole report to this JSON file."),
-        refresh: bool = typer.Option(False, "--refresh", help="Measure the hardware limits again instead of using the cache."),
-        measure: bool = typer.Option(True, "--measure/--no-measure", help="Include measured peak FLOP/s and bandwidth."),
+        refresh: bool = typer.Option(
+            False, "--refresh", help="Measure the hardware limits again instead of using the cache."
+        ),
+        measure: bool = typer.Option(
+            True, "--measure/--no-measure", help="Include measured peak FLOP/s and bandwidth."
+        ),
     ) -> None:
         """Hardware and software report: CPU capability, GPUs, versions, measured peak matmul
         FLOP/s and memory bandwidth (cached), and what each technique can do here."""
@@ -76,8 +80,16 @@ def render(report: dict[str, Any], console: Any) -> None:
     console.print(f"machine now: {noise_now_text(report.get('noise_now'))}")
     if report["limits"]:
         limits = Table(title="measured limits (best of a few runs)")
-        for column in ("device", "threads", "fp32 GFLOP/s", "bf16 GFLOP/s", "tf32 GFLOP/s", "read GB/s", "measured (UTC)",
-                       "noise then"):
+        for column in (
+            "device",
+            "threads",
+            "fp32 GFLOP/s",
+            "bf16 GFLOP/s",
+            "tf32 GFLOP/s",
+            "read GB/s",
+            "measured (UTC)",
+            "noise then",
+        ):
             limits.add_column(column)
         for lim in report["limits"]:
             limits.add_row(
@@ -107,16 +119,27 @@ def _machine_rows(env: dict[str, Any]) -> list[tuple[str, str]]:
     rows = [
         ("host", env["hostname"]),
         ("cpu", env["cpu_model"]),
-        ("cores", f"{env['physical_cores']} physical, {env['logical_cores']} logical, {env['available_cores']} available"),
+        (
+            "cores",
+            f"{env['physical_cores']} physical, {env['logical_cores']} logical, {env['available_cores']} available",
+        ),
         ("cpu flags", " ".join(isa) or "unknown"),
-        ("torch cpu", f"{cpu['torch_capability']}; native bf16: {cpu['native_bf16']}, native fp16: {cpu['native_fp16']}"),
+        (
+            "torch cpu",
+            f"{cpu['torch_capability']}; native bf16: {cpu['native_bf16']}, native fp16: {cpu['native_fp16']}",
+        ),
         ("ram", f"{env['ram_total_bytes'] / 2**30:.1f} GiB"),
         ("torch threads", f"{env['torch_threads']['intra_op']} intra-op, {env['torch_threads']['inter_op']} inter-op"),
         ("c compiler", env["c_compiler"] or "none"),
     ]
     for gpu in env["gpus"]:
         memory = f"{gpu['memory_total_mb'] / 1024:.1f} GiB" if gpu["memory_total_mb"] else "?"
-        rows.append((f"gpu {gpu['index']}", f"{gpu['name']}, {memory}, cc {gpu['compute_capability']}, driver {gpu['driver_version']}"))
+        rows.append(
+            (
+                f"gpu {gpu['index']}",
+                f"{gpu['name']}, {memory}, cc {gpu['compute_capability']}, driver {gpu['driver_version']}",
+            )
+        )
     if not env["gpus"]:
         rows.append(("gpu", "none"))
     return rows
@@ -126,13 +149,16 @@ def noise_now_text(now: dict[str, Any] | None) -> str:
     """One line on how loud the machine is (a 1 s window in which accelab only slept)."""
     if not now:
         return "not measured (no /proc/stat here)"
-    figures = (f"steal {now['steal'] * 100:.0f}%, other processes {now['others_cores']:.2f} cores, "
-               f"load {now['load1']:.1f}")
+    figures = (
+        f"steal {now['steal'] * 100:.0f}%, other processes {now['others_cores']:.2f} cores, load {now['load1']:.1f}"
+    )
     if now["level"] == "quiet":
         return f"[green]quiet[/] ({figures})"
     colour = "yellow" if now["level"] == "noisy" else "red"
-    return (f"[{colour}]{now['level']}[/]: {now['reason']} ({figures}); measurements now will say so, "
-            "and probes measured now are not cached as verdicts")
+    return (
+        f"[{colour}]{now['level']}[/]: {now['reason']} ({figures}); measurements now will say so, "
+        "and probes measured now are not cached as verdicts"
+    )
 
 
 def _limits_noise(lim: dict[str, Any]) -> str:

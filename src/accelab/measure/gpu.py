@@ -193,4 +193,3 @@ def _torch_only_inventory() -> list[dict[str, Any]]:
             }
         )
     return gpus
-

@@ -33,8 +33,14 @@ log = logging.getLogger(__name__)
 CACHE_FILE = "hardware.json"
 
 # the compute path a plan's precision runs its matmuls in
-PRECISION_PATHS = {"fp32": "fp32", "bf16-autocast": "bf16-autocast", "fp16-autocast": "fp16-autocast",
-                   "bf16-weights": "bf16", "fp16-weights": "fp16", "fp8": "bf16"}
+PRECISION_PATHS = {
+    "fp32": "fp32",
+    "bf16-autocast": "bf16-autocast",
+    "fp16-autocast": "fp16-autocast",
+    "bf16-weights": "bf16",
+    "fp16-weights": "fp16",
+    "fp8": "bf16",
+}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -65,14 +71,20 @@ class HardwareLimits:
     def trusted(self) -> bool:
         """Measured quietly enough: the peaks' window was not unreliable and every probe is trusted."""
         return self.noise.get("level") != "unreliable" and all(
-            d.get("trusted", True) for d in self.probe_details.values())
+            d.get("trusted", True) for d in self.probe_details.values()
+        )
 
     def peak_for(self, precision: str) -> tuple[str, float | None]:
         """(compute path, its peak FLOP/s) for a plan's precision; the peak is None where the
         path was not measured on this device."""
         path = PRECISION_PATHS.get(precision, "fp32")
-        value = {"fp32": self.fp32_flops, "bf16": self.bf16_flops, "bf16-autocast": self.bf16_autocast_flops,
-                 "fp16": self.fp16_flops, "fp16-autocast": self.fp16_autocast_flops}.get(path)
+        value = {
+            "fp32": self.fp32_flops,
+            "bf16": self.bf16_flops,
+            "bf16-autocast": self.bf16_autocast_flops,
+            "fp16": self.fp16_flops,
+            "fp16-autocast": self.fp16_autocast_flops,
+        }.get(path)
         return path, value
 
 
@@ -102,8 +114,12 @@ def hardware_limits(device: str | torch.device = "cpu", refresh: bool = False) -
         # measured under noise: measured again when the machine is quiet now, else kept as marked
         now = noise.sample_now(0.5)
         if now is not None and now.level != "quiet":
-            log.info("cached %s limits were measured under noise; the machine is %s now (%s): kept",
-                     dev, now.level, now.reason)
+            log.info(
+                "cached %s limits were measured under noise; the machine is %s now (%s): kept",
+                dev,
+                now.level,
+                now.reason,
+            )
             return limits
     limits = _measure(dev, threads, fp)
     cache = _read_cache()
@@ -140,8 +156,14 @@ def _measure(dev: torch.device, threads: int, fp: str) -> HardwareLimits:
                 peaks["fp32"] = kernels.peak_flops("fp32", dev)
         band = kernels.bandwidth(dev)
     found = probes.probe_all(dev)
-    figures = {"fp32": "fp32_flops", "bf16": "bf16_flops", "tf32": "tf32_flops", "fp16": "fp16_flops",
-               "bf16-autocast": "bf16_autocast_flops", "fp16-autocast": "fp16_autocast_flops"}
+    figures = {
+        "fp32": "fp32_flops",
+        "bf16": "bf16_flops",
+        "tf32": "tf32_flops",
+        "fp16": "fp16_flops",
+        "bf16-autocast": "bf16_autocast_flops",
+        "fp16-autocast": "fp16_autocast_flops",
+    }
     return HardwareLimits(
         device=str(dev),
         **{figures[path]: rate.value or None for path, rate in peaks.items()},

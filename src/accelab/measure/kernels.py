@@ -87,6 +87,7 @@ def _linear(m: int, k: int, n: int) -> Callable[[torch.dtype, torch.device], tup
         x = torch.randn(m, k, device=device).to(dtype)
         w = torch.randn(n, k, device=device).to(dtype)
         return (lambda: F.linear(x, w)), 2.0 * m * k * n, f"linear {m}x{k}->{n}"
+
     return build
 
 
@@ -97,7 +98,12 @@ def _conv(batch: int, channels: int, size: int, kernel: int, channels_last: bool
         w = torch.randn(channels, channels, kernel, kernel, device=device).to(dtype).to(memory_format=fmt)
         flops = 2.0 * batch * channels * size * size * channels * kernel * kernel  # padding keeps the size
         layout = "channels_last" if channels_last else "NCHW"
-        return (lambda: F.conv2d(x, w, padding=kernel // 2)), flops, f"conv{kernel}x{kernel} {layout} {channels}ch {size}px"
+        return (
+            (lambda: F.conv2d(x, w, padding=kernel // 2)),
+            flops,
+            f"conv{kernel}x{kernel} {layout} {channels}ch {size}px",
+        )
+
     return build
 
 
@@ -106,6 +112,7 @@ def _matmul(n: int):
         a = torch.randn(n, n, device=device).to(dtype)
         b = torch.randn(n, n, device=device).to(dtype)
         return (lambda: torch.mm(a, b)), 2.0 * n**3, f"matmul {n}"
+
     return build
 
 
@@ -132,9 +139,15 @@ def _kernels(device: torch.device, scale: int) -> list[Callable]:
     if device.type == "cuda":
         return [_matmul(8192), _linear(8192, 4096, 16384), _linear(4096, 4096, 4096), _conv(64, 256, 56, 3, True)]
     rows = max(8, 512 // scale)
-    return [_linear(rows, 768, 3072), _linear(rows, 3072, 768), _linear(rows, 384, 1536),
-            _conv(max(1, 8 // scale), 64, 56, 3, False), _conv(max(1, 8 // scale), 64, 56, 3, True),
-            _conv(max(1, 8 // scale), 256, 28, 1, True), _matmul(max(128, 1024 // scale))]
+    return [
+        _linear(rows, 768, 3072),
+        _linear(rows, 3072, 768),
+        _linear(rows, 384, 1536),
+        _conv(max(1, 8 // scale), 64, 56, 3, False),
+        _conv(max(1, 8 // scale), 64, 56, 3, True),
+        _conv(max(1, 8 // scale), 256, 28, 1, True),
+        _matmul(max(128, 1024 // scale)),
+    ]
 
 
 def peak_flops(path: str, device: torch.device, *, repeats: int = 3) -> Rate:

@@ -48,8 +48,11 @@ UNRELIABLE = {"steal": 0.10, "others_cores": 0.30, "throttled": 0.10}
 
 PROC_STAT = Path("/proc/stat")
 PROC_LOADAVG = Path("/proc/loadavg")
-CGROUP_STATS = (Path("/sys/fs/cgroup/cpu.stat"), Path("/sys/fs/cgroup/cpu/cpu.stat"),
-                Path("/sys/fs/cgroup/cpu,cpuacct/cpu.stat"))
+CGROUP_STATS = (
+    Path("/sys/fs/cgroup/cpu.stat"),
+    Path("/sys/fs/cgroup/cpu/cpu.stat"),
+    Path("/sys/fs/cgroup/cpu,cpuacct/cpu.stat"),
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,8 +83,16 @@ def parse_proc_stat(text: str) -> CpuTicks:
         fields = line.split()
         if fields and fields[0] == "cpu":
             values = [int(v) for v in fields[1:9]] + [0] * max(0, 8 - len(fields[1:9]))
-            return CpuTicks(user=values[0], nice=values[1], system=values[2], idle=values[3], iowait=values[4],
-                            irq=values[5], softirq=values[6], steal=values[7])
+            return CpuTicks(
+                user=values[0],
+                nice=values[1],
+                system=values[2],
+                idle=values[3],
+                iowait=values[4],
+                irq=values[5],
+                softirq=values[6],
+                steal=values[7],
+            )
     raise ValueError("no aggregate 'cpu' line in /proc/stat")
 
 
@@ -118,8 +129,14 @@ class Window:
     cv: float | None = None  # the measurement's own spread, when the caller knows it
 
     def with_cv(self, cv: float | None) -> Window:
-        return Window(seconds=self.seconds, steal=self.steal, others_cores=self.others_cores,
-                      throttled=self.throttled, load1=self.load1, cv=cv)
+        return Window(
+            seconds=self.seconds,
+            steal=self.steal,
+            others_cores=self.others_cores,
+            throttled=self.throttled,
+            load1=self.load1,
+            cv=cv,
+        )
 
     @property
     def level(self) -> Level:
@@ -142,7 +159,7 @@ def window(before: Snapshot, after: Snapshot, *, hz: int = 100, cores: int | Non
     from one stray tick; a window this short tells little either way, and callers measure
     windows of a few hundred milliseconds or more."""
     seconds = max(after.wall - before.wall, 1e-9)
-    slack = (cores or 1)  # ticks
+    slack = cores or 1  # ticks
     total = after.ticks.total - before.ticks.total
     stolen = max(0, after.ticks.steal - before.ticks.steal - slack)
     steal = stolen / total if total > 0 else 0.0
@@ -150,9 +167,13 @@ def window(before: Snapshot, after: Snapshot, *, hz: int = 100, cores: int | Non
     others = max(0.0, busy_s - (after.own_cpu_s - before.own_cpu_s) - slack / hz) / seconds
     if cores is not None:
         others = min(others, float(cores))
-    return Window(seconds=seconds, steal=min(max(steal, 0.0), 1.0), others_cores=others,
-                  throttled=min(max((after.throttled_s - before.throttled_s) / seconds, 0.0), 1.0),
-                  load1=after.load1)
+    return Window(
+        seconds=seconds,
+        steal=min(max(steal, 0.0), 1.0),
+        others_cores=others,
+        throttled=min(max((after.throttled_s - before.throttled_s) / seconds, 0.0), 1.0),
+        load1=after.load1,
+    )
 
 
 def classify(w: Window) -> tuple[Level, str]:
@@ -170,10 +191,12 @@ def classify(w: Window) -> tuple[Level, str]:
 
 
 def _describe(w: Window, names: Iterable[str]) -> str:
-    text = {"steal": f"{w.steal * 100:.0f}% CPU steal",
-            "others_cores": f"other processes used {w.others_cores:.2f} cores",
-            "throttled": f"the cgroup throttled the CPU {w.throttled * 100:.0f}% of the time",
-            "cv": f"calls spread {(w.cv or 0) * 100:.0f}% (cv)"}
+    text = {
+        "steal": f"{w.steal * 100:.0f}% CPU steal",
+        "others_cores": f"other processes used {w.others_cores:.2f} cores",
+        "throttled": f"the cgroup throttled the CPU {w.throttled * 100:.0f}% of the time",
+        "cv": f"calls spread {(w.cv or 0) * 100:.0f}% (cv)",
+    }
     return ", ".join(text[n] for n in names)
 
 
@@ -250,9 +273,13 @@ def snapshot(pids: Iterable[int] = ()) -> Snapshot | None:
         return None
     throttled = next((parse_throttled_seconds(t) for p in CGROUP_STATS if (t := _read(p)) is not None), 0.0)
     load = _read(PROC_LOADAVG)
-    return Snapshot(wall=time.monotonic(), ticks=parse_proc_stat(text),
-                    own_cpu_s=_cpu_seconds(list(pids) or [os.getpid()]), throttled_s=throttled,
-                    load1=float(load.split()[0]) if load else 0.0)
+    return Snapshot(
+        wall=time.monotonic(),
+        ticks=parse_proc_stat(text),
+        own_cpu_s=_cpu_seconds(list(pids) or [os.getpid()]),
+        throttled_s=throttled,
+        load1=float(load.split()[0]) if load else 0.0,
+    )
 
 
 def clock_ticks() -> int:
@@ -292,9 +319,11 @@ def busy_warning(now: Window | None) -> str | None:
     """What a command says before it measures, when the machine is already loud (None: quiet)."""
     if now is None or now.level == "quiet":
         return None
-    return (f"the machine is {'busy' if now.level == 'unreliable' else 'noisy'} before the run: {now.reason} "
-            f"(load {now.load1:.1f}). Every round's noise is measured and rounds past the thresholds are left "
-            "out; rows without enough quiet rounds will say 'unreliable'")
+    return (
+        f"the machine is {'busy' if now.level == 'unreliable' else 'noisy'} before the run: {now.reason} "
+        f"(load {now.load1:.1f}). Every round's noise is measured and rounds past the thresholds are left "
+        "out; rows without enough quiet rounds will say 'unreliable'"
+    )
 
 
 def warn_if_busy(echo: Callable[[str], None], seconds: float = 0.5) -> Window | None:

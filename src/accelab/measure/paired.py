@@ -68,8 +68,9 @@ def judge(value: float, low: float, high: float, *, threshold: float = NOISE_THR
     return "faster" if value > 1.0 else "slower"
 
 
-def _describe(verdict: Verdict, value: float, low: float, high: float, rounds: int, confidence: float,
-              threshold: float) -> str:
+def _describe(
+    verdict: Verdict, value: float, low: float, high: float, rounds: int, confidence: float, threshold: float
+) -> str:
     ci = f"{confidence * 100:.0f}% CI {low:.2f}-{high:.2f}, {rounds} rounds"
     if verdict == NO_DIFFERENCE:
         if low <= 1.0 <= high:
@@ -81,13 +82,28 @@ def _describe(verdict: Verdict, value: float, low: float, high: float, rounds: i
 def _unreliable(rounds: int, dropped: int, min_pairs: int, why: str, confidence: float) -> Ratio:
     usable = rounds - dropped
     text = f"unreliable: {usable} of {rounds} rounds were quiet enough to compare (at least {min_pairs} needed)"
-    return Ratio(value=None, low=None, high=None, rounds=usable, dropped=dropped, verdict="unreliable",
-                 reason=text + (f"; {why}" if why else ""), confidence=confidence)
+    return Ratio(
+        value=None,
+        low=None,
+        high=None,
+        rounds=usable,
+        dropped=dropped,
+        verdict="unreliable",
+        reason=text + (f"; {why}" if why else ""),
+        confidence=confidence,
+    )
 
 
-def paired_ratio(candidate: Sequence[float], reference: Sequence[float], usable: Sequence[bool] | None = None, *,
-                 confidence: float = CONFIDENCE, threshold: float = NOISE_THRESHOLD, min_pairs: int = MIN_PAIRS,
-                 why_dropped: str = "") -> Ratio:
+def paired_ratio(
+    candidate: Sequence[float],
+    reference: Sequence[float],
+    usable: Sequence[bool] | None = None,
+    *,
+    confidence: float = CONFIDENCE,
+    threshold: float = NOISE_THRESHOLD,
+    min_pairs: int = MIN_PAIRS,
+    why_dropped: str = "",
+) -> Ratio:
     """Round r of `candidate` and `reference` (higher-is-better rates) ran back to back; rounds
     with `usable[r]` False (an unreliable noise window on either side) are left out."""
     if len(candidate) != len(reference):
@@ -102,16 +118,29 @@ def paired_ratio(candidate: Sequence[float], reference: Sequence[float], usable:
     return _ratio(mean, half, len(logs), dropped, confidence, threshold)
 
 
-def unpaired_ratio(candidate: Sequence[float], reference: Sequence[float], *, confidence: float = CONFIDENCE,
-                   threshold: float = NOISE_THRESHOLD, min_rounds: int = 2) -> Ratio:
+def unpaired_ratio(
+    candidate: Sequence[float],
+    reference: Sequence[float],
+    *,
+    confidence: float = CONFIDENCE,
+    threshold: float = NOISE_THRESHOLD,
+    min_rounds: int = 2,
+) -> Ratio:
     """Two independent runs' per-round rates (usable rounds only): Welch's interval on the
     difference of their mean logs."""
     a = [math.log(x) for x in candidate if x > 0]
     b = [math.log(x) for x in reference if x > 0]
     if len(a) < min_rounds or len(b) < min_rounds:
-        return Ratio(value=None, low=None, high=None, rounds=min(len(a), len(b)), dropped=0, verdict="unreliable",
-                     reason=f"unreliable: {len(a)} and {len(b)} quiet rounds (at least {min_rounds} each needed)",
-                     confidence=confidence)
+        return Ratio(
+            value=None,
+            low=None,
+            high=None,
+            rounds=min(len(a), len(b)),
+            dropped=0,
+            verdict="unreliable",
+            reason=f"unreliable: {len(a)} and {len(b)} quiet rounds (at least {min_rounds} each needed)",
+            confidence=confidence,
+        )
     va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
     mean = statistics.fmean(a) - statistics.fmean(b)
     if va + vb == 0:
@@ -124,8 +153,16 @@ def unpaired_ratio(candidate: Sequence[float], reference: Sequence[float], *, co
 def _ratio(mean: float, half: float, rounds: int, dropped: int, confidence: float, threshold: float) -> Ratio:
     value, low, high = math.exp(mean), math.exp(mean - half), math.exp(mean + half)
     verdict = judge(value, low, high, threshold=threshold)
-    return Ratio(value=value, low=low, high=high, rounds=rounds, dropped=dropped, verdict=verdict,
-                 reason=_describe(verdict, value, low, high, rounds, confidence, threshold), confidence=confidence)
+    return Ratio(
+        value=value,
+        low=low,
+        high=high,
+        rounds=rounds,
+        dropped=dropped,
+        verdict=verdict,
+        reason=_describe(verdict, value, low, high, rounds, confidence, threshold),
+        confidence=confidence,
+    )
 
 
 def relative_half_width(ratio: Ratio) -> float | None:
@@ -149,7 +186,17 @@ def check_overlap(ratio: Ratio, candidate: Sequence[float], reference: Sequence[
     straddles = low < 1.0 < high
     if not straddles:
         return ratio
-    reason = (f"no measurable difference: its own quiet rounds ran from {low:.2f}x to {high:.2f}x the reference's "
-              f"median, on both sides of it (the plan runs in regimes); the paired rounds alone said {ratio.reason}")
-    return Ratio(value=ratio.value, low=ratio.low, high=ratio.high, rounds=ratio.rounds, dropped=ratio.dropped,
-                 verdict=NO_DIFFERENCE, reason=reason, confidence=ratio.confidence)
+    reason = (
+        f"no measurable difference: its own quiet rounds ran from {low:.2f}x to {high:.2f}x the reference's "
+        f"median, on both sides of it (the plan runs in regimes); the paired rounds alone said {ratio.reason}"
+    )
+    return Ratio(
+        value=ratio.value,
+        low=ratio.low,
+        high=ratio.high,
+        rounds=ratio.rounds,
+        dropped=ratio.dropped,
+        verdict=NO_DIFFERENCE,
+        reason=reason,
+        confidence=ratio.confidence,
+    )

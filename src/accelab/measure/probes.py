@@ -19,9 +19,9 @@ whole interval is below SLOW_BELOW.
 from __future__ import annotations
 
 import copy
-import math
 import importlib.util
 import logging
+import math
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
@@ -46,8 +46,9 @@ TURN_S = 0.2  # ... and as many as fill this long: a shorter noise window says l
 def _mlp() -> torch.nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(HIDDEN, 4 * HIDDEN), torch.nn.GELU(),
-                                   torch.nn.Linear(4 * HIDDEN, HIDDEN)).eval()
+        return torch.nn.Sequential(
+            torch.nn.Linear(HIDDEN, 4 * HIDDEN), torch.nn.GELU(), torch.nn.Linear(4 * HIDDEN, HIDDEN)
+        ).eval()
 
 
 def _variant(technique: str, device: torch.device) -> tuple[torch.nn.Module, torch.dtype, Callable[[], Any]]:
@@ -113,7 +114,7 @@ def probe(technique: str, device: torch.device) -> Probe:
     ratio: Ratio | None = None
     repeats = {name: _repeats(call, device) for name, call in calls.items()}
     for r in range(MAX_ROUNDS):
-        for name in (("fp32", technique) if r % 2 == 0 else (technique, "fp32")):
+        for name in ("fp32", technique) if r % 2 == 0 else (technique, "fp32"):
             with noise.Meter() as meter:
                 seconds = kernels.best_seconds(calls[name], device, repeats=repeats[name])
             rates[name].append(1.0 / seconds)
@@ -129,10 +130,26 @@ def probe(technique: str, device: torch.device) -> Probe:
     level = max((w.level for w in kept if w is not None), key=noise.LEVELS.index, default="quiet")
     if ratio.value is None:
         why = f"{ratio.reason}; loudest: {loud.reason}" if loud is not None and loud.reason else ratio.reason
-        return Probe(factor=_plain_factor(rates, technique), low=None, high=None, rounds=ratio.rounds,
-                     dropped=ratio.dropped, trusted=False, noise="unreliable", reason=why)
-    return Probe(factor=ratio.value, low=ratio.low, high=ratio.high, rounds=ratio.rounds, dropped=ratio.dropped,
-                 trusted=True, noise=level, reason=f"{ratio.low:.2f}-{ratio.high:.2f}, {ratio.rounds} rounds")
+        return Probe(
+            factor=_plain_factor(rates, technique),
+            low=None,
+            high=None,
+            rounds=ratio.rounds,
+            dropped=ratio.dropped,
+            trusted=False,
+            noise="unreliable",
+            reason=why,
+        )
+    return Probe(
+        factor=ratio.value,
+        low=ratio.low,
+        high=ratio.high,
+        rounds=ratio.rounds,
+        dropped=ratio.dropped,
+        trusted=True,
+        noise=level,
+        reason=f"{ratio.low:.2f}-{ratio.high:.2f}, {ratio.rounds} rounds",
+    )
 
 
 def _repeats(call: Callable[[], Any], device: torch.device) -> int:
@@ -160,8 +177,14 @@ def probe_all(device: torch.device) -> dict[str, Probe]:
             log.info("probe %s skipped: %s", technique, err)
             continue
         p = found[technique]
-        log.info("probe %s on %s: %.2fx fp32 eager (%s%s)", technique, device, p.factor or 0, p.reason,
-                 "" if p.trusted else "; not trusted")
+        log.info(
+            "probe %s on %s: %.2fx fp32 eager (%s%s)",
+            technique,
+            device,
+            p.factor or 0,
+            p.reason,
+            "" if p.trusted else "; not trusted",
+        )
     return found
 
 

@@ -39,8 +39,11 @@ class _Start:
 
 
 def _failure(err: BaseException) -> _Message:
-    return _Message(status="oom" if _is_oom(err) else "error", reason=f"{type(err).__name__}: {err}".strip(),
-                    traceback=traceback.format_exc())
+    return _Message(
+        status="oom" if _is_oom(err) else "error",
+        reason=f"{type(err).__name__}: {err}".strip(),
+        traceback=traceback.format_exc(),
+    )
 
 
 def _session_main(conn: Any, start: _Start) -> None:
@@ -75,8 +78,9 @@ def _session_main(conn: Any, start: _Start) -> None:
 class WarmChild:
     """One warm child process (see the module docstring)."""
 
-    def __init__(self, target: str, payload: Any = None, *, env: dict[str, str] | None = None,
-                 start_timeout_s: float = 600.0) -> None:
+    def __init__(
+        self, target: str, payload: Any = None, *, env: dict[str, str] | None = None, start_timeout_s: float = 600.0
+    ) -> None:
         self.target = target
         self._start = _Start(target=target, payload=payload, env=env or {})
         self._start_timeout_s = start_timeout_s
@@ -120,20 +124,31 @@ class WarmChild:
         if not self._conn.poll(timeout_s):  # blocks; wakes on a message or on EOF
             wall = time.perf_counter() - start
             self.close(kill=True)  # it is busy or hung: asking it to exit would wait for nothing
-            self.dead = ChildOutcome(status="timeout", wall_seconds=wall, reason=f"{what}: no answer after {timeout_s:.0f} s")
+            self.dead = ChildOutcome(
+                status="timeout", wall_seconds=wall, reason=f"{what}: no answer after {timeout_s:.0f} s"
+            )
             return self.dead
         try:
             message: _Message = self._conn.recv()
         except (EOFError, OSError):
             return self._ended(start)
-        return ChildOutcome(status=message.status, value=message.value, reason=message.reason,
-                            traceback=message.traceback, wall_seconds=time.perf_counter() - start)
+        return ChildOutcome(
+            status=message.status,
+            value=message.value,
+            reason=message.reason,
+            traceback=message.traceback,
+            wall_seconds=time.perf_counter() - start,
+        )
 
     def _ended(self, start: float) -> ChildOutcome:
         assert self._proc is not None
         self._proc.join(10)
-        self.dead = ChildOutcome(status="crashed", reason=_describe_exit(self._proc.exitcode),
-                                 exitcode=self._proc.exitcode, wall_seconds=time.perf_counter() - start)
+        self.dead = ChildOutcome(
+            status="crashed",
+            reason=_describe_exit(self._proc.exitcode),
+            exitcode=self._proc.exitcode,
+            wall_seconds=time.perf_counter() - start,
+        )
         return self.dead
 
     def close(self, *, kill: bool = False) -> None:

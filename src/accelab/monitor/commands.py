@@ -10,8 +10,11 @@ def register(app: typer.Typer) -> None:
 
 
 def top_command(
-    url: str = typer.Argument(..., help="The server's base URL, e.g. http://127.0.0.1:8000 (a --replicas server's "
-                              "front shows all its replicas together)."),
+    url: str = typer.Argument(
+        ...,
+        help="The server's base URL, e.g. http://127.0.0.1:8000 (a --replicas server's "
+        "front shows all its replicas together).",
+    ),
     interval: float = typer.Option(1.0, "--interval", help="Seconds between two reads of /metrics."),
     window: float = typer.Option(10.0, "--window", help="Rates and the window's percentiles cover this many seconds."),
 ) -> None:

@@ -42,8 +42,11 @@ class Snapshot:
         """The sum of `name` over every series whose labels match (and whose `exclude` labels do not)."""
         total = 0.0
         for labels, value in self.series(name):
-            if all(labels.get(k) == v for k, v in match.items()) and not any(
-                    labels.get(k) in values for k, values in (exclude or {}).items()) and not math.isnan(value):
+            if (
+                all(labels.get(k) == v for k, v in match.items())
+                and not any(labels.get(k) in values for k, values in (exclude or {}).items())
+                and not math.isnan(value)
+            ):
                 total += value
         return total
 

@@ -24,11 +24,16 @@ from accelab.monitor.scrape import NOT_API, Snapshot, Window, api_requests, quan
 
 log = logging.getLogger(__name__)
 
-LATENCIES = (("latency", "accelab_request_latency_seconds", {"route": NOT_API}, False),
-             ("time to first token", "accelab_time_to_first_token_seconds", None, True),
-             ("inter-token latency", "accelab_inter_token_latency_seconds", None, True))
-RETRIES = (("split batch", "accelab_batch_retries_total"), ("preemption", "accelab_preemptions_total"),
-           ("replica", "accelab_replica_retries_total"))
+LATENCIES = (
+    ("latency", "accelab_request_latency_seconds", {"route": NOT_API}, False),
+    ("time to first token", "accelab_time_to_first_token_seconds", None, True),
+    ("inter-token latency", "accelab_inter_token_latency_seconds", None, True),
+)
+RETRIES = (
+    ("split batch", "accelab_batch_retries_total"),
+    ("preemption", "accelab_preemptions_total"),
+    ("replica", "accelab_replica_retries_total"),
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -40,14 +45,17 @@ class TopOptions:
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"URL {self.url!r} is not an http(s) URL; give the server's address, e.g. "
-                             "http://127.0.0.1:8000")
+            raise ValueError(
+                f"URL {self.url!r} is not an http(s) URL; give the server's address, e.g. http://127.0.0.1:8000"
+            )
         for name in ("interval_s", "window_s", "timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be more than 0")
         if self.window_s < self.interval_s:
-            raise ValueError(f"window_s={self.window_s:g} is shorter than interval_s={self.interval_s:g}; a window "
-                             "needs two scrapes: raise --window or lower --interval")
+            raise ValueError(
+                f"window_s={self.window_s:g} is shorter than interval_s={self.interval_s:g}; a window "
+                "needs two scrapes: raise --window or lower --interval"
+            )
 
 
 # -- formatting --------------------------------------------------------------------------------------
@@ -77,8 +85,12 @@ def fmt_bytes(value: float) -> str:
 
 # -- what is shown ---------------------------------------------------------------------------------
 def header(snap: Snapshot, url: str) -> str:
-    models = sorted({f"{labels['model']} (plan {labels['plan']}, {labels['device']})"
-                     for labels, _ in snap.series("accelab_model_info")})
+    models = sorted(
+        {
+            f"{labels['model']} (plan {labels['plan']}, {labels['device']})"
+            for labels, _ in snap.series("accelab_model_info")
+        }
+    )
     ready, servers = snap.total("accelab_ready"), len(snap.series("accelab_ready"))
     state = "ready" if servers and ready == servers else f"{ready:.0f} of {servers} ready"
     return f"accelab top · {url} · {', '.join(models) or 'model loading'} · {state}"
@@ -101,16 +113,22 @@ def traffic_rows(window: Window | None, snap: Snapshot) -> list[tuple[str, str, 
     w_errors = window.increase("accelab_errors_total") if window else None
     share = f" ({w_errors / w_requests:.1%})" if window and w_requests else ""
     kinds = ", ".join(f"{k} {v:,.0f}" for k, v in top_kinds(snap.by("accelab_errors_total", "kind")))
-    rows.append(("errors", fmt_rate(w_errors / window.seconds if window else None) + share,
-                 fmt_count(errors) + (f" ({kinds})" if kinds else "")))
+    rows.append(
+        (
+            "errors",
+            fmt_rate(w_errors / window.seconds if window else None) + share,
+            fmt_count(errors) + (f" ({kinds})" if kinds else ""),
+        )
+    )
     for label, name, exclude, generation_only in LATENCIES:
         if not snap.has(f"{name}_bucket") or (generation_only and not generation):
             continue
         kw = {"exclude": exclude} if exclude else {}
         windowed = [window.quantile(q, name, **kw) if window else None for q in (0.5, 0.99)]
         started = [quantile_since_start(snap, q, name, **kw) for q in (0.5, 0.99)]
-        rows.append((f"{label} p50 · p99", " · ".join(map(fmt_seconds, windowed)),
-                     " · ".join(map(fmt_seconds, started))))
+        rows.append(
+            (f"{label} p50 · p99", " · ".join(map(fmt_seconds, windowed)), " · ".join(map(fmt_seconds, started)))
+        )
     generated, prompt = snap.total("accelab_generated_tokens_total"), snap.total("accelab_prompt_tokens_total")
     if generation:
         w_gen = window.rate("accelab_generated_tokens_total") if window else None
@@ -131,14 +149,23 @@ def quantile_since_start(snap: Snapshot, q: float, name: str, **kw) -> float | N
 
 def state_rows(snap: Snapshot) -> list[tuple[str, str]]:
     """(what, now) for the state table."""
-    rows = [("queue", f"{snap.total('accelab_queue_depth'):,.0f} waiting of {snap.total('accelab_queue_limit'):,.0f}"),
-            ("in flight", f"{snap.total('accelab_requests_in_flight'):,.0f} requests")]
+    rows = [
+        ("queue", f"{snap.total('accelab_queue_depth'):,.0f} waiting of {snap.total('accelab_queue_limit'):,.0f}"),
+        ("in flight", f"{snap.total('accelab_requests_in_flight'):,.0f} requests"),
+    ]
     if snap.has("accelab_kv_cache_blocks"):
-        used, free = snap.total("accelab_kv_cache_blocks", state="used"), snap.total("accelab_kv_cache_blocks",
-                                                                                      state="free")
+        used, free = (
+            snap.total("accelab_kv_cache_blocks", state="used"),
+            snap.total("accelab_kv_cache_blocks", state="free"),
+        )
         share = f" ({used / (used + free):.0%})" if used + free else ""
-        rows.append(("running", f"{snap.total('accelab_running_sequences'):,.0f} sequences, "
-                                f"{snap.total('accelab_waiting_sequences'):,.0f} waiting"))
+        rows.append(
+            (
+                "running",
+                f"{snap.total('accelab_running_sequences'):,.0f} sequences, "
+                f"{snap.total('accelab_waiting_sequences'):,.0f} waiting",
+            )
+        )
         rows.append(("KV cache", f"{used:,.0f} of {used + free:,.0f} blocks used{share}"))
     if generates(snap):
         rows.append(("tokens/s (server, 10 s)", fmt_rate(snap.total("accelab_generation_tokens_per_second"), "")))
@@ -149,8 +176,13 @@ def state_rows(snap: Snapshot) -> list[tuple[str, str]]:
         rows.append((f"GPU {device}", f"{fmt_bytes(allocated)} allocated, {fmt_bytes(reserved)} reserved"))
     if snap.has("accelab_replica_info") or snap.has("accelab_replicas_configured"):
         configured = snap.total("accelab_replicas_configured")
-        rows.append(("replicas", f"{snap.total('accelab_ready'):,.0f} ready of {configured:,.0f}, "
-                                 f"{len(snap.series('accelab_replica_info'))} reporting"))
+        rows.append(
+            (
+                "replicas",
+                f"{snap.total('accelab_ready'):,.0f} ready of {configured:,.0f}, "
+                f"{len(snap.series('accelab_replica_info'))} reporting",
+            )
+        )
     return rows
 
 
@@ -176,16 +208,22 @@ def render(snaps: deque[Snapshot], options: TopOptions, error: str | None = None
 
 
 # -- the loop ----------------------------------------------------------------------------------------
-def run_top(options: TopOptions, *, fetch: Callable[[str], str] | None = None,
-            clock: Callable[[], float] = time.monotonic, frames: int | None = None) -> int:
+def run_top(
+    options: TopOptions,
+    *,
+    fetch: Callable[[str], str] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    frames: int | None = None,
+) -> int:
     """Redraw until Ctrl+C (or `frames` redraws); returns the exit status."""
     fetch = fetch or _http_fetch(options)
     console = Console()
     snaps: deque[Snapshot] = deque()
     first = _scrape(fetch, options, clock)  # a wrong URL fails here, before the screen is taken over
     if isinstance(first, str):
-        Console(stderr=True).print(f"{first}; is `accelab serve` running there?", style="red", markup=False,
-                                   soft_wrap=True)
+        Console(stderr=True).print(
+            f"{first}; is `accelab serve` running there?", style="red", markup=False, soft_wrap=True
+        )
         return 1
     snaps.append(first)
     drawn = 0

@@ -66,7 +66,9 @@ def apply_plan(spec: ModelSpec, plan: Plan, device: torch.device, *, offload_dir
     """torch's runtime: load `spec` and apply the plan's techniques (checked by the caller,
     `accelab.runtimes.load_runnable`, the one way in)."""
     if plan.backend != "torch":
-        raise ValueError(f"apply_plan runs torch plans; backend={plan.backend} loads through accelab.runtimes.load_runnable")
+        raise ValueError(
+            f"apply_plan runs torch plans; backend={plan.backend} loads through accelab.runtimes.load_runnable"
+        )
     # the Runnable exists from the start: each step records on it what it did (its model, notes,
     # settings to restore), and closing it undoes step 1 (or a failure at any later step does)
     runnable = Runnable(model=None, processor=None, device=device, task=spec.task, spec=spec, plan=plan)
@@ -87,8 +89,9 @@ def _load(runnable: Runnable, spec: ModelSpec, plan: Plan, offload_dir: str | No
     kwargs: dict[str, Any] = {}
     kwargs.update(attention.load_kwargs(plan, spec))
     kwargs.update(precision.load_kwargs(plan))
-    kwargs.update(placement.load_kwargs(plan, runnable.device, offload_dir=offload_dir, spec=spec,
-                                        exit_stack=runnable.exit_stack))
+    kwargs.update(
+        placement.load_kwargs(plan, runnable.device, offload_dir=offload_dir, spec=spec, exit_stack=runnable.exit_stack)
+    )
     log.info("loading %s with %s", spec.name, kwargs)
     loaded = load(spec, **kwargs)
     runnable.model, runnable.processor = loaded.model, loaded.processor
@@ -116,12 +119,18 @@ def apply_to_model(model: torch.nn.Module, plan: Plan, device: torch.device, *, 
     the same steps in the same order as `apply_plan`, with step 2 done in place (attention
     implementation, weight dtype). Closing the Runnable restores the process settings."""
     if plan.backend != "torch":
-        raise Unsupported(f"backend={plan.backend} exports and loads a model of its own; accelab.apply runs torch plans "
-                          "(run the backend through accelab.bench / accelab serve on the model's directory)")
+        raise Unsupported(
+            f"backend={plan.backend} exports and loads a model of its own; accelab.apply runs torch plans "
+            "(run the backend through accelab.bench / accelab serve on the model's directory)"
+        )
     if plan.placement not in ("auto", "cpu", "cuda"):  # a device map is materialised by from_pretrained
-        raise Unsupported(f"placement={plan.placement} is a device map chosen at load time; load the model with "
-                          "from_pretrained(device_map=..., max_memory=...) yourself, or give accelab its directory")
-    stand_in = ModelSpec(name=type(model).__name__, task="image-classification", source="")  # these checks read no files
+        raise Unsupported(
+            f"placement={plan.placement} is a device map chosen at load time; load the model with "
+            "from_pretrained(device_map=..., max_memory=...) yourself, or give accelab its directory"
+        )
+    stand_in = ModelSpec(
+        name=type(model).__name__, task="image-classification", source=""
+    )  # these checks read no files
     for module in (system, precision, quantization, compile_):
         module.check(plan, stand_in, device)
     runnable = Runnable(model=model, processor=processor, device=device, task="", plan=plan)
@@ -130,8 +139,10 @@ def apply_to_model(model: torch.nn.Module, plan: Plan, device: torch.device, *, 
         if plan.attention != "default":
             setter = getattr(model, "set_attn_implementation", None)
             if setter is None:
-                raise Unsupported(f"attention={plan.attention} needs a transformers model; "
-                                  f"{type(model).__name__} is a custom nn.Module")
+                raise Unsupported(
+                    f"attention={plan.attention} needs a transformers model; "
+                    f"{type(model).__name__} is a custom nn.Module"
+                )
             setter(plan.attention)
         dtype = precision.load_kwargs(plan)["dtype"]
         if dtype != torch.float32:

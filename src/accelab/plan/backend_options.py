@@ -66,8 +66,10 @@ def _check(backend: str, options: dict[str, str]) -> None:
     for key, value in options.items():
         if key in OPTION_KEYS and key not in own:
             other = OPTION_KEYS[key][0]
-            raise ValueError(f"backend option {key}={value!r} is an option of backend={other}, and this plan runs "
-                             f"backend={backend}; add backend={other} (--set backend={other})")
+            raise ValueError(
+                f"backend option {key}={value!r} is an option of backend={other}, and this plan runs "
+                f"backend={backend}; add backend={other} (--set backend={other})"
+            )
         if key not in own:
             close = difflib.get_close_matches(key, own, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -164,12 +166,12 @@ class VllmOptions:
     max_model_len: int | None = None  # longest prompt + output; None: the model's context
 
     def __post_init__(self) -> None:
-        if (self.max_num_seqs and self.max_num_batched_tokens
-                and self.max_num_batched_tokens < self.max_num_seqs):
+        if self.max_num_seqs and self.max_num_batched_tokens and self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(
                 f"backend option vllm_max_num_batched_tokens={self.max_num_batched_tokens} is below "
                 f"vllm_max_num_seqs={self.max_num_seqs}: every running sequence needs a token per step; "
-                f"raise it to {self.max_num_seqs} or more")
+                f"raise it to {self.max_num_seqs} or more"
+            )
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> VllmOptions:

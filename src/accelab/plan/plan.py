@@ -54,7 +54,9 @@ def apply_overrides(plan: Plan, assignments: list[str] | tuple[str, ...]) -> Pla
             options[key] = raw.strip()
             continue
         if key not in names:
-            raise ValueError(unknown_field_message(key, tuple(OPTION_KEYS)) + f"; backend options: {', '.join(OPTION_KEYS)}")
+            raise ValueError(
+                unknown_field_message(key, tuple(OPTION_KEYS)) + f"; backend options: {', '.join(OPTION_KEYS)}"
+            )
         changes[key] = _coerce(key, raw.strip())
     if not changes and not options:
         return plan

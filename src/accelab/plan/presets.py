@@ -33,8 +33,11 @@ _PRESETS = [
     Plan(name="onnxruntime-fused", backend="onnxruntime", backend_options=(("ort_fusion", "on"),)),
     # int8 dynamic quantisation on the fused graph; full-range weights on CPUs with VNNI (no
     # saturation there), which kept MiniLM's embeddings at cosine >= 0.99 to fp32 here
-    Plan(name="onnxruntime-int8", backend="onnxruntime",
-         backend_options=(("ort_fusion", "on"), ("ort_quant", "int8-dynamic"), ("ort_reduce_range", "off"))),
+    Plan(
+        name="onnxruntime-int8",
+        backend="onnxruntime",
+        backend_options=(("ort_fusion", "on"), ("ort_quant", "int8-dynamic"), ("ort_reduce_range", "off")),
+    ),
     Plan(name="openvino", backend="openvino"),
     Plan(name="llamacpp", backend="llamacpp"),
     # vLLM's engine (its own venv, see accelab.backends.vllm): fp32 like the baseline, and bf16

@@ -29,7 +29,7 @@ class Chunk:
         return f"a{self.attempt:03d}-rank{self.rank}-chunk{self.number:05d}"
 
     def batches(self, batch_size: int) -> list[list[int]]:
-        return [list(self.indices[i:i + batch_size]) for i in range(0, len(self.indices), batch_size)]
+        return [list(self.indices[i : i + batch_size]) for i in range(0, len(self.indices), batch_size)]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,14 +58,16 @@ def processing_order(items: Sequence[int], lengths: Sequence[int] | None) -> lis
     return sorted(items, key=lambda i: (-lengths[i], i))
 
 
-def plan_work(*, total: int, done: set[int], lengths: Sequence[int] | None, chunk_size: int, world_size: int,
-              attempt: int) -> WorkPlan:
+def plan_work(
+    *, total: int, done: set[int], lengths: Sequence[int] | None, chunk_size: int, world_size: int, attempt: int
+) -> WorkPlan:
     if chunk_size < 1 or world_size < 1:
         raise ValueError(f"chunk_size={chunk_size} and world_size={world_size} must be 1 or more")
     order = processing_order(remaining_items(total, done), lengths)
-    pieces = [tuple(order[i:i + chunk_size]) for i in range(0, len(order), chunk_size)]
-    chunks = tuple(Chunk(attempt=attempt, number=k, rank=k % world_size, indices=piece)
-                   for k, piece in enumerate(pieces))
+    pieces = [tuple(order[i : i + chunk_size]) for i in range(0, len(order), chunk_size)]
+    chunks = tuple(
+        Chunk(attempt=attempt, number=k, rank=k % world_size, indices=piece) for k, piece in enumerate(pieces)
+    )
     return WorkPlan(attempt=attempt, total=total, done_before=len(done), chunks=chunks)
 
 

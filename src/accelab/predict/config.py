@@ -18,8 +18,7 @@ DeviceChoice = str  # "auto" | "cpu" | "cuda" | "cuda:N"
 
 # Batch size when neither --batch-size nor the plan sets one: encoders and classifiers run one
 # forward per batch; generation holds a KV cache per row and decodes token by token.
-DEFAULT_BATCH = {"image-classification": 32, "feature-extraction": 32, "text-generation": 8,
-                 "image-text-to-text": 8}
+DEFAULT_BATCH = {"image-classification": 32, "feature-extraction": 32, "text-generation": 8, "image-text-to-text": 8}
 BATCHES_PER_CHUNK = 8  # default resume granularity: at most this many batches per rank are redone
 MIN_CHUNKS = 16  # small inputs get smaller chunks, so that ranks get similar shares
 
@@ -78,8 +77,9 @@ class PredictConfig:
     def from_dict(cls, data: dict[str, Any]) -> PredictConfig:
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
-            raise ValueError(f"unknown PredictConfig field(s) {sorted(unknown)}; was the file written by another "
-                             "accelab version?")
+            raise ValueError(
+                f"unknown PredictConfig field(s) {sorted(unknown)}; was the file written by another accelab version?"
+            )
         return cls(**data)
 
     def with_changes(self, **changes: Any) -> PredictConfig:
@@ -90,10 +90,18 @@ class PredictConfig:
         processes, workers and chunking only change how fast the same rows come out."""
         plan = {k: v for k, v in self.plan.items() if k not in ("name", "batch_size", "threads", "interop_threads")}
         return {
-            "model": {"name": self.spec.get("name"), "source": self.spec.get("source"),
-                      "gguf_file": self.spec.get("gguf_file")},
-            "task": self.task, "plan": plan, "source": self.source, "split": self.split,
-            "text_field": self.text_field, "items": self.source_items, "digest": self.source_digest,
+            "model": {
+                "name": self.spec.get("name"),
+                "source": self.spec.get("source"),
+                "gguf_file": self.spec.get("gguf_file"),
+            },
+            "task": self.task,
+            "plan": plan,
+            "source": self.source,
+            "split": self.split,
+            "text_field": self.text_field,
+            "items": self.source_items,
+            "digest": self.source_digest,
             "options": task_options(self),
         }
 
@@ -112,8 +120,10 @@ def task_options(config: PredictConfig) -> dict[str, Any]:
 def output_format(out: str | Path) -> OutputFormat:
     suffix = Path(out).suffix.lower().lstrip(".")
     if suffix not in OUTPUT_FORMATS:
-        raise ValueError(f"--out {out}: unknown output format {('.' + suffix) if suffix else '(no extension)'}; "
-                         "end the name in .jsonl (any task), .parquet (any task) or .npy (embeddings)")
+        raise ValueError(
+            f"--out {out}: unknown output format {('.' + suffix) if suffix else '(no extension)'}; "
+            "end the name in .jsonl (any task), .parquet (any task) or .npy (embeddings)"
+        )
     return suffix  # type: ignore[return-value]
 
 

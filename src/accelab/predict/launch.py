@@ -32,8 +32,14 @@ def run(config: PredictConfig, launch: LaunchOptions, *, work_dir: Path, threads
     summary_path.unlink(missing_ok=True)
     config_path.write_text(json.dumps(config.with_changes(summary_path=str(summary_path)).to_dict(), indent=2))
     try:
-        return run_workers(worker_command(WORKER_MODULE, config_path, launch), summary_path=summary_path,
-                           threads=threads, timeout_s=config.timeout_s, what="predict", kept=KEPT)
+        return run_workers(
+            worker_command(WORKER_MODULE, config_path, launch),
+            summary_path=summary_path,
+            threads=threads,
+            timeout_s=config.timeout_s,
+            what="predict",
+            kept=KEPT,
+        )
     finally:
         config_path.unlink(missing_ok=True)
         summary_path.unlink(missing_ok=True)
@@ -44,8 +50,9 @@ def _run_here(config: PredictConfig) -> Outcome:
 
     start = time.perf_counter()
     summary = run_rank(config)  # ValueError / Unsupported propagate to the command
-    return Outcome(status="ok", summary=summary, reason=None, wall_s=time.perf_counter() - start, command=None,
-                   returncode=None)
+    return Outcome(
+        status="ok", summary=summary, reason=None, wall_s=time.perf_counter() - start, command=None, returncode=None
+    )
 
 
 def threads_per_process(launch: LaunchOptions, threads: int | None, cpus: int) -> int | None:

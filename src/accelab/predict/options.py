@@ -50,10 +50,24 @@ class PredictRequest:
     notes: list[str] = field(default_factory=list)
 
 
-def build_request(*, model: str, task: str | None, plan: str, overrides: list[str], inputs: str, out: str,
-                  launch: LaunchOptions, cpus: int, overwrite: bool = False, threads: int | None = None,
-                  device: str = "auto", batch_size: int | None = None, chunk_size: int | None = None,
-                  workers: int | None = None, **options: Any) -> PredictRequest:
+def build_request(
+    *,
+    model: str,
+    task: str | None,
+    plan: str,
+    overrides: list[str],
+    inputs: str,
+    out: str,
+    launch: LaunchOptions,
+    cpus: int,
+    overwrite: bool = False,
+    threads: int | None = None,
+    device: str = "auto",
+    batch_size: int | None = None,
+    chunk_size: int | None = None,
+    workers: int | None = None,
+    **options: Any,
+) -> PredictRequest:
     """`options`: text_field, split, limit, top_k, max_length, max_new_tokens, prompt, progress, timeout_s."""
     from accelab.catalog.resolve import resolve
 
@@ -64,37 +78,61 @@ def build_request(*, model: str, task: str | None, plan: str, overrides: list[st
         raise ValueError(f"--out {out}: .parquet needs pyarrow (pip install pyarrow); or write .jsonl")
     spec = resolve(model, task)
     if fmt == "npy" and spec.task != "feature-extraction":
-        raise ValueError(f"--out {out}: .npy holds embeddings, but {spec.name} is {spec.task}; "
-                         "write .jsonl or .parquet")
+        raise ValueError(
+            f"--out {out}: .npy holds embeddings, but {spec.name} is {spec.task}; write .jsonl or .parquet"
+        )
     _check_max_length(spec, options.get("max_length"))
     want = "image" if spec.task in IMAGE_TASKS else "text"
-    source = open_source(inputs, want=want, text_field=options.get("text_field"),  # type: ignore[arg-type]
-                         split=options.get("split"), limit=options.get("limit"), taker=f"{spec.name} ({spec.task})")
+    source = open_source(
+        inputs,
+        want=want,
+        text_field=options.get("text_field"),  # type: ignore[arg-type]
+        split=options.get("split"),
+        limit=options.get("limit"),
+        taker=f"{spec.name} ({spec.task})",
+    )
 
     # device, processes, techniques
     torch_device = _device(plan_obj, spec, device, launch)
     batch = resolve_batch_size(batch_size, plan_obj, DEFAULT_BATCH[spec.task])
     config = PredictConfig(
-        spec=spec.to_dict(), plan=plan_obj.to_dict(), source=str(Path(inputs).resolve()),
-        out=str(Path(out).resolve()), task=spec.task, source_items=len(source), source_digest=source.digest(),
-        batch_size=batch, chunk_size=rounded_chunk_size(chunk_size or default_chunk_size(batch, len(source)), batch),
+        spec=spec.to_dict(),
+        plan=plan_obj.to_dict(),
+        source=str(Path(inputs).resolve()),
+        out=str(Path(out).resolve()),
+        task=spec.task,
+        source_items=len(source),
+        source_digest=source.digest(),
+        batch_size=batch,
+        chunk_size=rounded_chunk_size(chunk_size or default_chunk_size(batch, len(source)), batch),
         workers=default_workers(cpus, launch.nproc) if workers is None else workers,
-        device="cpu" if torch_device.type == "cpu" else device, world_size=launch.world_size,
+        device="cpu" if torch_device.type == "cpu" else device,
+        world_size=launch.world_size,
         **{k: v for k, v in options.items() if v is not None},
     )
     resuming = _check_output(config, overwrite, primary=launch.node_rank in (None, 0))
     notes = list(source.notes)
     if resuming:
         notes.append(f"resuming an interrupted run: {resuming} of {len(source)} items are done")
-    return PredictRequest(config=config, launch=launch, spec=spec, plan=plan_obj, source_format=source.format,
-                          threads=threads_per_process(launch, plan_obj.threads, cpus), resuming=resuming, notes=notes)
+    return PredictRequest(
+        config=config,
+        launch=launch,
+        spec=spec,
+        plan=plan_obj,
+        source_format=source.format,
+        threads=threads_per_process(launch, plan_obj.threads, cpus),
+        resuming=resuming,
+        notes=notes,
+    )
 
 
 def _check_max_length(spec: ModelSpec, max_length: int | None) -> None:
     limit = spec_max_sequence_length(spec)
     if max_length is not None and limit is not None and max_length > limit:
-        raise ValueError(f"--max-length {max_length} is more than {spec.name} takes ({limit} tokens); "
-                         f"pass --max-length {limit} or less")
+        raise ValueError(
+            f"--max-length {max_length} is more than {spec.name} takes ({limit} tokens); "
+            f"pass --max-length {limit} or less"
+        )
 
 
 def _device(plan: Plan, spec: ModelSpec, requested: str, launch: LaunchOptions) -> Any:
@@ -105,11 +143,15 @@ def _device(plan: Plan, spec: ModelSpec, requested: str, launch: LaunchOptions) 
 
     device = resolve_device(plan, requested)
     if device.type == "cuda" and launch.nproc > torch.cuda.device_count():
-        raise ValueError(f"--nproc {launch.nproc} but this node has {torch.cuda.device_count()} GPU(s): one process "
-                         f"per GPU; pass --nproc {torch.cuda.device_count()} or less, or --device cpu")
+        raise ValueError(
+            f"--nproc {launch.nproc} but this node has {torch.cuda.device_count()} GPU(s): one process "
+            f"per GPU; pass --nproc {torch.cuda.device_count()} or less, or --device cpu"
+        )
     if launch.distributed and device.type == "cuda" and device.index not in (None, 0):
-        raise ValueError(f"--device {requested} with several processes: each rank takes the GPU of its local rank; "
-                         "pass --device cuda (limit GPUs with CUDA_VISIBLE_DEVICES)")
+        raise ValueError(
+            f"--device {requested} with several processes: each rank takes the GPU of its local rank; "
+            "pass --device cuda (limit GPUs with CUDA_VISIBLE_DEVICES)"
+        )
     check_supported(plan, spec, device)  # raises Unsupported with the reason
     return device
 

@@ -41,8 +41,10 @@ def merge(parts: Parts, *, total: int, out: str | Path, fmt: str) -> Merged:
         by_index[row["index"]] = row
     missing = [i for i in range(total) if i not in by_index]
     if missing:
-        raise RuntimeError(f"{len(missing)} item(s) have no result in {parts.dir} (first: {missing[:5]}); "
-                           "rerun the same command to compute them")
+        raise RuntimeError(
+            f"{len(missing)} item(s) have no result in {parts.dir} (first: {missing[:5]}); "
+            "rerun the same command to compute them"
+        )
     rows = [by_index[i] for i in range(total)]
     done = [r for r in rows if "skipped" not in r]
     skipped = [{"index": r["index"], "id": r["id"], "reason": r["skipped"]} for r in rows if "skipped" in r]
@@ -52,8 +54,9 @@ def merge(parts: Parts, *, total: int, out: str | Path, fmt: str) -> Merged:
     else:
         skipped_path.unlink(missing_ok=True)  # from an earlier run into the same --out
     WRITERS[fmt](Path(out), done)
-    return Merged(out=str(out), rows=len(done), skipped=len(skipped),
-                  skipped_path=str(skipped_path) if skipped else None)
+    return Merged(
+        out=str(out), rows=len(done), skipped=len(skipped), skipped_path=str(skipped_path) if skipped else None
+    )
 
 
 def _write_jsonl(out: Path, rows: list[dict[str, Any]]) -> None:

@@ -75,8 +75,11 @@ class Parts:
         if manifest.get("version") != MANIFEST_VERSION:
             raise ValueError(f"{self.dir} was written by another accelab version; pass --overwrite to start over")
         old = manifest["identity"]
-        changed = [f"{key}: {old.get(key)!r} -> {identity.get(key)!r}" for key in sorted(set(old) | set(identity))
-                   if old.get(key) != identity.get(key)]
+        changed = [
+            f"{key}: {old.get(key)!r} -> {identity.get(key)!r}"
+            for key in sorted(set(old) | set(identity))
+            if old.get(key) != identity.get(key)
+        ]
         if changed:
             raise ValueError(
                 f"{self.dir} holds {len(self.done_indices())} finished item(s) of an interrupted run with other "

@@ -86,12 +86,19 @@ class Collator:
     def _collate(self, good: list[Example], skipped: list[tuple[int, str]]) -> Collated:
         if not good:
             return Collated(indices=[], tensors={}, skipped=skipped)
-        return Collated(indices=[e.index for e in good], tensors=self.encode([e.payload for e in good]),
-                        skipped=skipped)
+        return Collated(
+            indices=[e.index for e in good], tensors=self.encode([e.payload for e in good]), skipped=skipped
+        )
 
 
-def make_loader(source: Source, batches: list[list[int]], encode: Callable[[list[Any]], dict[str, torch.Tensor]],
-                *, workers: int, pin_memory: bool) -> DataLoader:
+def make_loader(
+    source: Source,
+    batches: list[list[int]],
+    encode: Callable[[list[Any]], dict[str, torch.Tensor]],
+    *,
+    workers: int,
+    pin_memory: bool,
+) -> DataLoader:
     """A loader over `batches` (lists of item indices), in that order."""
     return DataLoader(
         ItemDataset(source),
@@ -101,4 +108,3 @@ def make_loader(source: Source, batches: list[list[int]], encode: Callable[[list
         pin_memory=pin_memory,
         prefetch_factor=PREFETCH_BATCHES if workers else None,
     )
-

@@ -85,15 +85,29 @@ class Source:
         """The first `limit` items (all when None)."""
         if limit is None or limit >= len(self.ids):
             return self
-        return Source(path=self.path, format=self.format, kind=self.kind, ids=self.ids[:limit], column=self.column,
-                      texts=None if self.texts is None else self.texts[:limit],
-                      errors={i: e for i, e in self.errors.items() if i < limit},
-                      files=None if self.files is None else self.files[:limit], dataset=self.dataset,
-                      notes=[*self.notes, f"--limit {limit}: the first {limit} of {len(self.ids)} items"])
+        return Source(
+            path=self.path,
+            format=self.format,
+            kind=self.kind,
+            ids=self.ids[:limit],
+            column=self.column,
+            texts=None if self.texts is None else self.texts[:limit],
+            errors={i: e for i, e in self.errors.items() if i < limit},
+            files=None if self.files is None else self.files[:limit],
+            dataset=self.dataset,
+            notes=[*self.notes, f"--limit {limit}: the first {limit} of {len(self.ids)} items"],
+        )
 
 
-def open_source(path: str | Path, *, want: ItemKind, text_field: str | None = None, split: str | None = None,
-                limit: int | None = None, taker: str = "the model") -> Source:
+def open_source(
+    path: str | Path,
+    *,
+    want: ItemKind,
+    text_field: str | None = None,
+    split: str | None = None,
+    limit: int | None = None,
+    taker: str = "the model",
+) -> Source:
     """Open `path` as a source. `want` is what the model takes; it picks the column of a saved
     dataset and is checked against folders and files (ValueError says what to pass instead)."""
     root = Path(path).expanduser()
@@ -122,8 +136,14 @@ def _open_folder(root: Path) -> Source:
         else:
             others += 1
     notes = [f"{others} file(s) under {root} are not images ({', '.join(IMAGE_EXTENSIONS)}); ignored"] if others else []
-    return Source(path=str(root), format="image-folder", kind="image", files=files,
-                  ids=[p.relative_to(root).as_posix() for p in files], notes=notes)
+    return Source(
+        path=str(root),
+        format="image-folder",
+        kind="image",
+        files=files,
+        ids=[p.relative_to(root).as_posix() for p in files],
+        notes=notes,
+    )
 
 
 def _open_image(path: Path) -> Any:
@@ -192,8 +212,9 @@ def _pick_text_field(path: Path, rows: list[Any], text_field: str | None) -> str
                 keys[key] = keys.get(key, False) or isinstance(value, str)
     if text_field is not None:
         if sample and text_field not in keys:
-            raise ValueError(f"--text-field {text_field!r} is not a column of {path}; its columns: "
-                             f"{', '.join(keys) or '(none)'}")
+            raise ValueError(
+                f"--text-field {text_field!r} is not a column of {path}; its columns: {', '.join(keys) or '(none)'}"
+            )
         return text_field
     for name in TEXT_FIELDS:
         if name in keys:
@@ -222,8 +243,9 @@ def _table_source(path: Path, fmt: str, rows: list[Any], errors: dict[int, str],
             texts.append(value)
         else:
             texts.append(None)
-            errors[i] = (f"row {i} has no text in {column!r}" if column else f"row {i} is not a string") + \
-                f" (got {type(value).__name__})"
+            errors[i] = (
+                f"row {i} has no text in {column!r}" if column else f"row {i} is not a string"
+            ) + f" (got {type(value).__name__})"
     return Source(path=str(path), format=fmt, kind="text", ids=ids, column=column, texts=texts, errors=errors)
 
 
@@ -248,17 +270,29 @@ def _open_saved_dataset(root: Path, want: ItemKind, text_field: str | None, spli
     elif split is not None:
         raise ValueError(f"--split {split}: {root} holds one dataset, not splits; drop --split")
     images = [name for name, feat in data.features.items() if type(feat).__name__ == "Image"]
-    strings = [name for name, feat in data.features.items()
-               if getattr(feat, "dtype", None) in ("string", "large_string") and name != ID_FIELD]
-    ids = ([v if isinstance(v, (str, int)) else str(v) for v in data[ID_FIELD]] if ID_FIELD in data.column_names
-           else list(range(len(data))))
+    strings = [
+        name
+        for name, feat in data.features.items()
+        if getattr(feat, "dtype", None) in ("string", "large_string") and name != ID_FIELD
+    ]
+    ids = (
+        [v if isinstance(v, (str, int)) else str(v) for v in data[ID_FIELD]]
+        if ID_FIELD in data.column_names
+        else list(range(len(data)))
+    )
     if want == "image" and images:
         column = text_field if text_field in images else ("image" if "image" in images else images[0])
         return Source(path=str(root), format="dataset", kind="image", ids=ids, column=column, dataset=data)
     if not strings:
         kind: ItemKind = "image" if images else "text"
-        return Source(path=str(root), format="dataset", kind=kind, ids=ids if kind == "image" else [],
-                      column=images[0] if images else None, dataset=data)
+        return Source(
+            path=str(root),
+            format="dataset",
+            kind=kind,
+            ids=ids if kind == "image" else [],
+            column=images[0] if images else None,
+            dataset=data,
+        )
     column = _dataset_text_column(root, strings, text_field)
     rows = [{column: value} for value in data[column]]
     source = _table_source(root, "dataset", rows, {}, column)
@@ -280,16 +314,19 @@ def _pick_split(root: Path, data: Any, split: str | None) -> Any:
 def _dataset_text_column(root: Path, strings: list[str], text_field: str | None) -> str:
     if text_field is not None:
         if text_field not in strings:
-            raise ValueError(f"--text-field {text_field!r} is not a string column of {root}; "
-                             f"its string columns: {', '.join(strings)}")
+            raise ValueError(
+                f"--text-field {text_field!r} is not a string column of {root}; "
+                f"its string columns: {', '.join(strings)}"
+            )
         return text_field
     for name in TEXT_FIELDS:
         if name in strings:
             return name
     if len(strings) == 1:
         return strings[0]
-    raise ValueError(f"cannot tell which column of {root} holds the text ({', '.join(strings)}); "
-                     "pass --text-field NAME")
+    raise ValueError(
+        f"cannot tell which column of {root} holds the text ({', '.join(strings)}); pass --text-field NAME"
+    )
 
 
 def _dataset_image(dataset: Any, index: int, column: str | None) -> Any:
@@ -304,14 +341,19 @@ def _dataset_image(dataset: Any, index: int, column: str | None) -> Any:
 def _empty_message(source: Source) -> str:
     if source.format == "image-folder":
         extra = f" ({source.notes[0]})" if source.notes else ""
-        return (f"--inputs {source.path}: no images found{extra}; it must hold image files "
-                f"({', '.join(IMAGE_EXTENSIONS)}), in subfolders or not, or be a `datasets` dataset saved to disk")
+        return (
+            f"--inputs {source.path}: no images found{extra}; it must hold image files "
+            f"({', '.join(IMAGE_EXTENSIONS)}), in subfolders or not, or be a `datasets` dataset saved to disk"
+        )
     return f"--inputs {source.path}: the source has no rows; give a file with at least one text"
 
 
 def _kind_mismatch(source: Source, want: ItemKind, taker: str) -> str:
     have = "images" if source.kind == "image" else "texts"
     need = "images" if want == "image" else "texts"
-    fix = ("a folder of images (or a saved dataset with an image column)" if want == "image"
-           else "a .jsonl/.csv/.txt file of texts (or a saved dataset with a text column)")
+    fix = (
+        "a folder of images (or a saved dataset with an image column)"
+        if want == "image"
+        else "a .jsonl/.csv/.txt file of texts (or a saved dataset with a text column)"
+    )
     return f"--inputs {source.path} holds {have}, but {taker} takes {need}; give {fix}, or a model for {have}"

@@ -47,9 +47,15 @@ class Classify:
         probs = logits.float().softmax(dim=-1)
         scores, classes = probs.topk(min(self.top_k, probs.shape[-1]), dim=-1)  # [B, k]
         scores, classes = scores.cpu().tolist(), classes.cpu().tolist()  # note: sync point
-        return [{"predictions": [{"label": self.labels.get(c, str(c)), "class_id": c, "score": s}
-                                 for c, s in zip(row_classes, row_scores)]}
-                for row_classes, row_scores in zip(classes, scores)]
+        return [
+            {
+                "predictions": [
+                    {"label": self.labels.get(c, str(c)), "class_id": c, "score": s}
+                    for c, s in zip(row_classes, row_scores)
+                ]
+            }
+            for row_classes, row_scores in zip(classes, scores)
+        ]
 
 
 class Embed:
@@ -58,8 +64,9 @@ class Embed:
         self.max_length = max_length
 
     def encode(self, inputs: list[Any]) -> Batch:
-        encoded = self.tokenizer(inputs, padding=True, truncation=True, max_length=self.max_length,
-                                 padding_side="right", return_tensors="pt")
+        encoded = self.tokenizer(
+            inputs, padding=True, truncation=True, max_length=self.max_length, padding_side="right", return_tensors="pt"
+        )
         return dict(encoded)  # input_ids / attention_mask (/ token_type_ids): [B, S]
 
     def predict(self, runnable: Any, batch: Batch) -> list[Row]:
@@ -75,16 +82,23 @@ class _Generate:
 
     def predict(self, runnable: Any, batch: Batch) -> list[Row]:
         width = batch["input_ids"].shape[1]
-        out = runnable.generate(batch, max_new_tokens=self.max_new_tokens, do_sample=False,
-                                pad_token_id=self.tokenizer.pad_token_id)
+        out = runnable.generate(
+            batch, max_new_tokens=self.max_new_tokens, do_sample=False, pad_token_id=self.tokenizer.pad_token_id
+        )
         sequences = out if torch.is_tensor(out) else out.sequences
         new = sequences[:, width:].cpu()  # [B, new tokens]; note: sync point
         eos = self.tokenizer.eos_token_id
         rows = []
         for ids in new.tolist():
-            used = ids.index(eos) + 1 if eos is not None and eos in ids else len(ids)  # rows that ended early are padded
-            rows.append({"generated_text": self.tokenizer.decode(ids[:used], skip_special_tokens=True).strip(),
-                         "new_tokens": used})
+            used = (
+                ids.index(eos) + 1 if eos is not None and eos in ids else len(ids)
+            )  # rows that ended early are padded
+            rows.append(
+                {
+                    "generated_text": self.tokenizer.decode(ids[:used], skip_special_tokens=True).strip(),
+                    "new_tokens": used,
+                }
+            )
         return rows
 
 
@@ -96,15 +110,21 @@ class GenerateText(_Generate):
 
     def encode(self, inputs: list[Any]) -> Batch:
         if getattr(self.tokenizer, "chat_template", None):
-            texts = [self.tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                                        tokenize=False) for q in inputs]
+            texts = [
+                self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
+                )
+                for q in inputs
+            ]
             special = False  # the template holds the special tokens already
         else:
             texts, special = list(inputs), True
-        truncate = {"truncation": True, "max_length": self.max_length, "truncation_side": "left"} \
-            if self.max_length else {}
-        encoded = self.tokenizer(texts, padding=True, padding_side="left", add_special_tokens=special,
-                                 return_tensors="pt", **truncate)
+        truncate = (
+            {"truncation": True, "max_length": self.max_length, "truncation_side": "left"} if self.max_length else {}
+        )
+        encoded = self.tokenizer(
+            texts, padding=True, padding_side="left", add_special_tokens=special, return_tensors="pt", **truncate
+        )
         return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}  # [B, S]
 
 
@@ -117,8 +137,9 @@ class GenerateFromImage(_Generate):
         self.text = processor.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
 
     def encode(self, inputs: list[Any]) -> Batch:
-        encoded = self.processor(images=inputs, text=[self.text] * len(inputs), padding=True, padding_side="left",
-                                 return_tensors="pt")
+        encoded = self.processor(
+            images=inputs, text=[self.text] * len(inputs), padding=True, padding_side="left", return_tensors="pt"
+        )
         return {k: v for k, v in encoded.items() if isinstance(v, torch.Tensor)}
 
 
@@ -126,8 +147,10 @@ def _max_length(config: PredictConfig, model: Any) -> int:
     limit = max_sequence_length(model)
     if config.max_length is not None:
         if limit is not None and config.max_length > limit:
-            raise ValueError(f"--max-length {config.max_length} is more than the model takes ({limit} tokens); "
-                             f"pass --max-length {limit} or less")
+            raise ValueError(
+                f"--max-length {config.max_length} is more than the model takes ({limit} tokens); "
+                f"pass --max-length {limit} or less"
+            )
         return config.max_length
     return limit or 512
 

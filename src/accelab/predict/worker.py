@@ -82,8 +82,10 @@ def run(config: PredictConfig, group: dist.Group | None = None) -> dict[str, Any
     group = group or dist.start(cpu=not cuda, timeout_s=config.timeout_s)
     try:
         if group.world_size != config.world_size:
-            raise ValueError(f"this run was planned for {config.world_size} process(es) but {group.world_size} "
-                             "started; start it with `accelab predict --nproc/--nnodes`, not by hand")
+            raise ValueError(
+                f"this run was planned for {config.world_size} process(es) but {group.world_size} "
+                "started; start it with `accelab predict --nproc/--nnodes`, not by hand"
+            )
         device = _device(config, group, cuda)
         # 2. the same items on every rank
         source = _open(config)
@@ -117,11 +119,18 @@ def _device(config: PredictConfig, group: dist.Group, cuda: bool) -> torch.devic
 
 def _open(config: PredictConfig) -> Source:
     want = "image" if config.task in ("image-classification", "image-text-to-text") else "text"
-    source = open_source(config.source, want=want, text_field=config.text_field, split=config.split,  # type: ignore[arg-type]
-                         limit=config.limit)
+    source = open_source(
+        config.source,
+        want=want,
+        text_field=config.text_field,
+        split=config.split,  # type: ignore[arg-type]
+        limit=config.limit,
+    )
     if len(source) != config.source_items or source.digest() != config.source_digest:
-        raise ValueError(f"--inputs {config.source} changed after the run started ({len(source)} items now, "
-                         f"{config.source_items} before); rerun the command")
+        raise ValueError(
+            f"--inputs {config.source} changed after the run started ({len(source)} items now, "
+            f"{config.source_items} before); rerun the command"
+        )
     return source
 
 
@@ -130,15 +139,32 @@ def _plan(config: PredictConfig, source: Source) -> WorkPlan:
     identity = config.identity()
     parts.check_compatible(identity)
     done = parts.done_indices() if parts.exists() else set()
-    attempt = parts.begin_attempt(identity, {
-        "world_size": config.world_size, "batch_size": config.batch_size, "chunk_size": config.chunk_size,
-        "done_before": len(done), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-    })
-    work = plan_work(total=len(source), done=done, lengths=source.lengths(), chunk_size=config.chunk_size,
-                     world_size=config.world_size, attempt=attempt)
+    attempt = parts.begin_attempt(
+        identity,
+        {
+            "world_size": config.world_size,
+            "batch_size": config.batch_size,
+            "chunk_size": config.chunk_size,
+            "done_before": len(done),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        },
+    )
+    work = plan_work(
+        total=len(source),
+        done=done,
+        lengths=source.lengths(),
+        chunk_size=config.chunk_size,
+        world_size=config.world_size,
+        attempt=attempt,
+    )
     if done:
-        log.warning("resuming: %d of %d items are done; %d left in %d chunk(s)", len(done), len(source),
-                    work.remaining, len(work.chunks))
+        log.warning(
+            "resuming: %d of %d items are done; %d left in %d chunk(s)",
+            len(done),
+            len(source),
+            work.remaining,
+            len(work.chunks),
+        )
     return work
 
 
@@ -159,19 +185,29 @@ class _ChunkFiles:
             self.parts.write_chunk(chunk, self.pending.pop(chunk.number))
 
 
-def _run_chunks(config: PredictConfig, source: Source, chunks: list[Chunk], runnable: Any, group: dist.Group,
-                device: torch.device) -> RankStats:
+def _run_chunks(
+    config: PredictConfig, source: Source, chunks: list[Chunk], runnable: Any, group: dist.Group, device: torch.device
+) -> RankStats:
     handler = make_handler(config, runnable)
     planned = [(chunk, batch) for chunk in chunks for batch in chunk.batches(config.batch_size)]
-    loader = make_loader(source, [batch for _, batch in planned], handler.encode, workers=config.workers,
-                         pin_memory=device.type == "cuda")
+    loader = make_loader(
+        source,
+        [batch for _, batch in planned],
+        handler.encode,
+        workers=config.workers,
+        pin_memory=device.type == "cuda",
+    )
     target = input_device(runnable.model, device)
     files = _ChunkFiles(config.out, source.ids)
     wait = compute = write = 0.0
     total = sum(len(c.indices) for c in chunks)
     # RSS of this process only (forked DataLoader workers share its pages); CPU time with the workers'
-    sampler = PeakMemorySampler(device=device, interval=SAMPLE_INTERVAL_S, rss_reader=process_rss_reader(False),
-                                cpu_seconds_reader=process_cpu_seconds_reader(True))
+    sampler = PeakMemorySampler(
+        device=device,
+        interval=SAMPLE_INTERVAL_S,
+        rss_reader=process_rss_reader(False),
+        cpu_seconds_reader=process_cpu_seconds_reader(True),
+    )
     label = "predict" if group.world_size == 1 else f"predict (rank 0's share, 1/{group.world_size})"
     with sampler as memory, progress_bar(total, label, enabled=config.progress and group.is_main) as advance:
         start = time.perf_counter()
@@ -191,15 +227,27 @@ def _run_chunks(config: PredictConfig, source: Source, chunks: list[Chunk], runn
         wall = time.perf_counter() - start
     report = memory.report
     return RankStats(
-        rank=group.rank, device=str(device), threads=torch.get_num_threads(), workers=config.workers, items=total,
-        skipped=files.skipped, batches=len(planned), wall_s=wall, compute_s=compute, wait_s=wait, write_s=write,
-        peak_rss_mb=report.peak_rss_mb, cpu_util_fraction=report.cpu_util_fraction,
-        gpu_util_percent=report.gpu_util_percent, gpu_peak_allocated_mb=report.gpu_peak_allocated_mb,
+        rank=group.rank,
+        device=str(device),
+        threads=torch.get_num_threads(),
+        workers=config.workers,
+        items=total,
+        skipped=files.skipped,
+        batches=len(planned),
+        wall_s=wall,
+        compute_s=compute,
+        wait_s=wait,
+        write_s=write,
+        peak_rss_mb=report.peak_rss_mb,
+        cpu_util_fraction=report.cpu_util_fraction,
+        gpu_util_percent=report.gpu_util_percent,
+        gpu_peak_allocated_mb=report.gpu_peak_allocated_mb,
     )
 
 
-def _finish(config: PredictConfig, source: Source, work: WorkPlan, ranks: list[RankStats],
-            notes: list[str]) -> dict[str, Any]:
+def _finish(
+    config: PredictConfig, source: Source, work: WorkPlan, ranks: list[RankStats], notes: list[str]
+) -> dict[str, Any]:
     start = time.perf_counter()
     parts = Parts(config.out)
     merged = merge(parts, total=len(source), out=config.out, fmt=config.output_format)
@@ -244,7 +292,9 @@ def main(argv: list[str] | None = None) -> int:
         if config.summary_path:
             Path(config.summary_path).write_text(json.dumps(doc, indent=2, default=str) + "\n")
 
-    return run_worker(lambda: run(config), rank=rank, world_size=config.world_size, write=write, unsupported=Unsupported)
+    return run_worker(
+        lambda: run(config), rank=rank, world_size=config.world_size, write=write, unsupported=Unsupported
+    )
 
 
 if __name__ == "__main__":

@@ -36,7 +36,11 @@ def embeddings(ref: dict[str, Any], cand: dict[str, Any]) -> dict[str, float]:
     a, b = np.asarray(ref["embeddings"], dtype=np.float64), np.asarray(cand["embeddings"], dtype=np.float64)
     _same_shape(a, b, "embeddings")
     cos = np.sum(a * b, axis=-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-12)
-    return {"cosine_min": float(cos.min()), "cosine_mean": float(cos.mean()), "max_abs_diff": float(np.abs(a - b).max())}
+    return {
+        "cosine_min": float(cos.min()),
+        "cosine_mean": float(cos.mean()),
+        "max_abs_diff": float(np.abs(a - b).max()),
+    }
 
 
 def generation(ref: dict[str, Any], cand: dict[str, Any]) -> dict[str, float | None]:

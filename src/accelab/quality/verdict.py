@@ -48,9 +48,21 @@ def _rules(spec: dict[str, tuple[Direction, float, float]]) -> tuple[Rule, ...]:
 
 
 _CLASSIFICATION = {
-    "strict": {"top1_agreement": (">=", 0.99, 0.97), "top5_overlap": (">=", 0.95, 0.90), "accuracy_change": (">=", -0.002, -0.01)},
-    "balanced": {"top1_agreement": (">=", 0.95, 0.90), "top5_overlap": (">=", 0.90, 0.80), "accuracy_change": (">=", -0.01, -0.03)},
-    "loose": {"top1_agreement": (">=", 0.90, 0.80), "top5_overlap": (">=", 0.80, 0.60), "accuracy_change": (">=", -0.03, -0.08)},
+    "strict": {
+        "top1_agreement": (">=", 0.99, 0.97),
+        "top5_overlap": (">=", 0.95, 0.90),
+        "accuracy_change": (">=", -0.002, -0.01),
+    },
+    "balanced": {
+        "top1_agreement": (">=", 0.95, 0.90),
+        "top5_overlap": (">=", 0.90, 0.80),
+        "accuracy_change": (">=", -0.01, -0.03),
+    },
+    "loose": {
+        "top1_agreement": (">=", 0.90, 0.80),
+        "top5_overlap": (">=", 0.80, 0.60),
+        "accuracy_change": (">=", -0.03, -0.08),
+    },
 }
 _EMBEDDINGS = {
     "strict": {"cosine_min": (">=", 0.999, 0.995)},
@@ -58,12 +70,21 @@ _EMBEDDINGS = {
     "loose": {"cosine_min": (">=", 0.95, 0.90)},
 }
 _GENERATION = {
-    "strict": {"perplexity_change": ("<=", 0.005, 0.02), "prefix_agreement": (">=", 0.90, 0.70),
-               "token_agreement": (">=", 0.95, 0.80)},
-    "balanced": {"perplexity_change": ("<=", 0.03, 0.10), "prefix_agreement": (">=", 0.50, 0.25),
-                 "token_agreement": (">=", 0.60, 0.35)},
-    "loose": {"perplexity_change": ("<=", 0.10, 0.25), "prefix_agreement": (">=", 0.25, 0.10),
-              "token_agreement": (">=", 0.35, 0.15)},
+    "strict": {
+        "perplexity_change": ("<=", 0.005, 0.02),
+        "prefix_agreement": (">=", 0.90, 0.70),
+        "token_agreement": (">=", 0.95, 0.80),
+    },
+    "balanced": {
+        "perplexity_change": ("<=", 0.03, 0.10),
+        "prefix_agreement": (">=", 0.50, 0.25),
+        "token_agreement": (">=", 0.60, 0.35),
+    },
+    "loose": {
+        "perplexity_change": ("<=", 0.10, 0.25),
+        "prefix_agreement": (">=", 0.25, 0.10),
+        "token_agreement": (">=", 0.35, 0.15),
+    },
 }
 TOLERANCES: dict[str, dict[str, dict]] = {
     "image-classification": _CLASSIFICATION,
@@ -85,9 +106,7 @@ def rules_for(task: str, tolerance: str = "balanced") -> tuple[Rule, ...]:
     for item in overrides:
         metric, _, raw = item.partition("=")
         if metric not in table:
-            raise ValueError(
-                f"--tolerance {metric}=... is not a rule for {task}; rules are: {', '.join(table)}"
-            )
+            raise ValueError(f"--tolerance {metric}=... is not a rule for {task}; rules are: {', '.join(table)}")
         try:
             value = float(raw)
         except ValueError:

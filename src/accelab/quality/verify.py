@@ -82,7 +82,9 @@ def _reference_key(spec: ModelSpec, config: QualityConfig, device: str | None) -
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def reference_outputs(spec: ModelSpec, config: QualityConfig, *, device: str | None = None, timeout_s: float = 1800) -> dict[str, Any]:
+def reference_outputs(
+    spec: ModelSpec, config: QualityConfig, *, device: str | None = None, timeout_s: float = 1800
+) -> dict[str, Any]:
     """fp32 eager outputs on the real inputs, from the cache or a fresh child process."""
     path = cache_dir() / "references" / f"{_reference_key(spec, config, device)}.pkl"
     if path.is_file():

@@ -49,7 +49,9 @@ def history_command(
     group: str | None = typer.Option(None, help="Only runs of this compare / tune group."),
     limit: int = typer.Option(50, help="At most this many runs, newest first (0: all)."),
     csv_out: Path | None = typer.Option(None, "--csv", help="Also write the rows as CSV."),
-    json_out: Path | None = typer.Option(None, "--json", help="Also write rows and full Results as JSON (a REF for regress)."),
+    json_out: Path | None = typer.Option(
+        None, "--json", help="Also write rows and full Results as JSON (a REF for regress)."
+    ),
     db: Path | None = typer.Option(None, help=DB_HELP),
 ) -> None:
     """The runs in the results store: id, kind, model, plan, workload, status, key metric, machine."""
@@ -62,13 +64,17 @@ def history_command(
     since_iso = history.parse_since(since) if since else None
     results = store.query(model=model, kind=kind, tag=tag, group_id=group, since=since_iso, limit=limit or None)
     console = Console()
-    filters = ", ".join(f"{k}={v}" for k, v in (("model", model), ("since", since), ("kind", kind), ("tag", tag),
-                                                 ("group", group)) if v)
+    filters = ", ".join(
+        f"{k}={v}" for k, v in (("model", model), ("since", since), ("kind", kind), ("tag", tag), ("group", group)) if v
+    )
     if not results:
         console.print(f"no runs in {store.path}" + (f" matching {filters}" if filters else ""))
     else:
-        history.render(results, title=f"accelab history · {len(results)} of {store.count()} runs"
-                                      + (f" · {filters}" if filters else ""), console=console)
+        history.render(
+            results,
+            title=f"accelab history · {len(results)} of {store.count()} runs" + (f" · {filters}" if filters else ""),
+            console=console,
+        )
     if csv_out:
         csv_out.write_text(history.to_csv(results))
     if json_out:
@@ -78,9 +84,13 @@ def history_command(
 def report_command(
     out: Path = typer.Option(..., "--out", "-o", help=".html: one self-contained file; .md: markdown, PNGs beside it."),
     run: list[str] = typer.Option([], "--run", help=f"Include these runs (repeatable). {REF_HELP}"),
-    last: int | None = typer.Option(None, "--last", help="Include the newest N runs (default 10 when nothing else is chosen)."),
+    last: int | None = typer.Option(
+        None, "--last", help="Include the newest N runs (default 10 when nothing else is chosen)."
+    ),
     group: str | None = typer.Option(None, "--group", help="Include every run of this compare / tune group."),
-    compare: tuple[str, str] | None = typer.Option(None, "--compare", help="BASELINE CANDIDATE refs: adds the regress tables."),
+    compare: tuple[str, str] | None = typer.Option(
+        None, "--compare", help="BASELINE CANDIDATE refs: adds the regress tables."
+    ),
     model: str | None = typer.Option(None, help="With --last: only runs of this model."),
     title: str | None = typer.Option(None, help="Report title."),
     threshold: str = typer.Option("5%", help="With --compare: latency / throughput threshold."),
@@ -116,8 +126,11 @@ def report_command(
     doc = build_document(unique, title=title, comparison=comparison, generated=generated)
     written = write_report(doc, out, draw)
     size_kb = sum(p.stat().st_size for p in written) / 1024
-    typer.echo(f"wrote {out} ({len(unique)} runs, {len(doc.figures())} figures, {size_kb:,.0f} KB"
-               + (f", {len(written) - 1} PNGs beside it" if len(written) > 1 else "") + ")")
+    typer.echo(
+        f"wrote {out} ({len(unique)} runs, {len(doc.figures())} figures, {size_kb:,.0f} KB"
+        + (f", {len(written) - 1} PNGs beside it" if len(written) > 1 else "")
+        + ")"
+    )
     if doc.skipped:
         typer.echo("not in this report: " + "; ".join(doc.skipped))
 
@@ -125,11 +138,14 @@ def report_command(
 def regress_command(
     baseline: str = typer.Option(..., "--baseline", help=REF_HELP),
     candidate: str = typer.Option(..., "--candidate", help=REF_HELP),
-    threshold: str = typer.Option("5%", help="Latency (p50, p99, TTFT, TPOT) and throughput move tolerated, beyond noise."),
+    threshold: str = typer.Option(
+        "5%", help="Latency (p50, p99, TTFT, TPOT) and throughput move tolerated, beyond noise."
+    ),
     memory_threshold: str = typer.Option("10%", "--memory-threshold", help="Peak memory growth tolerated."),
     noise_factor: float = typer.Option(2.0, "--noise-factor", help="Noise limit = this x the runs' combined spread."),
     allow_different_machines: bool = typer.Option(
-        False, "--allow-different-machines", help="Compare runs with different machine fingerprints (with a warning)."),
+        False, "--allow-different-machines", help="Compare runs with different machine fingerprints (with a warning)."
+    ),
     json_out: Path | None = typer.Option(None, "--json", help="Also write the comparison as JSON."),
     db: Path | None = typer.Option(None, help=DB_HELP),
 ) -> None:
@@ -142,16 +158,22 @@ def regress_command(
 
     store = open_store(db)
     thresholds = _thresholds(threshold, memory_threshold, noise_factor)
-    comparison = regress.compare(load_ref(baseline, store), load_ref(candidate, store), thresholds,
-                                 allow_different_machines=allow_different_machines)
+    comparison = regress.compare(
+        load_ref(baseline, store),
+        load_ref(candidate, store),
+        thresholds,
+        allow_different_machines=allow_different_machines,
+    )
     console = Console()
     print_comparison(comparison, console)
     if json_out:
         doc = {"regressed": comparison.regressed, **asdict(comparison)}
         json_out.write_text(json.dumps(doc, indent=2, default=str))
     if comparison.compared == 0:
-        raise ValueError("nothing was compared: the baseline runs did not measure anything the candidate did "
-                         "(see the warnings above)")
+        raise ValueError(
+            "nothing was compared: the baseline runs did not measure anything the candidate did "
+            "(see the warnings above)"
+        )
     if comparison.regressed:
         raise typer.Exit(1)
 
@@ -161,8 +183,12 @@ def _thresholds(threshold: str, memory_threshold: str, noise_factor: float) -> T
     from accelab.units import parse_percent
 
     latency = parse_percent(threshold, "--threshold")
-    return Thresholds(latency=latency, throughput=latency,
-                      memory=parse_percent(memory_threshold, "--memory-threshold"), noise_factor=noise_factor)
+    return Thresholds(
+        latency=latency,
+        throughput=latency,
+        memory=parse_percent(memory_threshold, "--memory-threshold"),
+        noise_factor=noise_factor,
+    )
 
 
 def _value(value: float | str | None, unit: str) -> str:
@@ -178,27 +204,40 @@ def print_comparison(comparison: Comparison, console: Console) -> None:
     """The regress table per pair: metric | baseline | candidate | change | limit | verdict | why."""
     from rich.table import Table
 
-    colours = {"ok": "green", "improved": "green", "noise": "dim", "unreliable": "yellow", "REGRESSION": "bold red", "-": "dim"}
+    colours = {
+        "ok": "green",
+        "improved": "green",
+        "noise": "dim",
+        "unreliable": "yellow",
+        "REGRESSION": "bold red",
+        "-": "dim",
+    }
     for warning in comparison.warnings:
         console.print(f"[yellow]{warning}[/]")
     for pair in comparison.pairs:
-        table = Table(title=f"accelab regress · {pair.label} · {pair.baseline_id} → {pair.candidate_id}",
-                      title_justify="left")
+        table = Table(
+            title=f"accelab regress · {pair.label} · {pair.baseline_id} → {pair.candidate_id}", title_justify="left"
+        )
         for name in ("metric", "baseline", "candidate", "change", "limit", "verdict", "why"):
             table.add_column(name, justify="right" if name in ("baseline", "candidate", "change", "limit") else "left")
         for c in pair.checks:
             table.add_row(
-                c.metric, _value(c.baseline, c.unit), _value(c.candidate, c.unit),
+                c.metric,
+                _value(c.baseline, c.unit),
+                _value(c.candidate, c.unit),
                 "-" if c.change is None else f"{c.change * 100:+.1f}%",
                 "-" if c.limit is None else f"±{c.limit * 100:.1f}%",
-                f"[{colours.get(c.verdict, 'white')}]{c.verdict}[/]", c.why,
+                f"[{colours.get(c.verdict, 'white')}]{c.verdict}[/]",
+                c.why,
             )
         console.print(table)
         for warning in pair.warnings:
             console.print(f"[yellow]{warning}[/]")
     if comparison.regressed:
         bad = sum(p.regressed for p in comparison.pairs)
-        console.print(f"[bold red]REGRESSION[/] in {bad} of {len(comparison.pairs)} pair(s): beyond both the "
-                      "threshold and the noise of the runs")
+        console.print(
+            f"[bold red]REGRESSION[/] in {bad} of {len(comparison.pairs)} pair(s): beyond both the "
+            "threshold and the noise of the runs"
+        )
     else:
         console.print(f"[green]no regression[/] in {len(comparison.pairs)} pair(s)")

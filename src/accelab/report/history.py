@@ -16,9 +16,26 @@ from accelab.report import metrics as M
 from accelab.results.result import Result
 from accelab.units import parse_duration_s
 
-FIELDS = ["run_id", "created", "kind", "model", "plan", "scenario", "batch_size", "status", "key_metric",
-          "latency_p50_ms", "latency_p99_ms", "throughput", "throughput_unit", "peak_memory_mb", "quality",
-          "tag", "group_id", "fingerprint"]
+FIELDS = [
+    "run_id",
+    "created",
+    "kind",
+    "model",
+    "plan",
+    "scenario",
+    "batch_size",
+    "status",
+    "key_metric",
+    "latency_p50_ms",
+    "latency_p99_ms",
+    "throughput",
+    "throughput_unit",
+    "peak_memory_mb",
+    "quality",
+    "tag",
+    "group_id",
+    "fingerprint",
+]
 STATUS_COLOURS = {"ok": "green", "unsupported": "yellow"}
 QUALITY_COLOURS = {"pass": "green", "warn": "yellow", "fail": "red"}
 
@@ -77,8 +94,19 @@ def short_time(created: str) -> str:
 
 def table(results: list[Result], title: str) -> Table:
     t = Table(title=title, title_justify="left")
-    for name in ("run", "created (UTC)", "kind", "model", "plan", "scenario", "batch", "status", "key metric",
-                 "tag", "machine"):
+    for name in (
+        "run",
+        "created (UTC)",
+        "kind",
+        "model",
+        "plan",
+        "scenario",
+        "batch",
+        "status",
+        "key metric",
+        "tag",
+        "machine",
+    ):
         t.add_column(name, overflow="fold", no_wrap=name in ("run", "created (UTC)"))
     for r in results:
         colour = STATUS_COLOURS.get(r.status, "red")
@@ -87,9 +115,17 @@ def table(results: list[Result], title: str) -> Table:
         if verdict:
             key = key.replace(f"quality {verdict}", f"quality [{QUALITY_COLOURS.get(verdict, 'white')}]{verdict}[/]")
         t.add_row(
-            r.run_id, short_time(r.created), r.kind, escape(M.model_name(r)), escape(M.plan_name(r)),
-            str(r.workload.get("scenario") or "-"), str(M.batch_size(r) or "-"),
-            f"[{colour}]{r.status}[/]", key, r.tag or "", r.fingerprint or "-",
+            r.run_id,
+            short_time(r.created),
+            r.kind,
+            escape(M.model_name(r)),
+            escape(M.plan_name(r)),
+            str(r.workload.get("scenario") or "-"),
+            str(M.batch_size(r) or "-"),
+            f"[{colour}]{r.status}[/]",
+            key,
+            r.tag or "",
+            r.fingerprint or "-",
         )
     return t
 
@@ -99,8 +135,10 @@ def render(results: list[Result], title: str, console: Console | None = None) ->
     console.print(table(results, title))
     fingerprints = {r.fingerprint for r in results if r.fingerprint}
     if len(fingerprints) > 1:
-        console.print(f"[yellow]{len(fingerprints)} machines (fingerprints) in this list: "
-                      "results from different machines are not compared as equals[/]")
+        console.print(
+            f"[yellow]{len(fingerprints)} machines (fingerprints) in this list: "
+            "results from different machines are not compared as equals[/]"
+        )
 
 
 def to_csv(results: list[Result]) -> str:

@@ -74,12 +74,26 @@ def latency_cdf(panel: LatencyPanel) -> MplFigure:
         if curve.from_samples:
             ax.step(curve.xs, curve.ys, where="post", color=colour(i), linewidth=2, label=curve.label)
         else:
-            ax.plot(curve.xs, curve.ys, color=colour(i), linewidth=1.8, linestyle="--", marker="o", markersize=5,
-                    label=f"{curve.label} (percentiles)")
+            ax.plot(
+                curve.xs,
+                curve.ys,
+                color=colour(i),
+                linewidth=1.8,
+                linestyle="--",
+                marker="o",
+                markersize=5,
+                label=f"{curve.label} (percentiles)",
+            )
         p50 = curve.stats.get("p50")
         if p50 is not None:
-            ax.annotate(f"p50 {_short(p50)}", (p50, 0.5), xytext=(6, -12 - 11 * i), textcoords="offset points",
-                        fontsize=8, color=colour(i))
+            ax.annotate(
+                f"p50 {_short(p50)}",
+                (p50, 0.5),
+                xytext=(6, -12 - 11 * i),
+                textcoords="offset points",
+                fontsize=8,
+                color=colour(i),
+            )
     for q in (0.5, 0.9, 0.99):
         ax.axhline(q, color="#9ca3af", linewidth=0.7, linestyle=":")
     xs = [x for c in panel.curves for x in c.xs if x > 0]
@@ -103,8 +117,9 @@ def batch_curve(panel: BatchPanel) -> MplFigure:
         xs, ys = [b for b, _ in line.points], [v for _, v in line.points]
         ax.plot(xs, ys, color=colour(i), marker="o", linewidth=2, markersize=6, label=line.label)
         for x, y in line.points:
-            ax.annotate(_short(y), (x, y), xytext=(0, 7), textcoords="offset points", ha="center", fontsize=8,
-                        color=colour(i))
+            ax.annotate(
+                _short(y), (x, y), xytext=(0, 7), textcoords="offset points", ha="center", fontsize=8, color=colour(i)
+            )
     if batches and batches[-1] / max(batches[0], 1) >= 8:
         ax.set_xscale("log", base=2)
     ax.set_xticks(batches)
@@ -125,8 +140,14 @@ def _pareto_axis(ax: Any, xs: list[float], ys: list[float], labels: list[str], f
     ax.plot(fx, fy, color=colour(0), linewidth=2, marker="o", markersize=7, zorder=3, label="Pareto front")
     shown = range(len(xs)) if len(xs) <= 12 else front
     for i in shown:
-        ax.annotate(labels[i], (xs[i], ys[i]), xytext=(5, 4), textcoords="offset points", fontsize=8,
-                    color=colour(0) if i in front else "#475569")
+        ax.annotate(
+            labels[i],
+            (xs[i], ys[i]),
+            xytext=(5, 4),
+            textcoords="offset points",
+            fontsize=8,
+            color=colour(0) if i in front else "#475569",
+        )
     ax.set_xlabel(xlabel)
     ax.margins(0.12)
 
@@ -143,8 +164,14 @@ def pareto(ps: ParetoSet) -> MplFigure:
     axes[0].legend(loc="upper left")  # the front rises to the right: this corner is free
     if with_mem:
         mem_index = {i: k for k, i in enumerate(with_mem)}
-        _pareto_axis(axes[1], [ps.points[i].memory_mb for i in with_mem], [tps[i] for i in with_mem],
-                     [labels[i] for i in with_mem], [mem_index[i] for i in ps.front_memory], "peak memory (MB)")
+        _pareto_axis(
+            axes[1],
+            [ps.points[i].memory_mb for i in with_mem],
+            [tps[i] for i in with_mem],
+            [labels[i] for i in with_mem],
+            [mem_index[i] for i in ps.front_memory],
+            "peak memory (MB)",
+        )
         axes[1].set_title("throughput against peak memory", loc="left")
     fig.suptitle(ps.title, x=0.01, ha="left", fontweight="bold")
     return fig
@@ -159,13 +186,24 @@ def load_curve(curve: LoadCurve) -> MplFigure:
     for i, (name, pick) in enumerate((("p50", lambda p: p.p50), ("p90", lambda p: p.p90), ("p99", lambda p: p.p99))):
         ys = [pick(p) for p in curve.points]
         if any(y is not None for y in ys):
-            ax.plot(xs, [math.nan if y is None else y for y in ys], marker="o", linewidth=2, color=colour(i),
-                    label=f"{latency} {name}".strip())
+            ax.plot(
+                xs,
+                [math.nan if y is None else y for y in ys],
+                marker="o",
+                linewidth=2,
+                color=colour(i),
+                label=f"{latency} {name}".strip(),
+            )
     if curve.slo_ms:
         ax.axhline(curve.slo_ms, color="#dc2626", linestyle=":", linewidth=1.5, label=f"SLO {_short(curve.slo_ms)} ms")
     if curve.max_load:
-        ax.axvline(curve.max_load, color="#16a34a", linestyle="-.", linewidth=1.2,
-                   label=f"max under SLO: {_short(curve.max_load)}")
+        ax.axvline(
+            curve.max_load,
+            color="#16a34a",
+            linestyle="-.",
+            linewidth=1.2,
+            label=f"max under SLO: {_short(curve.max_load)}",
+        )
     ax.set_xlabel(curve.load_name.replace("_", " ") + (" (req/s offered)" if "rate" in curve.load_name else ""))
     ax.set_ylabel(f"{latency} latency (ms)".strip())
     ax.set_ylim(bottom=0)
@@ -176,8 +214,15 @@ def load_curve(curve: LoadCurve) -> MplFigure:
         twin.grid(False)
         for name, values, marker in rates:
             if any(v is not None for v in values):
-                twin.plot(xs, [math.nan if v is None else v for v in values], color="#6b7280" if name == "served"
-                          else "#0891b2", linestyle="--", marker=marker, markersize=4, label=f"{name} (req/s)")
+                twin.plot(
+                    xs,
+                    [math.nan if v is None else v for v in values],
+                    color="#6b7280" if name == "served" else "#0891b2",
+                    linestyle="--",
+                    marker=marker,
+                    markersize=4,
+                    label=f"{name} (req/s)",
+                )
         twin.set_ylabel("requests/s")
         twin.set_ylim(bottom=0)
         h2, l2 = twin.get_legend_handles_labels()

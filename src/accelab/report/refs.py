@@ -25,8 +25,10 @@ def results_from_json(doc: Any, source: str) -> list[Result]:
     elif isinstance(doc, list):
         items = doc
     else:
-        raise ValueError(f"{source} is not a Result JSON: expected a Result (`accelab bench --json`) or a document "
-                         "with a 'results' list (`accelab compare --json`)")
+        raise ValueError(
+            f"{source} is not a Result JSON: expected a Result (`accelab bench --json`) or a document "
+            "with a 'results' list (`accelab compare --json`)"
+        )
     return [Result.from_dict(item) for item in items if isinstance(item, dict)]
 
 
@@ -56,5 +58,7 @@ def load_ref(ref: str, store: Store) -> list[Result]:
     except ValueError as err:
         if "ambiguous" in str(err):
             raise
-        raise ValueError(f"{ref!r} is neither a JSON file, a tag nor a run id in {store.path}; "
-                         "`accelab history` lists the runs and their tags") from None
+        raise ValueError(
+            f"{ref!r} is neither a JSON file, a tag nor a run id in {store.path}; "
+            "`accelab history` lists the runs and their tags"
+        ) from None

@@ -181,27 +181,82 @@ def metric_specs(result: Result) -> list[MetricSpec]:
     main = _stats_of(None)
     prefix = "e2e " if M.is_generate(result) else ""
     specs = [
-        MetricSpec(label=f"{prefix}p50", unit="ms", better="lower", family="latency",
-                   read=_field(main, "p50"), spread=_cv(main), spread_name="cv"),
-        MetricSpec(label=f"{prefix}p99", unit="ms", better="lower", family="latency",
-                   read=_field(main, "p99"), spread=_tail(main), spread_name="tail"),
+        MetricSpec(
+            label=f"{prefix}p50",
+            unit="ms",
+            better="lower",
+            family="latency",
+            read=_field(main, "p50"),
+            spread=_cv(main),
+            spread_name="cv",
+        ),
+        MetricSpec(
+            label=f"{prefix}p99",
+            unit="ms",
+            better="lower",
+            family="latency",
+            read=_field(main, "p99"),
+            spread=_tail(main),
+            spread_name="tail",
+        ),
     ]
     if M.is_generate(result):
         for key, label in ((K.TTFT_MS, "TTFT p50"), (K.TPOT_MS, "TPOT p50")):
             stats = _stats_of(key)
-            specs.append(MetricSpec(label=label, unit="ms", better="lower", family="latency",
-                                    read=_field(stats, "p50"), spread=_cv(stats), spread_name="cv"))
-    specs.append(MetricSpec(label="throughput", unit=M.throughput_unit(result), better="higher",
-                            family="throughput", read=M.throughput, spread=_cv(main), spread_name="cv"))
+            specs.append(
+                MetricSpec(
+                    label=label,
+                    unit="ms",
+                    better="lower",
+                    family="latency",
+                    read=_field(stats, "p50"),
+                    spread=_cv(stats),
+                    spread_name="cv",
+                )
+            )
+    specs.append(
+        MetricSpec(
+            label="throughput",
+            unit=M.throughput_unit(result),
+            better="higher",
+            family="throughput",
+            read=M.throughput,
+            spread=_cv(main),
+            spread_name="cv",
+        )
+    )
     if result.kind == "train":  # the step time distribution is the noise of a training run
         steps = _stats_of(K.STEP_MS)
-        specs = [MetricSpec(label="step p50", unit="ms", better="lower", family="latency", read=_field(steps, "p50"),
-                            spread=_cv(steps), spread_name="cv"),
-                 MetricSpec(label="samples/s", unit="samples/s", better="higher", family="throughput",
-                            read=M.throughput, spread=_cv(steps), spread_name="cv"),
-                 MetricSpec(label="epoch time", unit="s", better="lower", family="latency", read=M.epoch_seconds,
-                            spread=_cv(steps), spread_name="cv"),
-                 MetricSpec(label="peak memory", unit="MB", better="lower", family="memory", read=M.peak_memory_mb)]
+        specs = [
+            MetricSpec(
+                label="step p50",
+                unit="ms",
+                better="lower",
+                family="latency",
+                read=_field(steps, "p50"),
+                spread=_cv(steps),
+                spread_name="cv",
+            ),
+            MetricSpec(
+                label="samples/s",
+                unit="samples/s",
+                better="higher",
+                family="throughput",
+                read=M.throughput,
+                spread=_cv(steps),
+                spread_name="cv",
+            ),
+            MetricSpec(
+                label="epoch time",
+                unit="s",
+                better="lower",
+                family="latency",
+                read=M.epoch_seconds,
+                spread=_cv(steps),
+                spread_name="cv",
+            ),
+            MetricSpec(label="peak memory", unit="MB", better="lower", family="memory", read=M.peak_memory_mb),
+        ]
         return specs
     specs.append(MetricSpec(label="peak memory", unit="MB", better="lower", family="memory", read=M.peak_memory_mb))
     return specs
@@ -240,18 +295,25 @@ def unreliable_side(base: Result, cand: Result) -> str | None:
     for run, side in ((base, "baseline"), (cand, "candidate")):
         noise = run.metrics.get(K.NOISE) or {}
         if noise.get("level") == "unreliable":
-            return (f"the {side} ran under noise ({noise.get('reason')}; {noise.get('rounds_used')} of "
-                    f"{noise.get('rounds')} rounds quiet enough): rerun it on a quieter machine")
+            return (
+                f"the {side} ran under noise ({noise.get('reason')}; {noise.get('rounds_used')} of "
+                f"{noise.get('rounds')} rounds quiet enough): rerun it on a quieter machine"
+            )
     return None
 
 
 def quiet_rates(result: Result) -> list[float]:
     """The per-round rates of the rounds a Result's figures come from."""
-    return [float(r["rate"]) for r in result.metrics.get(K.ROUNDS) or []
-            if isinstance(r, dict) and r.get("used", True) and r.get("rate")]
+    return [
+        float(r["rate"])
+        for r in result.metrics.get(K.ROUNDS) or []
+        if isinstance(r, dict) and r.get("used", True) and r.get("rate")
+    ]
 
 
-def judge_rounds(base: Result, cand: Result, threshold: float) -> tuple[float | None, float | None, Verdict, str] | None:
+def judge_rounds(
+    base: Result, cand: Result, threshold: float
+) -> tuple[float | None, float | None, Verdict, str] | None:
     """Throughput by the two runs' quiet rounds (module docstring), or None without them."""
     b, c = quiet_rates(base), quiet_rates(cand)
     if len(b) < 2 or len(c) < 2:
@@ -273,21 +335,50 @@ def check_metric(spec: MetricSpec, base: Result, cand: Result, thresholds: Thres
     if b is None:
         return None  # not measured by this kind: not a row
     if c is None:
-        return Check(metric=spec.label, unit=spec.unit, baseline=b, candidate=None, change=None, limit=None,
-                     verdict="-", why="not measured in the candidate")
+        return Check(
+            metric=spec.label,
+            unit=spec.unit,
+            baseline=b,
+            candidate=None,
+            change=None,
+            limit=None,
+            verdict="-",
+            why="not measured in the candidate",
+        )
     if spec.family != "memory" and (why_not := unreliable_side(base, cand)):
-        return Check(metric=spec.label, unit=spec.unit, baseline=b, candidate=c, change=c / b - 1 if b else None,
-                     limit=None, verdict="unreliable", why=why_not)
+        return Check(
+            metric=spec.label,
+            unit=spec.unit,
+            baseline=b,
+            candidate=c,
+            change=c / b - 1 if b else None,
+            limit=None,
+            verdict="unreliable",
+            why=why_not,
+        )
     if spec.label == "throughput" and (by_rounds := judge_rounds(base, cand, thresholds.throughput)) is not None:
         change, limit, verdict, why = by_rounds
-        return Check(metric=spec.label, unit=spec.unit, baseline=b, candidate=c, change=change, limit=limit,
-                     verdict=verdict, why=why)
+        return Check(
+            metric=spec.label,
+            unit=spec.unit,
+            baseline=b,
+            candidate=c,
+            change=change,
+            limit=limit,
+            verdict=verdict,
+            why=why,
+        )
     change, limit, verdict, why = judge(
-        b, c, better=spec.better, threshold=thresholds.for_family(spec.family),
-        spreads=(spec.spread(base), spec.spread(cand)), noise_factor=thresholds.noise_factor,
+        b,
+        c,
+        better=spec.better,
+        threshold=thresholds.for_family(spec.family),
+        spreads=(spec.spread(base), spec.spread(cand)),
+        noise_factor=thresholds.noise_factor,
     )
-    return Check(metric=spec.label, unit=spec.unit, baseline=b, candidate=c, change=change, limit=limit,
-                 verdict=verdict, why=why)
+    return Check(
+        metric=spec.label, unit=spec.unit, baseline=b, candidate=c, change=change, limit=limit, verdict=verdict, why=why
+    )
 
 
 def check_quality(base: Result, cand: Result) -> Check | None:
@@ -295,36 +386,68 @@ def check_quality(base: Result, cand: Result) -> Check | None:
     if b is None:
         return None
     if c is None:
-        return Check(metric="quality", unit="", baseline=b, candidate=None, change=None, limit=None,
-                     verdict="-", why="the candidate was not verified (run it with the quality guard)")
+        return Check(
+            metric="quality",
+            unit="",
+            baseline=b,
+            candidate=None,
+            change=None,
+            limit=None,
+            verdict="-",
+            why="the candidate was not verified (run it with the quality guard)",
+        )
     worse = QUALITY_RANK.get(c, 2) > QUALITY_RANK.get(b, 2)
     better = QUALITY_RANK.get(c, 2) < QUALITY_RANK.get(b, 2)
     verdict: Verdict = "REGRESSION" if worse else "improved" if better else "ok"
-    return Check(metric="quality", unit="", baseline=b, candidate=c, change=None, limit=None, verdict=verdict,
-                 why=f"verdict {b} -> {c}" if b != c else "")
+    return Check(
+        metric="quality",
+        unit="",
+        baseline=b,
+        candidate=c,
+        change=None,
+        limit=None,
+        verdict=verdict,
+        why=f"verdict {b} -> {c}" if b != c else "",
+    )
 
 
 def compare_pair(base: Result, cand: Result, thresholds: Thresholds) -> PairResult:
     label = pair_label(base)
     warnings = [f"plans differ: {d}" for d in plan_differences(base.plan, cand.plan)]
     if not base.ok:
-        warnings.append(f"the baseline run {base.run_id} is {base.status}, nothing to compare against: "
-                        f"{M.first_line(base.reason)}")
-        return PairResult(label=label, baseline_id=base.run_id, candidate_id=cand.run_id, checks=(),
-                          warnings=tuple(warnings))
+        warnings.append(
+            f"the baseline run {base.run_id} is {base.status}, nothing to compare against: {M.first_line(base.reason)}"
+        )
+        return PairResult(
+            label=label, baseline_id=base.run_id, candidate_id=cand.run_id, checks=(), warnings=tuple(warnings)
+        )
     if not cand.ok:
-        status = Check(metric="status", unit="", baseline=base.status, candidate=cand.status, change=None,
-                       limit=None, verdict="REGRESSION", why=M.first_line(cand.reason))
-        return PairResult(label=label, baseline_id=base.run_id, candidate_id=cand.run_id, checks=(status,),
-                          warnings=tuple(warnings))
+        status = Check(
+            metric="status",
+            unit="",
+            baseline=base.status,
+            candidate=cand.status,
+            change=None,
+            limit=None,
+            verdict="REGRESSION",
+            why=M.first_line(cand.reason),
+        )
+        return PairResult(
+            label=label, baseline_id=base.run_id, candidate_id=cand.run_id, checks=(status,), warnings=tuple(warnings)
+        )
     checks = [check_metric(spec, base, cand, thresholds) for spec in metric_specs(base)]
     checks.append(check_quality(base, cand))
     for run, side in ((base, "baseline"), (cand, "candidate")):
         n = M.stat(run, "n")
         if n is not None and n < MIN_CALLS:
             warnings.append(f"the {side} timed only {int(n)} calls: its noise estimate is rough; raise --min-iters")
-    return PairResult(label=label, baseline_id=base.run_id, candidate_id=cand.run_id,
-                      checks=tuple(c for c in checks if c is not None), warnings=tuple(warnings))
+    return PairResult(
+        label=label,
+        baseline_id=base.run_id,
+        candidate_id=cand.run_id,
+        checks=tuple(c for c in checks if c is not None),
+        warnings=tuple(warnings),
+    )
 
 
 # -- pairing ----------------------------------------------------------------------------------
@@ -343,7 +466,9 @@ def _newest_by_key(results: list[Result]) -> dict[tuple[Any, ...], Result]:
     return chosen
 
 
-def pair_runs(baseline: list[Result], candidate: list[Result]) -> tuple[list[tuple[Result, Result]], list[Result], list[Result]]:
+def pair_runs(
+    baseline: list[Result], candidate: list[Result]
+) -> tuple[list[tuple[Result, Result]], list[Result], list[Result]]:
     """(pairs, baseline runs without a partner, candidate runs without a partner)."""
     if not baseline or not candidate:
         side = "baseline" if not baseline else "candidate"
@@ -367,13 +492,20 @@ def pair_runs(baseline: list[Result], candidate: list[Result]) -> tuple[list[tup
 
 def _require_same_work(base: Result, cand: Result) -> None:
     if M.model_name(base) != M.model_name(cand):
-        raise ValueError(f"baseline is model {M.model_name(base)!r}, candidate is {M.model_name(cand)!r}: "
-                         "regress compares the same model; pick runs of one model")
+        raise ValueError(
+            f"baseline is model {M.model_name(base)!r}, candidate is {M.model_name(cand)!r}: "
+            "regress compares the same model; pick runs of one model"
+        )
     if M.workload_key(base) != M.workload_key(cand):
-        diffs = [f"{name} {b!r} -> {c!r}" for name, b, c in
-                 zip(M.WORKLOAD_SHAPE, M.workload_key(base), M.workload_key(cand)) if b != c]
-        raise ValueError(f"baseline and candidate ran different workloads ({', '.join(diffs)}): "
-                         "latencies of different work are not comparable; rerun with the same shapes")
+        diffs = [
+            f"{name} {b!r} -> {c!r}"
+            for name, b, c in zip(M.WORKLOAD_SHAPE, M.workload_key(base), M.workload_key(cand))
+            if b != c
+        ]
+        raise ValueError(
+            f"baseline and candidate ran different workloads ({', '.join(diffs)}): "
+            "latencies of different work are not comparable; rerun with the same shapes"
+        )
 
 
 def plan_differences(base: dict[str, Any], cand: dict[str, Any]) -> list[str]:
@@ -404,8 +536,10 @@ def machine_check(base: Result, cand: Result) -> str | None:
     if base.fingerprint and base.fingerprint == cand.fingerprint:
         return None
     if not base.fingerprint or not cand.fingerprint:
-        return (f"a machine fingerprint is missing (baseline {base.fingerprint or '?'}, candidate "
-                f"{cand.fingerprint or '?'}): cannot tell whether both ran on the same machine")
+        return (
+            f"a machine fingerprint is missing (baseline {base.fingerprint or '?'}, candidate "
+            f"{cand.fingerprint or '?'}): cannot tell whether both ran on the same machine"
+        )
     diffs = machine_differences(base.environment, cand.environment)
     detail = "; ".join(diffs) if diffs else "fingerprinted fields not recorded"
     return f"{MACHINES_DIFFER}: baseline {base.fingerprint} vs candidate {cand.fingerprint} ({detail})"
@@ -425,8 +559,9 @@ def compare(
         message = machine_check(base, cand)
         if message and message.startswith(MACHINES_DIFFER):
             if not allow_different_machines:
-                raise ValueError(f"{message}. Rerun both on one machine, or pass --allow-different-machines "
-                                 "to compare them anyway")
+                raise ValueError(
+                    f"{message}. Rerun both on one machine, or pass --allow-different-machines to compare them anyway"
+                )
             message = f"WARNING: {message}; compared anyway (--allow-different-machines)"
         if message and message not in warnings:
             warnings.append(message)
@@ -438,4 +573,3 @@ def compare(
         only_baseline=tuple(pair_label(r) for r in only_b),
         only_candidate=tuple(pair_label(r) for r in only_c),
     )
-

@@ -77,8 +77,10 @@ def _table_html(t: Table) -> str:
             cells.append(f"<td{attr}>{_e(c.text)}</td>")
         body.append(f"<tr>{''.join(cells)}</tr>")
     caption = f"<caption>{_e(t.caption)}</caption>" if t.caption else ""
-    return (f'<div class="table-wrap"><table>{caption}<thead><tr>{head}</tr></thead>'
-            f"<tbody>{''.join(body)}</tbody></table></div>")
+    return (
+        f'<div class="table-wrap"><table>{caption}<thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table></div>"
+    )
 
 
 def _block_html(block: object, png: PngFn) -> str:
@@ -86,13 +88,17 @@ def _block_html(block: object, png: PngFn) -> str:
         return _table_html(block)
     if isinstance(block, Figure):
         data = base64.b64encode(png(block)).decode("ascii")
-        return (f'<figure id="fig-{_e(block.name)}"><img src="data:image/png;base64,{data}" alt="{_e(block.alt)}">'
-                f"<figcaption>{_e(block.caption)}</figcaption></figure>")
+        return (
+            f'<figure id="fig-{_e(block.name)}"><img src="data:image/png;base64,{data}" alt="{_e(block.alt)}">'
+            f"<figcaption>{_e(block.caption)}</figcaption></figure>"
+        )
     if isinstance(block, Note):
         return f'<p class="note {block.tone}">{_e(block.text)}</p>'
     if isinstance(block, Cards):
-        cards = "".join(f'<div class="card"><div class="value">{_e(v)}</div><div class="label">{_e(k)}</div></div>'
-                        for v, k in block.items)
+        cards = "".join(
+            f'<div class="card"><div class="value">{_e(v)}</div><div class="label">{_e(k)}</div></div>'
+            for v, k in block.items
+        )
         return f'<div class="cards">{cards}</div>'
     if isinstance(block, Facts):
         items = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in block.items)
@@ -176,5 +182,7 @@ def write_report(doc: Document, out: Path, png: PngFn) -> list[Path]:
 
         out.write_text(to_markdown(doc, image_path), encoding="utf-8")
         return [out, *written]
-    raise ValueError(f"--out {out} has extension {suffix or '(none)'!r}; use .html (one self-contained file) "
-                     "or .md (markdown with PNGs beside it)")
+    raise ValueError(
+        f"--out {out} has extension {suffix or '(none)'!r}; use .html (one self-contained file) "
+        "or .md (markdown with PNGs beside it)"
+    )

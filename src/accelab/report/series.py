@@ -92,7 +92,9 @@ def latency_panels(results: list[Result]) -> list[LatencyPanel]:
         for name, r in zip(names, members):
             samples = M.latency_samples(r)
             xs, ys = cdf_points(samples) if samples else percentile_points(M.latency_stats(r) or {})
-            curves.append(LatencyCurve(label=name, xs=xs, ys=ys, from_samples=bool(samples), stats=M.latency_stats(r) or {}))
+            curves.append(
+                LatencyCurve(label=name, xs=xs, ys=ys, from_samples=bool(samples), stats=M.latency_stats(r) or {})
+            )
         head = members[0]
         panels.append(LatencyPanel(title=f"{M.model_name(head)} · {M.workload_label(head)}", curves=curves))
     return panels
@@ -117,8 +119,15 @@ def batch_panels(results: list[Result], what: str) -> list[BatchPanel]:
     batch); one line per plan; kept only when some line has two batch sizes or more. Repeated runs
     at one batch size: the newest counts."""
     read = {"throughput": M.throughput, "memory": M.peak_memory_mb}[what]
-    measured = [r for r in results if r.ok and M.latency_stats(r) and read(r) is not None and M.batch_size(r)
-                and r.kind not in ("tune", "loadtest")]
+    measured = [
+        r
+        for r in results
+        if r.ok
+        and M.latency_stats(r)
+        and read(r) is not None
+        and M.batch_size(r)
+        and r.kind not in ("tune", "loadtest")
+    ]
     labels = plan_labels(measured)
     panels: dict[tuple, dict[tuple, dict[int, Result]]] = defaultdict(lambda: defaultdict(dict))
     for r in sorted(measured, key=lambda r: r.created):  # newest last, so it wins
@@ -175,6 +184,7 @@ def pareto_front(costs: list[float], gains: list[float]) -> list[int]:
 def latest_per_candidate(results: list[Result]) -> list[Result]:
     """A tuner measures a candidate briefly, then again for longer: keep its longest (latest) run.
     Results that are no tune trial (no `tune_candidate`) are each their own candidate."""
+
     def rank(r: Result) -> tuple:
         return PHASE_RANK.get(r.metrics.get(K.TUNE_PHASE, ""), 0), r.metrics.get(K.TUNE_SEQ, 0), r.created
 
@@ -202,25 +212,37 @@ def pareto_sets(results: list[Result], min_points: int = 3) -> list[ParetoSet]:
             continue
         names = plan_labels(members)
         several_batches = len({M.batch_size(r) for r in members}) > 1
-        labels = _unique([r.metrics.get(K.TUNE_CANDIDATE)
-                          or names[r.run_id] + (f" · b{M.batch_size(r)}" if several_batches else "") for r in members],
-                         members)
+        labels = _unique(
+            [
+                r.metrics.get(K.TUNE_CANDIDATE)
+                or names[r.run_id] + (f" · b{M.batch_size(r)}" if several_batches else "")
+                for r in members
+            ],
+            members,
+        )
         points = [
-            ParetoPoint(label=label, throughput=float(M.throughput(r)), p99_ms=float(M.stat(r, "p99")),
-                        memory_mb=M.peak_memory_mb(r), run_id=r.run_id)
+            ParetoPoint(
+                label=label,
+                throughput=float(M.throughput(r)),
+                p99_ms=float(M.stat(r, "p99")),
+                memory_mb=M.peak_memory_mb(r),
+                run_id=r.run_id,
+            )
             for label, r in zip(labels, members)
         ]
         with_mem = [i for i, p in enumerate(points) if p.memory_mb is not None]
         mem_front = pareto_front([points[i].memory_mb for i in with_mem], [points[i].throughput for i in with_mem])
         head = members[0]
         workload = M.workload_label(head) if not several_batches else str(head.workload.get("scenario") or "")
-        out.append(ParetoSet(
-            title=f"{M.model_name(head)} · {head.kind} group {group} · {workload}",
-            unit=M.throughput_unit(head),
-            points=points,
-            front_latency=pareto_front([p.p99_ms for p in points], [p.throughput for p in points]),
-            front_memory=[with_mem[i] for i in mem_front],
-        ))
+        out.append(
+            ParetoSet(
+                title=f"{M.model_name(head)} · {head.kind} group {group} · {workload}",
+                unit=M.throughput_unit(head),
+                points=points,
+                front_latency=pareto_front([p.p99_ms for p in points], [p.throughput for p in points]),
+                front_memory=[with_mem[i] for i in mem_front],
+            )
+        )
     return out
 
 
@@ -256,9 +278,14 @@ def load_point(level: dict[str, Any], load: Any) -> LoadPoint | None:
     stats = level.get(K.E2E_MS)
     if M.number(load) is None or not M.is_stats(stats):
         return None
-    return LoadPoint(load=float(load), p50=M.number(stats.get("p50")), p90=M.number(stats.get("p90")),
-                     p99=M.number(stats.get("p99")), served=M.number(level.get(K.REQUEST_THROUGHPUT)),
-                     goodput=M.number(level.get(K.GOODPUT_RATE)))
+    return LoadPoint(
+        load=float(load),
+        p50=M.number(stats.get("p50")),
+        p90=M.number(stats.get("p90")),
+        p99=M.number(stats.get("p99")),
+        served=M.number(level.get(K.REQUEST_THROUGHPUT)),
+        goodput=M.number(level.get(K.GOODPUT_RATE)),
+    )
 
 
 def _single_run_load(result: Result) -> tuple[str, Any]:
@@ -275,8 +302,14 @@ def _slo_ms(result: Result) -> float | None:
 
 
 def _curve(label: str, load_name: str, points: list[LoadPoint], result: Result) -> LoadCurve:
-    return LoadCurve(label=label, load_name=load_name, latency_name=K.E2E_MS, points=sorted(points, key=lambda p: p.load),
-                     slo_ms=_slo_ms(result), max_load=M.number(result.metrics.get(K.MAX_RATE)))
+    return LoadCurve(
+        label=label,
+        load_name=load_name,
+        latency_name=K.E2E_MS,
+        points=sorted(points, key=lambda p: p.load),
+        slo_ms=_slo_ms(result),
+        max_load=M.number(result.metrics.get(K.MAX_RATE)),
+    )
 
 
 def load_curves(results: list[Result]) -> list[LoadCurve]:
@@ -327,7 +360,9 @@ def _loss_points(raw: Any) -> tuple[list[float], list[float]]:
 
 def _evals(result: Result) -> list[dict[str, Any]]:
     raw = result.metrics.get(K.EVALS)
-    return [e for e in raw if isinstance(e, dict) and M.number(e.get(K.STEP)) is not None] if isinstance(raw, list) else []
+    return (
+        [e for e in raw if isinstance(e, dict) and M.number(e.get(K.STEP)) is not None] if isinstance(raw, list) else []
+    )
 
 
 def final_accuracy(result: Result) -> float | None:
@@ -344,7 +379,15 @@ def train_curves(results: list[Result]) -> list[TrainCurve]:
         accuracy = [M.number(e.get(K.ACCURACY)) for e in evals]
         eval_loss = [M.number(e.get(K.LOSS)) for e in evals]
         if losses or any(a is not None for a in accuracy) or any(v is not None for v in eval_loss):
-            out.append(TrainCurve(label=f"{M.model_name(r)} · {label}", steps=steps, losses=losses,
-                                  eval_x=[float(e[K.STEP]) for e in evals], eval_x_name="optimizer step",
-                                  eval_accuracy=accuracy, eval_loss=eval_loss))
+            out.append(
+                TrainCurve(
+                    label=f"{M.model_name(r)} · {label}",
+                    steps=steps,
+                    losses=losses,
+                    eval_x=[float(e[K.STEP]) for e in evals],
+                    eval_x_name="optimizer step",
+                    eval_accuracy=accuracy,
+                    eval_loss=eval_loss,
+                )
+            )
     return out

@@ -120,9 +120,18 @@ def render(results: list[Result], title: str, console: Console | None = None) ->
     colours = {"pass": "green", "warn": "yellow", "fail": "red"}
     footnotes: list[str] = []
     for row in data:
-        cells = [escape(row["plan"]), fmt(row["latency_p50_ms"]), fmt(row["latency_p99_ms"])]  # "baseline[batch_size=16]" is no markup
+        cells = [
+            escape(row["plan"]),
+            fmt(row["latency_p50_ms"]),
+            fmt(row["latency_p99_ms"]),
+        ]  # "baseline[batch_size=16]" is no markup
         if generate:
-            cells += [fmt(row.get("ttft_p50_ms")), fmt(row.get("tpot_p50_ms")), fmt(row["throughput"]), _pct(row.get("roofline"))]
+            cells += [
+                fmt(row.get("ttft_p50_ms")),
+                fmt(row.get("tpot_p50_ms")),
+                fmt(row["throughput"]),
+                _pct(row.get("roofline")),
+            ]
         else:
             cells += [fmt(row["throughput"]), _pct(row.get("mfu"))]
         quality = row["quality"] or "-"
@@ -153,9 +162,24 @@ def _footnote(row: dict[str, Any], footnotes: list[str]) -> str:
     return f"{label} [{len(footnotes)}]"
 
 
-CSV_FIELDS = ["plan", "status", "latency_p50_ms", "latency_p99_ms", "throughput", "throughput_unit",
-              "peak_memory_mb", "speedup", "speedup_low", "speedup_high", "speedup_verdict", "memory_saving",
-              "quality", "noise", "notes", "run_id"]
+CSV_FIELDS = [
+    "plan",
+    "status",
+    "latency_p50_ms",
+    "latency_p99_ms",
+    "throughput",
+    "throughput_unit",
+    "peak_memory_mb",
+    "speedup",
+    "speedup_low",
+    "speedup_high",
+    "speedup_verdict",
+    "memory_saving",
+    "quality",
+    "noise",
+    "notes",
+    "run_id",
+]
 
 
 def to_csv(results: list[Result]) -> str:

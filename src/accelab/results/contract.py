@@ -183,18 +183,23 @@ speedup         -      compare rows after the reference: the paired ratio over t
 """)
 FORWARD: Final = Contract(
     producer="accelab.scenarios.forward.ForwardScenario + accelab.bench.child.BenchChild + accelab.bench.rounds",
-    keys=(*keys("""
+    keys=(
+        *keys("""
 latency_ms      ms        stats of one forward call (the request latency)
 throughput      items/s   items of all timed calls / wall time of the timed loop
 flops_per_call  FLOP      FLOPs of one forward (FlopCounterMode); unquantised plans only
 achieved_flops  FLOP/s    flops_per_call / p50 latency
 mfu             fraction  achieved FLOP/s over the measured peak of the plan's compute path, 0..1
 mfu_unknown     -         why the MFU is not reported (it measured above 100% twice)
-"""), *_TIMED_LOOP, *_ENGINE),
+"""),
+        *_TIMED_LOOP,
+        *_ENGINE,
+    ),
 )
 GENERATE: Final = Contract(
     producer="accelab.scenarios.generate.GenerateScenario + accelab.bench.child.BenchChild + accelab.bench.rounds",
-    keys=(*keys("""
+    keys=(
+        *keys("""
 e2e_ms                    ms           stats of one generate call of exactly new_tokens tokens (the request latency)
 ttft_ms                   ms           stats of the time to the first new token (prefill + one sampling step)
 tpot_ms                   ms           stats of the mean time per later token, one value per call
@@ -209,7 +214,10 @@ generated_tokens_checked  -            whether the output's length was checked t
 sample_text               -            the first sequence's new text, decoded (None without a tokenizer)
 roofline                  -            {fraction, achieved_bandwidth, ...}: weight bytes per decoding step over bandwidth
 roofline_unknown          -            why the roofline is not reported (it measured above 100% twice)
-"""), *_TIMED_LOOP, *_ENGINE),
+"""),
+        *_TIMED_LOOP,
+        *_ENGINE,
+    ),
 )
 _TUNE = keys("""
 tune_candidate  -  the candidate measured: '<preset>@<batch>'
@@ -247,11 +255,24 @@ good_requests            -         requests that succeeded and met every objecti
 )
 PROBE: Final = Contract(
     producer="accelab.loadtest.run (one item of `probes`: latencies with p50, p90, p99 only)",
-    keys=(*keys("""
+    keys=(
+        *keys("""
 rate    req/s  the rate this probe offered
 passed  -      whether its goodput met the target
-"""), *(LOADTEST.key(name) for name in (E2E_MS, TTFT_MS, GOODPUT_FRACTION, GOODPUT_RATE, REQUEST_THROUGHPUT,
-                                        OUTPUT_TOKEN_THROUGHPUT, ERRORS_BY_STATUS))),
+"""),
+        *(
+            LOADTEST.key(name)
+            for name in (
+                E2E_MS,
+                TTFT_MS,
+                GOODPUT_FRACTION,
+                GOODPUT_RATE,
+                REQUEST_THROUGHPUT,
+                OUTPUT_TOKEN_THROUGHPUT,
+                ERRORS_BY_STATUS,
+            )
+        ),
+    ),
 )
 FIND_MAX: Final = LOADTEST.extended(
     "accelab.loadtest.run.build_result with a find-max search (the best probe's run, and the search)",

@@ -45,11 +45,15 @@ def noise_line(noise: dict[str, Any] | None, what: str = "run") -> str:
     if not noise:
         return "-"
     used, rounds = noise.get("rounds_used", 0), noise.get("rounds", 0)
-    figures = (f"steal {noise.get('steal_max', 0) * 100:.0f}% at most, other processes "
-               f"{noise.get('others_cores_max', 0):.2f} cores at most, load {noise.get('load1', 0):.1f}")
+    figures = (
+        f"steal {noise.get('steal_max', 0) * 100:.0f}% at most, other processes "
+        f"{noise.get('others_cores_max', 0):.2f} cores at most, load {noise.get('load1', 0):.1f}"
+    )
     if noise.get("level") == "unreliable":
-        return (f"unreliable: {noise.get('reason')} during this {what}; {used} of {rounds} rounds were quiet enough "
-                f"({figures}). Do not trust these figures: run again on a quieter machine")
+        return (
+            f"unreliable: {noise.get('reason')} during this {what}; {used} of {rounds} rounds were quiet enough "
+            f"({figures}). Do not trust these figures: run again on a quieter machine"
+        )
     kept = f"{used} of {rounds} rounds used" + (" (the others were left out as unreliable)" if used < rounds else "")
     if noise.get("level") == "noisy":
         return f"noisy: {noise.get('reason')}; {kept} ({figures})"
@@ -61,8 +65,9 @@ def noise_cell(noise: dict[str, Any] | None) -> str:
     return str(noise.get("level")) if noise else "-"
 
 
-def speedup_text(value: float | None, low: float | None = None, high: float | None = None,
-                 verdict: str | None = None) -> str:
+def speedup_text(
+    value: float | None, low: float | None = None, high: float | None = None, verdict: str | None = None
+) -> str:
     """A paired speed-up cell (accelab.measure.paired): 1.42x (1.38-1.47) when its interval
     decides, the words when it does not, the bare ratio for a row without rounds."""
     if verdict in ("unreliable", "no measurable difference"):
@@ -131,7 +136,10 @@ def bench_rows(result: Result) -> list[tuple[str, str]]:
         ("noise", noise_line(m.get("noise"))),
         ("peak memory", f"{fmt(m.get('peak_memory_mb'))} MB"),
         ("load / first call", f"{fmt(m.get('load_s'))} s / {fmt(m.get('first_call_s'))} s"),
-        ("threads", f"{m.get('threads', {}).get('intra_op')} intra-op, {m.get('threads', {}).get('inter_op')} inter-op"),
+        (
+            "threads",
+            f"{m.get('threads', {}).get('intra_op')} intra-op, {m.get('threads', {}).get('inter_op')} inter-op",
+        ),
     ]
     if m.get("sample_text") is not None:
         rows.append(("sample output", repr(m["sample_text"][:200])))

@@ -34,8 +34,14 @@ class ForwardScenario:
         return self.warmup_seconds
 
     def round(self, spec: RoundSpec) -> LoopTiming:
-        return timed_loop(self._call, warmup=0, min_iters=spec.min_iters, min_seconds=spec.min_seconds,
-                          max_seconds=spec.max_seconds, measure=self._timer)
+        return timed_loop(
+            self._call,
+            warmup=0,
+            min_iters=spec.min_iters,
+            min_seconds=spec.min_seconds,
+            max_seconds=spec.max_seconds,
+            measure=self._timer,
+        )
 
     def rate(self, timing: LoopTiming) -> float:
         """Items per second of one round (the figure rounds are compared by)."""

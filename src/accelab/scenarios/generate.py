@@ -44,7 +44,9 @@ class TokenClock(StoppingCriteria):
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
-def generate_once(runnable: Runnable, batch: dict[str, torch.Tensor], new_tokens: int) -> tuple[Any, float, list[float]]:
+def generate_once(
+    runnable: Runnable, batch: dict[str, torch.Tensor], new_tokens: int
+) -> tuple[Any, float, list[float]]:
     """One timed generate call: (output ids, start time, per-token timestamps)."""
     sync = synchronizer(runnable.device)
     token_clock = TokenClock(sync)

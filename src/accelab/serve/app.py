@@ -24,8 +24,13 @@ from accelab.serve.routes_generate import router as generate_router
 from accelab.serve.state import ServerState
 
 
-def create_app(config: ServeConfig, engine_factory: Callable[[], Engine], *,
-               metrics: ServeMetrics | None = None, stop_timeout_s: float = 5.0) -> FastAPI:
+def create_app(
+    config: ServeConfig,
+    engine_factory: Callable[[], Engine],
+    *,
+    metrics: ServeMetrics | None = None,
+    stop_timeout_s: float = 5.0,
+) -> FastAPI:
     metrics = metrics or ServeMetrics()
     metrics.configure(max_queue=config.max_queue, model_name=config.model_name, aliases=config.metric_aliases)
     state = ServerState(config, engine_factory, metrics)
@@ -70,8 +75,13 @@ def _add_probes(app: FastAPI, state: ServerState) -> None:
     @app.get("/v1/models")
     async def models(request: Request) -> dict:
         engine = state.engine
-        entry = {"id": state.config.model_name, "object": "model", "created": state.created, "owned_by": "accelab",
-                 "plan": state.config.plan_name}
+        entry = {
+            "id": state.config.model_name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "accelab",
+            "plan": state.config.plan_name,
+        }
         if engine is not None:
             entry["task"] = engine.task
             entry["routes"] = sorted(ROUTES_OF_TASK[engine.task])

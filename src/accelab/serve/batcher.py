@@ -110,8 +110,14 @@ class Batcher(Generic[T]):
         if len(self._pending) >= self.policy.max_queue:
             raise QueueFull(f"{len(self._pending)} requests are queued (max_queue={self.policy.max_queue})")
         now = self._clock()
-        item = Pending(payload=payload, key=key, weight=weight, arrival=now,
-                       deadline=None if timeout_s is None else now + timeout_s, seq=next(self._seq))
+        item = Pending(
+            payload=payload,
+            key=key,
+            weight=weight,
+            arrival=now,
+            deadline=None if timeout_s is None else now + timeout_s,
+            seq=next(self._seq),
+        )
         self._pending.append(item)
         return item
 
@@ -133,7 +139,9 @@ class Batcher(Generic[T]):
             self._pending = [p for p in self._pending if p not in expired]
         chosen = self._head_batch()
         ready = bool(chosen) and (
-            flush or quiet or sum(p.weight for p in chosen) >= self.limit.value
+            flush
+            or quiet
+            or sum(p.weight for p in chosen) >= self.limit.value
             or now - chosen[0].arrival >= self.policy.max_wait_s
         )
         if not ready:

@@ -5,7 +5,6 @@ control, Prometheus metrics, graceful SIGTERM)."""
 from __future__ import annotations
 
 import logging
-from typing import Optional
 
 import typer
 
@@ -19,50 +18,91 @@ def register(app: typer.Typer) -> None:
 
 
 def serve_command(
-    model: str = typer.Argument(..., help="Catalog name, local directory, .gguf file, Hub id, or your own model as package.module:callable."),
-    task: Optional[str] = typer.Option(None, help="Override the task inferred from the model's config."),
+    model: str = typer.Argument(
+        ..., help="Catalog name, local directory, .gguf file, Hub id, or your own model as package.module:callable."
+    ),
+    task: str | None = typer.Option(None, help="Override the task inferred from the model's config."),
     plan: str = typer.Option("baseline", "--plan", help=PLAN_HELP),
     set_: list[str] = typer.Option([], "--set", help="Override a plan field: --set threads=2 (repeatable)."),
-    device: Optional[str] = typer.Option(None, help="cpu | cuda | cuda:N (default: CUDA when present)."),
-    host: str = typer.Option("127.0.0.1", help="Address to listen on. Anything but 127.0.0.1 exposes the "
-                             "server to the network: give it an --api-key."),
+    device: str | None = typer.Option(None, help="cpu | cuda | cuda:N (default: CUDA when present)."),
+    host: str = typer.Option(
+        "127.0.0.1",
+        help="Address to listen on. Anything but 127.0.0.1 exposes the server to the network: give it an --api-key.",
+    ),
     port: int = typer.Option(8000, help="Port to listen on (0: any free port, printed at start)."),
-    served_name: Optional[str] = typer.Option(None, "--served-name", help="Model id in /v1/models and requests "
-                                              "(default: MODEL)."),
-    max_batch_size: int = typer.Option(32, "--max-batch-size", help="Most inputs per model call; for generation "
-                                       "with continuous batching, the most sequences decoding at once."),
-    scheduler: str = typer.Option("continuous", "--scheduler", help="Generation: continuous (requests join and "
-                                  "leave the running batch at every decoding step) or static (one generate call "
-                                  "per batch)."),
-    max_step_tokens: Optional[int] = typer.Option(None, "--max-step-tokens", help="Continuous batching: tokens "
-                                                  "per decoding step; long prompts are prefilled in chunks of what "
-                                                  "the running decodes leave (default: max(256, 2 x batch size))."),
-    kv_cache_tokens: Optional[int] = typer.Option(None, "--kv-cache-tokens", help="Continuous batching: KV-cache "
-                                                  "capacity in tokens, over all sequences; requests queue when it "
-                                                  "is full (default: 2048 per sequence, at least the model's "
-                                                  "context)."),
-    max_wait_ms: float = typer.Option(5.0, "--max-wait-ms", help="How long the first request of a batch waits "
-                                      "for others (ms)."),
+    served_name: str | None = typer.Option(
+        None, "--served-name", help="Model id in /v1/models and requests (default: MODEL)."
+    ),
+    max_batch_size: int = typer.Option(
+        32,
+        "--max-batch-size",
+        help="Most inputs per model call; for generation "
+        "with continuous batching, the most sequences decoding at once.",
+    ),
+    scheduler: str = typer.Option(
+        "continuous",
+        "--scheduler",
+        help="Generation: continuous (requests join and "
+        "leave the running batch at every decoding step) or static (one generate call "
+        "per batch).",
+    ),
+    max_step_tokens: int | None = typer.Option(
+        None,
+        "--max-step-tokens",
+        help="Continuous batching: tokens "
+        "per decoding step; long prompts are prefilled in chunks of what "
+        "the running decodes leave (default: max(256, 2 x batch size)).",
+    ),
+    kv_cache_tokens: int | None = typer.Option(
+        None,
+        "--kv-cache-tokens",
+        help="Continuous batching: KV-cache "
+        "capacity in tokens, over all sequences; requests queue when it "
+        "is full (default: 2048 per sequence, at least the model's "
+        "context).",
+    ),
+    max_wait_ms: float = typer.Option(
+        5.0, "--max-wait-ms", help="How long the first request of a batch waits for others (ms)."
+    ),
     max_queue: int = typer.Option(256, "--max-queue", help="Requests that may wait; more get 429 with Retry-After."),
-    request_timeout: float = typer.Option(60.0, "--request-timeout", help="A request not started after this many "
-                                          "seconds gets 504 and is not run."),
-    grace_period: float = typer.Option(30.0, "--grace-period", help="On SIGTERM, seconds to finish requests in "
-                                       "flight before exiting."),
+    request_timeout: float = typer.Option(
+        60.0, "--request-timeout", help="A request not started after this many seconds gets 504 and is not run."
+    ),
+    grace_period: float = typer.Option(
+        30.0, "--grace-period", help="On SIGTERM, seconds to finish requests in flight before exiting."
+    ),
     max_body_bytes: int = typer.Option(20 * 1024 * 1024, "--max-body-bytes", help="Larger request bodies get 413."),
     max_tokens: int = typer.Option(2048, "--max-tokens", help="Largest max_tokens a request may ask for (413 above)."),
-    default_max_tokens: int = typer.Option(256, "--default-max-tokens", help="max_tokens of chat requests that "
-                                           "give none."),
+    default_max_tokens: int = typer.Option(
+        256, "--default-max-tokens", help="max_tokens of chat requests that give none."
+    ),
     max_inputs: int = typer.Option(256, "--max-inputs", help="Most texts, prompts or images per request (413 above)."),
-    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="ACCELAB_API_KEY", show_envvar=True,
-                                          help="Require 'Authorization: Bearer KEY' on the API routes."),
+    api_key: str | None = typer.Option(
+        None,
+        "--api-key",
+        envvar="ACCELAB_API_KEY",
+        show_envvar=True,
+        help="Require 'Authorization: Bearer KEY' on the API routes.",
+    ),
     access_log: bool = typer.Option(False, "--access-log", help="Log every request."),
-    metric_aliases: str = typer.Option("none", "--metric-aliases", help="vllm: /metrics also exports vLLM's "
-                                       "metric names (vllm:..., with model_name), so vLLM's Grafana dashboards work "
-                                       "unchanged (see deploy/README.md)."),
-    replicas: int = typer.Option(1, "--replicas", help="Serve N copies of the model on Ray Serve behind one address "
-                                 "(needs accelab[ray]); with --ray-address, across a Ray cluster's machines."),
-    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Join this Ray cluster (HOST:6379, or "
-                                              "'auto') instead of starting a local Ray instance."),
+    metric_aliases: str = typer.Option(
+        "none",
+        "--metric-aliases",
+        help="vllm: /metrics also exports vLLM's "
+        "metric names (vllm:..., with model_name), so vLLM's Grafana dashboards work "
+        "unchanged (see deploy/README.md).",
+    ),
+    replicas: int = typer.Option(
+        1,
+        "--replicas",
+        help="Serve N copies of the model on Ray Serve behind one address "
+        "(needs accelab[ray]); with --ray-address, across a Ray cluster's machines.",
+    ),
+    ray_address: str | None = typer.Option(
+        None,
+        "--ray-address",
+        help="Join this Ray cluster (HOST:6379, or 'auto') instead of starting a local Ray instance.",
+    ),
 ) -> None:
     """Serve a model: /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/classify, /metrics."""
     from accelab.catalog.resolve import resolve
@@ -77,15 +117,31 @@ def serve_command(
     the_device = resolve_device(the_plan, device)
     name = served_name or model
     config = ServeConfig(
-        model_name=name, plan_name=the_plan.name, host=host, port=port, max_batch_size=max_batch_size,
-        max_wait_ms=max_wait_ms, max_queue=max_queue, request_timeout_s=request_timeout,
-        grace_period_s=grace_period, max_body_bytes=max_body_bytes, max_tokens=max_tokens,
-        default_max_tokens=default_max_tokens, max_inputs=max_inputs, api_key=api_key, scheduler=scheduler,
-        max_step_tokens=max_step_tokens, kv_cache_tokens=kv_cache_tokens, metric_aliases=metric_aliases,
+        model_name=name,
+        plan_name=the_plan.name,
+        host=host,
+        port=port,
+        max_batch_size=max_batch_size,
+        max_wait_ms=max_wait_ms,
+        max_queue=max_queue,
+        request_timeout_s=request_timeout,
+        grace_period_s=grace_period,
+        max_body_bytes=max_body_bytes,
+        max_tokens=max_tokens,
+        default_max_tokens=default_max_tokens,
+        max_inputs=max_inputs,
+        api_key=api_key,
+        scheduler=scheduler,
+        max_step_tokens=max_step_tokens,
+        kv_cache_tokens=kv_cache_tokens,
+        metric_aliases=metric_aliases,
     )
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
-        typer.secho(f"warning: listening on {host} without --api-key: anyone who reaches it can use it",
-                    fg=typer.colors.YELLOW, err=True)
+        typer.secho(
+            f"warning: listening on {host} without --api-key: anyone who reaches it can use it",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
     if replicas < 1:
         raise ValueError(f"--replicas {replicas} must be 1 or more")
     factory = engine_factory(spec, the_plan, the_device, name=name)

@@ -39,8 +39,15 @@ class ServeConfig:
     metric_aliases: MetricAliases = "none"  # "vllm": /metrics also carries vLLM's names (for its dashboards)
 
     def __post_init__(self) -> None:
-        positive = ("port", "max_batch_size", "max_queue", "max_body_bytes", "max_tokens", "default_max_tokens",
-                    "max_inputs")
+        positive = (
+            "port",
+            "max_batch_size",
+            "max_queue",
+            "max_body_bytes",
+            "max_tokens",
+            "default_max_tokens",
+            "max_inputs",
+        )
         for name in positive:
             value = getattr(self, name)
             if value < 1 and not (name == "port" and value == 0):
@@ -51,8 +58,10 @@ class ServeConfig:
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key is empty; give a key or leave it unset")
         if self.metric_aliases not in METRIC_ALIASES:
-            raise ValueError(f"metric_aliases={self.metric_aliases!r} is not one of {', '.join(METRIC_ALIASES)} "
-                             "(--metric-aliases vllm adds vLLM's metric names)")
+            raise ValueError(
+                f"metric_aliases={self.metric_aliases!r} is not one of {', '.join(METRIC_ALIASES)} "
+                "(--metric-aliases vllm adds vLLM's metric names)"
+            )
         if self.scheduler not in SCHEDULINGS:
             raise ValueError(f"scheduler={self.scheduler!r} is not one of {', '.join(SCHEDULINGS)}")
         for name in ("max_step_tokens", "kv_cache_tokens"):
@@ -65,10 +74,16 @@ class ServeConfig:
         """The continuous scheduler's limits; `max_context` (the model's) sizes the default KV cache."""
         step_tokens = self.max_step_tokens or max(256, 2 * self.max_batch_size)
         kv_tokens = self.kv_cache_tokens or max(self.max_batch_size * KV_TOKENS_PER_SEQUENCE, max_context or 0)
-        return SchedulerConfig(max_running=self.max_batch_size, max_step_tokens=step_tokens,
-                               kv_blocks=-(-kv_tokens // BLOCK_SIZE), block_size=BLOCK_SIZE, max_queue=self.max_queue)
+        return SchedulerConfig(
+            max_running=self.max_batch_size,
+            max_step_tokens=step_tokens,
+            kv_blocks=-(-kv_tokens // BLOCK_SIZE),
+            block_size=BLOCK_SIZE,
+            max_queue=self.max_queue,
+        )
 
     @property
     def batch_policy(self) -> BatchPolicy:
-        return BatchPolicy(max_batch_size=self.max_batch_size, max_wait_s=self.max_wait_ms / 1000,
-                           max_queue=self.max_queue)
+        return BatchPolicy(
+            max_batch_size=self.max_batch_size, max_wait_s=self.max_wait_ms / 1000, max_queue=self.max_queue
+        )

@@ -74,11 +74,11 @@ class ContinuousHooks:
 class _Row:
     unit: GenUnit
     stream: TextStream
-    run: "_JobRun"
+    run: _JobRun
     index: int
-    seq: Sequence["_Row"] | None = None
+    seq: Sequence[_Row] | None = None
     last_token_at: float | None = None
-    children: list["_Row"] = field(default_factory=list)  # the other choices (n > 1), queued after its prefill
+    children: list[_Row] = field(default_factory=list)  # the other choices (n > 1), queued after its prefill
 
 
 @dataclass(kw_only=True, slots=True, eq=False)
@@ -94,9 +94,16 @@ class _JobRun:
 
 
 class ContinuousWorker:
-    def __init__(self, engine: StepEngine, config: SchedulerConfig, *, decode: Callable[[Seq[int]], str],
-                 eos_ids: Seq[int], clock: Callable[[], float] = time.monotonic,
-                 hooks: ContinuousHooks | None = None):
+    def __init__(
+        self,
+        engine: StepEngine,
+        config: SchedulerConfig,
+        *,
+        decode: Callable[[Seq[int]], str],
+        eos_ids: Seq[int],
+        clock: Callable[[], float] = time.monotonic,
+        hooks: ContinuousHooks | None = None,
+    ):
         self.engine = engine
         self.config = config
         self._decode = decode
@@ -127,8 +134,10 @@ class ContinuousWorker:
         """Queue a job's sequences; raises QueueFull (429), ShuttingDown (503) or
         PayloadTooLarge (413: it could not fit the KV cache even alone)."""
         run = _JobRun(job=job, arrival=self._clock())
-        run.rows = [_Row(unit=unit, stream=stream_for(unit.params, self._decode, self._eos_ids), run=run, index=i)
-                    for i, unit in enumerate(job.units)]
+        run.rows = [
+            _Row(unit=unit, stream=stream_for(unit.params, self._decode, self._eos_ids), run=run, index=i)
+            for i, unit in enumerate(job.units)
+        ]
         parents = {id(row.unit): row for row in run.rows}
         for row in run.rows:
             if row.unit.fork_of is not None and id(row.unit.fork_of) in parents:
@@ -146,8 +155,9 @@ class ContinuousWorker:
             forked = {id(child) for row in run.rows for child in row.children}
             for row in run.rows:
                 if id(row) not in forked:  # the other choices are queued once their parent prefilled
-                    row.seq = self._scheduler.add(row, row.unit.prompt.ids, max_tokens=row.unit.params.max_tokens,
-                                                  timeout_s=job.timeout_s)
+                    row.seq = self._scheduler.add(
+                        row, row.unit.prompt.ids, max_tokens=row.unit.params.max_tokens, timeout_s=job.timeout_s
+                    )
             self._cond.notify()
         return run
 
@@ -209,7 +219,7 @@ class ContinuousWorker:
                 self._busy = True
             try:
                 self._run(step)
-            except Exception:  # noqa: BLE001 - the worker thread must survive anything
+            except Exception:
                 log.exception("continuous worker step error")
             finally:
                 with self._cond:
@@ -231,9 +241,14 @@ class ContinuousWorker:
     def _run(self, step: Step[_Row]) -> None:
         for seq in step.expired:
             waited = self._clock() - seq.arrival
-            self._fail(seq.payload.run, DeadlineExceeded(
-                f"request waited {waited:.1f} s in the queue, past its deadline of {seq.payload.run.job.timeout_s:g} "
-                "s; raise --request-timeout or send fewer requests at once"), "timeout")
+            self._fail(
+                seq.payload.run,
+                DeadlineExceeded(
+                    f"request waited {waited:.1f} s in the queue, past its deadline of {seq.payload.run.job.timeout_s:g} "
+                    "s; raise --request-timeout or send fewer requests at once"
+                ),
+                "timeout",
+            )
         for seq in step.dropped + step.preempted:
             self.engine.release(seq.id)
         for seq in step.dropped:
@@ -269,20 +284,38 @@ class ContinuousWorker:
                 self._take_token(row, result, now)
         with self._cond:
             reused, self._reused_seen = self._scheduler.reused_tokens - self._reused_seen, self._scheduler.reused_tokens
-            report = StepReport(running=self._scheduler.running, waiting=self._scheduler.waiting,
-                                kv_used=self._scheduler.used_blocks, kv_free=self._scheduler.free_blocks,
-                                kv_cached=self._scheduler.cached_blocks, kv_block_bytes=self._block_bytes,
-                                tokens=step.tokens, sampled=sampled, preempted=len(step.preempted),
-                                seconds=now - started, reused_tokens=reused, batch=len(step.chunks),
-                                preempted_tokens=sum(seq.length for seq in step.preempted))
+            report = StepReport(
+                running=self._scheduler.running,
+                waiting=self._scheduler.waiting,
+                kv_used=self._scheduler.used_blocks,
+                kv_free=self._scheduler.free_blocks,
+                kv_cached=self._scheduler.cached_blocks,
+                kv_block_bytes=self._block_bytes,
+                tokens=step.tokens,
+                sampled=sampled,
+                preempted=len(step.preempted),
+                seconds=now - started,
+                reused_tokens=reused,
+                batch=len(step.chunks),
+                preempted_tokens=sum(seq.length for seq in step.preempted),
+            )
         _call(self.hooks.on_step, report)
 
     def _compute(self, chunks: list[Chunk[_Row]]) -> list[SampledToken | None | BaseException]:
         """The engine's step over `chunks`: a token (sampling chunks), None (the others) or the
         error of a chunk that failed alone."""
-        inputs = [StepInput(seq_id=c.seq.id, start=c.start, tokens=c.tokens, sample=c.sample,
-                            params=c.seq.payload.unit.params, sampler=c.seq.payload.unit.sampler,
-                            blocks=tuple(c.seq.block_table)) for c in chunks]
+        inputs = [
+            StepInput(
+                seq_id=c.seq.id,
+                start=c.start,
+                tokens=c.tokens,
+                sample=c.sample,
+                params=c.seq.payload.unit.params,
+                sampler=c.seq.payload.unit.sampler,
+                blocks=tuple(c.seq.block_table),
+            )
+            for c in chunks
+        ]
         try:
             return _spread(inputs, self.engine.step(inputs))
         except Exception as err:  # noqa: BLE001 - answered per sequence below
@@ -324,19 +357,33 @@ class ContinuousWorker:
             run.done = True
             admitted = run.admitted_at if run.admitted_at is not None else now
             seconds = now - admitted
-            self._seconds_per_sequence = (seconds if not self._seconds_per_sequence
-                                          else 0.8 * self._seconds_per_sequence + 0.2 * seconds)
-            _call(run.job.done, JobOutcome(outputs=[run.completions[i] for i in range(len(run.rows))],
-                                           queue_s=admitted - run.arrival, compute_s=seconds,
-                                           batch_units=self._scheduler.running + 1))
+            self._seconds_per_sequence = (
+                seconds if not self._seconds_per_sequence else 0.8 * self._seconds_per_sequence + 0.2 * seconds
+            )
+            _call(
+                run.job.done,
+                JobOutcome(
+                    outputs=[run.completions[i] for i in range(len(run.rows))],
+                    queue_s=admitted - run.arrival,
+                    compute_s=seconds,
+                    batch_units=self._scheduler.running + 1,
+                ),
+            )
 
     def _completion(self, row: _Row, finish_reason: Any, now: float) -> Completion:
         unit, stream = row.unit, row.stream
         logprobs = None if unit.params.logprobs is None else describe(unit.sampled, self._decode)
         echo = unit.prompt_sampled
-        return Completion(text=stream.output, finish_reason=finish_reason, prompt_tokens=unit.prompt.prompt_tokens,
-                          completion_tokens=stream.tokens, first_token_at=unit.first_token_at, finished_at=now,
-                          logprobs=logprobs, prompt_logprobs=None if echo is None else describe(echo, self._decode))
+        return Completion(
+            text=stream.output,
+            finish_reason=finish_reason,
+            prompt_tokens=unit.prompt.prompt_tokens,
+            completion_tokens=stream.tokens,
+            first_token_at=unit.first_token_at,
+            finished_at=now,
+            logprobs=logprobs,
+            prompt_logprobs=None if echo is None else describe(echo, self._decode),
+        )
 
     def _queue_children(self, row: _Row) -> None:
         """The other choices of `row`'s prompt join the queue; admitted, each forks row's KV."""
@@ -353,8 +400,9 @@ class ContinuousWorker:
                         child.seq = self._scheduler.fork(row.seq, child)
                         continue
                 try:
-                    child.seq = self._scheduler.add(child, child.unit.prompt.ids,
-                                                    max_tokens=child.unit.params.max_tokens)
+                    child.seq = self._scheduler.add(
+                        child, child.unit.prompt.ids, max_tokens=child.unit.params.max_tokens
+                    )
                 except QueueFull as err:
                     self._fail(row.run, err, "model_error")
                     break
@@ -409,5 +457,5 @@ def _spread(inputs: list[StepInput], tokens: list[Any]) -> list[SampledToken | N
 def _call(callback: Callable[..., Any], *args: Any) -> None:
     try:
         callback(*args)
-    except Exception:  # noqa: BLE001 - one broken callback must not stop the worker
+    except Exception:
         log.exception("callback failed")

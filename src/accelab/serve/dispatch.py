@@ -45,24 +45,40 @@ def long_text(texts: list[Any]) -> bool:
 
 def check_count(what: str, count: int, limit: int) -> None:
     if count > limit:
-        raise ApiError(413, f"{count} {what} in one request; this server takes at most {limit} (--max-inputs); "
-                       "split them over several requests")
+        raise ApiError(
+            413,
+            f"{count} {what} in one request; this server takes at most {limit} (--max-inputs); "
+            "split them over several requests",
+        )
 
 
 class Submission:
     """One job in the worker, seen from the event loop. Created in a handler (needs its loop)."""
 
-    def __init__(self, state: ServerState, *, key: str, units: list[Any], run: Callable[[list[Any]], list[Any]],
-                 arrival: float | None = None, scope: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        state: ServerState,
+        *,
+        key: str,
+        units: list[Any],
+        run: Callable[[list[Any]], list[Any]],
+        arrival: float | None = None,
+        scope: dict[str, Any] | None = None,
+    ):
         self.state = state
         self.arrival = arrival if arrival is not None else time.monotonic()
         self.deadline = self.arrival + state.config.request_timeout_s
         loop = asyncio.get_running_loop()
         self.outcome: asyncio.Future[JobOutcome] = loop.create_future()
         self.started: asyncio.Future[None] = loop.create_future()
-        job = Job(key=key, units=units, run=run, done=_threadsafe(loop, self.outcome),
-                  started=_threadsafe(loop, self.started, None),
-                  timeout_s=max(0.0, self.deadline - time.monotonic()))
+        job = Job(
+            key=key,
+            units=units,
+            run=run,
+            done=_threadsafe(loop, self.outcome),
+            started=_threadsafe(loop, self.started, None),
+            timeout_s=max(0.0, self.deadline - time.monotonic()),
+        )
         self.executor = state.executor(key)
         if scope is not None:  # before the worker wakes up: it may then start without waiting for company
             state.submitted(scope)
@@ -70,14 +86,21 @@ class Submission:
             self.pending = self.executor.submit(job)
         except QueueFull:
             retry = self.executor.retry_after_s()
-            raise ApiError(429, f"the server is at capacity: {self.executor.depth} requests are queued "
-                           f"(--max-queue {state.config.max_queue}); retry after {retry} s",
-                           headers={"Retry-After": str(retry)}) from None
+            raise ApiError(
+                429,
+                f"the server is at capacity: {self.executor.depth} requests are queued "
+                f"(--max-queue {state.config.max_queue}); retry after {retry} s",
+                headers={"Retry-After": str(retry)},
+            ) from None
         except PayloadTooLarge as err:
             raise ApiError(413, str(err)) from None
         except ShuttingDown:
-            raise ApiError(503, "the server is shutting down; send the request to another replica",
-                           kind="shutting_down", headers={"Retry-After": "1"}) from None
+            raise ApiError(
+                503,
+                "the server is shutting down; send the request to another replica",
+                kind="shutting_down",
+                headers={"Retry-After": "1"},
+            ) from None
 
     async def wait_started(self) -> None:
         """Until its batch starts (or it ended): a stream's status code is decided by then."""
@@ -120,9 +143,12 @@ class Submission:
 
     def _timeout_error(self) -> ApiError:
         waited = time.monotonic() - self.arrival
-        return ApiError(504, f"the request waited {waited:.1f} s without starting, past its deadline of "
-                        f"{self.state.config.request_timeout_s:g} s (--request-timeout); the server is overloaded: "
-                        "retry later or raise --request-timeout")
+        return ApiError(
+            504,
+            f"the request waited {waited:.1f} s without starting, past its deadline of "
+            f"{self.state.config.request_timeout_s:g} s (--request-timeout); the server is overloaded: "
+            "retry later or raise --request-timeout",
+        )
 
     def _raise_for(self, outcome: JobOutcome) -> None:
         if outcome.ok:
@@ -130,10 +156,14 @@ class Submission:
         if outcome.error_kind == "timeout":
             raise self._timeout_error()
         if outcome.error_kind == "oom":
-            raise ApiError(500, f"out of memory even when run alone ({outcome.error}); send a smaller input",
-                           kind="oom")
-        raise ApiError(500, f"the model failed on this request: {type(outcome.error).__name__}: {outcome.error}",
-                       kind="model_error")
+            raise ApiError(
+                500, f"out of memory even when run alone ({outcome.error}); send a smaller input", kind="oom"
+            )
+        raise ApiError(
+            500,
+            f"the model failed on this request: {type(outcome.error).__name__}: {outcome.error}",
+            kind="model_error",
+        )
 
     def _observe(self, outcome: JobOutcome) -> None:
         m = self.state.metrics

@@ -25,8 +25,15 @@ _KINDS = {
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, *, kind: str | None = None, param: str | None = None,
-                 headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        kind: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message

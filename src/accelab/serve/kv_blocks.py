@@ -132,7 +132,7 @@ class BlockPool:
         parent: int | None = None
         size = self.block_size
         for start in range(0, len(tokens) - size + 1, size):
-            chunk = tuple(tokens[start:start + size])
+            chunk = tuple(tokens[start : start + size])
             key = _chain(parent, chunk)
             block = self._by_key.get(key)
             if block is None or self._content[block] != (parent, chunk):

@@ -37,14 +37,48 @@ from prometheus_client import (
 from prometheus_client.core import Metric
 
 # seconds: 1 ms to 2 min, denser where interactive latencies live
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.35, 0.5, 0.75, 1.0,
-                   1.5, 2.5, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0, 120.0)
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.25,
+    0.35,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    30.0,
+    60.0,
+    120.0,
+)
 TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256)
 LENGTH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000, 20_000, 50_000, 100_000)
 
-ERROR_KINDS = ("queue_full", "timeout", "too_large", "too_long", "invalid", "unauthorized", "shutting_down", "not_ready",
-               "oom", "model_error", "client_gone")
+ERROR_KINDS = (
+    "queue_full",
+    "timeout",
+    "too_large",
+    "too_long",
+    "invalid",
+    "unauthorized",
+    "shutting_down",
+    "not_ready",
+    "oom",
+    "model_error",
+    "client_gone",
+)
 RETRY_REASONS = ("oom", "batch_error")  # why a batch (or a continuous step) was split and run again
 FINISH_REASONS = ("stop", "length")
 MetricAliases = Literal["none", "vllm"]
@@ -55,65 +89,122 @@ class ServeMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.requests = Counter("accelab_requests", "HTTP requests answered, by route and status code.",
-                                ["route", "status"], registry=r)
-        self.latency = Histogram("accelab_request_latency_seconds", "End-to-end request latency, by route.",
-                                 ["route"], buckets=LATENCY_BUCKETS, registry=r)
-        self.queue_time = Histogram("accelab_queue_time_seconds", "Time a request waited for its batch.",
-                                    buckets=LATENCY_BUCKETS, registry=r)
-        self.compute_time = Histogram("accelab_compute_time_seconds", "Run time of the batch a request was in.",
-                                      buckets=LATENCY_BUCKETS, registry=r)
-        self.ttft = Histogram("accelab_time_to_first_token_seconds", "Arrival to the first generated token.",
-                              buckets=LATENCY_BUCKETS, registry=r)
-        self.tpot = Histogram("accelab_time_per_output_token_seconds",
-                              "Mean time per generated token after the first, per request.",
-                              buckets=TOKEN_BUCKETS, registry=r)
+        self.requests = Counter(
+            "accelab_requests", "HTTP requests answered, by route and status code.", ["route", "status"], registry=r
+        )
+        self.latency = Histogram(
+            "accelab_request_latency_seconds",
+            "End-to-end request latency, by route.",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            "accelab_queue_time_seconds", "Time a request waited for its batch.", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.compute_time = Histogram(
+            "accelab_compute_time_seconds",
+            "Run time of the batch a request was in.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "accelab_time_to_first_token_seconds",
+            "Arrival to the first generated token.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "accelab_time_per_output_token_seconds",
+            "Mean time per generated token after the first, per request.",
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
         self.prompt_tokens = Counter("accelab_prompt_tokens", "Prompt tokens processed.", registry=r)
         self.generated_tokens = Counter("accelab_generated_tokens", "Completion tokens generated.", registry=r)
-        self.batch_size = Histogram("accelab_batch_size", "Inputs per model call (batch size; with continuous "
-                                    "batching, sequences per step).", buckets=BATCH_BUCKETS, registry=r)
-        self.batch_time = Histogram("accelab_batch_seconds", "Run time of one batch.", buckets=LATENCY_BUCKETS,
-                                    registry=r)
-        self.batch_limit = Gauge("accelab_batch_size_limit", "Largest batch the worker tries now "
-                                 "(lowered after out-of-memory).", registry=r)
+        self.batch_size = Histogram(
+            "accelab_batch_size",
+            "Inputs per model call (batch size; with continuous batching, sequences per step).",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.batch_time = Histogram(
+            "accelab_batch_seconds", "Run time of one batch.", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.batch_limit = Gauge(
+            "accelab_batch_size_limit", "Largest batch the worker tries now (lowered after out-of-memory).", registry=r
+        )
         self.queue_depth = Gauge("accelab_queue_depth", "Requests waiting for a batch.", registry=r)
-        self.queue_limit = Gauge("accelab_queue_limit", "Most requests (sequences, with continuous batching) that "
-                                 "may wait; more get 429 (--max-queue).", registry=r)
-        self.in_flight = Gauge("accelab_requests_in_flight", "Requests being handled (queued, running or "
-                               "streaming).", registry=r)
+        self.queue_limit = Gauge(
+            "accelab_queue_limit",
+            "Most requests (sequences, with continuous batching) that may wait; more get 429 (--max-queue).",
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "accelab_requests_in_flight", "Requests being handled (queued, running or streaming).", registry=r
+        )
         self.errors = Counter("accelab_errors", "Requests that failed, by kind.", ["kind"], registry=r)
-        self.retries = Counter("accelab_batch_retries", "Batches split and retried, by reason (oom, batch_error); "
-                               "with continuous batching, steps run again sequence by sequence.", ["reason"],
-                               registry=r)
+        self.retries = Counter(
+            "accelab_batch_retries",
+            "Batches split and retried, by reason (oom, batch_error); "
+            "with continuous batching, steps run again sequence by sequence.",
+            ["reason"],
+            registry=r,
+        )
         self.ready = Gauge("accelab_ready", "1 once the model is loaded and warmed up.", registry=r)
-        self.info = Gauge("accelab_model_info", "The model and plan served (value 1).", ["model", "plan", "device"],
-                          registry=r)
-        self.running = Gauge("accelab_running_sequences", "Sequences in the running batch (continuous batching).",
-                             registry=r)
-        self.waiting = Gauge("accelab_waiting_sequences", "Sequences waiting to be admitted (continuous batching).",
-                             registry=r)
-        self.kv_blocks = Gauge("accelab_kv_cache_blocks", "KV-cache blocks by state (continuous batching).",
-                               ["state"], registry=r)
-        self.kv_bytes = Gauge("accelab_kv_cache_bytes", "KV-cache memory by state, in bytes (continuous batching): "
-                              "held by running sequences (used) or not (free).", ["state"], registry=r)
-        self.kv_cached_blocks = Gauge("accelab_kv_cache_prefix_blocks", "Free KV-cache blocks that still hold a "
-                                      "prefix a later request may take instead of computing it (part of the free "
-                                      "blocks; continuous batching with prefix caching).", registry=r)
-        self.preemptions = Counter("accelab_preemptions", "Sequences preempted to free KV-cache blocks (recomputed "
-                                   "later).", registry=r)
-        self.preempted_tokens = Counter("accelab_preempted_tokens", "Tokens whose KV a preemption dropped: the "
-                                        "model computes them again when the sequence is readmitted.", registry=r)
-        self.prefix_tokens = Counter("accelab_prefix_cache_tokens", "Prompt tokens whose KV came from the prefix "
-                                     "cache instead of being computed again (continuous batching).", registry=r)
-        self.itl = Histogram("accelab_inter_token_latency_seconds", "Time between two tokens of one sequence.",
-                             buckets=TOKEN_BUCKETS, registry=r)
+        self.info = Gauge(
+            "accelab_model_info", "The model and plan served (value 1).", ["model", "plan", "device"], registry=r
+        )
+        self.running = Gauge(
+            "accelab_running_sequences", "Sequences in the running batch (continuous batching).", registry=r
+        )
+        self.waiting = Gauge(
+            "accelab_waiting_sequences", "Sequences waiting to be admitted (continuous batching).", registry=r
+        )
+        self.kv_blocks = Gauge(
+            "accelab_kv_cache_blocks", "KV-cache blocks by state (continuous batching).", ["state"], registry=r
+        )
+        self.kv_bytes = Gauge(
+            "accelab_kv_cache_bytes",
+            "KV-cache memory by state, in bytes (continuous batching): held by running sequences (used) or not (free).",
+            ["state"],
+            registry=r,
+        )
+        self.kv_cached_blocks = Gauge(
+            "accelab_kv_cache_prefix_blocks",
+            "Free KV-cache blocks that still hold a "
+            "prefix a later request may take instead of computing it (part of the free "
+            "blocks; continuous batching with prefix caching).",
+            registry=r,
+        )
+        self.preemptions = Counter(
+            "accelab_preemptions", "Sequences preempted to free KV-cache blocks (recomputed later).", registry=r
+        )
+        self.preempted_tokens = Counter(
+            "accelab_preempted_tokens",
+            "Tokens whose KV a preemption dropped: the model computes them again when the sequence is readmitted.",
+            registry=r,
+        )
+        self.prefix_tokens = Counter(
+            "accelab_prefix_cache_tokens",
+            "Prompt tokens whose KV came from the prefix cache instead of being computed again (continuous batching).",
+            registry=r,
+        )
+        self.itl = Histogram(
+            "accelab_inter_token_latency_seconds",
+            "Time between two tokens of one sequence.",
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
         self._generation_metrics(r)
         self.token_rate = TokenRate()
-        self.tokens_per_second = Gauge("accelab_generation_tokens_per_second",
-                                       f"Tokens generated per second over the last {TokenRate.WINDOW_S:g} s.", registry=r)
+        self.tokens_per_second = Gauge(
+            "accelab_generation_tokens_per_second",
+            f"Tokens generated per second over the last {TokenRate.WINDOW_S:g} s.",
+            registry=r,
+        )
         self.tokens_per_second.set_function(self.token_rate.rate)
-        self.rss = Gauge("accelab_process_resident_memory_bytes", "Resident memory of the server process.",
-                         registry=r)
+        self.rss = Gauge("accelab_process_resident_memory_bytes", "Resident memory of the server process.", registry=r)
         self.rss.set_function(_rss_bytes)
         for kind in ERROR_KINDS:  # export zeros, so a dashboard's rate() has a series from the start
             self.errors.labels(kind=kind)
@@ -124,19 +215,37 @@ class ServeMetrics:
 
     def _generation_metrics(self, r: CollectorRegistry) -> None:
         """Per generated sequence (what vLLM's dashboards chart, too)."""
-        self.request_prompt_tokens = Histogram("accelab_request_prompt_tokens", "Prompt tokens per generated "
-                                               "sequence.", buckets=LENGTH_BUCKETS, registry=r)
-        self.request_generation_tokens = Histogram("accelab_request_generation_tokens", "Tokens generated per "
-                                                   "sequence.", buckets=LENGTH_BUCKETS, registry=r)
-        self.request_max_tokens = Histogram("accelab_request_max_tokens", "max_tokens a generated sequence asked "
-                                            "for.", buckets=LENGTH_BUCKETS, registry=r)
-        self.prefill_time = Histogram("accelab_request_prefill_seconds", "Time to first token less the time in the "
-                                      "queue, per sequence (prefill).", buckets=LATENCY_BUCKETS, registry=r)
-        self.decode_time = Histogram("accelab_request_decode_seconds", "First token to the last, per sequence "
-                                     "(decode).", buckets=LATENCY_BUCKETS, registry=r)
-        self.finished = Counter("accelab_finished_sequences", "Generated sequences that finished, by finish reason "
-                                "(stop: end of sequence or a stop string; length: max_tokens).", ["finish_reason"],
-                                registry=r)
+        self.request_prompt_tokens = Histogram(
+            "accelab_request_prompt_tokens", "Prompt tokens per generated sequence.", buckets=LENGTH_BUCKETS, registry=r
+        )
+        self.request_generation_tokens = Histogram(
+            "accelab_request_generation_tokens", "Tokens generated per sequence.", buckets=LENGTH_BUCKETS, registry=r
+        )
+        self.request_max_tokens = Histogram(
+            "accelab_request_max_tokens",
+            "max_tokens a generated sequence asked for.",
+            buckets=LENGTH_BUCKETS,
+            registry=r,
+        )
+        self.prefill_time = Histogram(
+            "accelab_request_prefill_seconds",
+            "Time to first token less the time in the queue, per sequence (prefill).",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.decode_time = Histogram(
+            "accelab_request_decode_seconds",
+            "First token to the last, per sequence (decode).",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.finished = Counter(
+            "accelab_finished_sequences",
+            "Generated sequences that finished, by finish reason "
+            "(stop: end of sequence or a stop string; length: max_tokens).",
+            ["finish_reason"],
+            registry=r,
+        )
         for reason in FINISH_REASONS:
             self.finished.labels(finish_reason=reason)
 
@@ -149,8 +258,9 @@ class ServeMetrics:
             self._aliases = VllmAliases(self, model_name=model_name)
             self.registry.register(self._aliases)
 
-    def observe_generation(self, completions: Sequence[Any], *, arrival: float, queue_s: float,
-                           max_tokens: int) -> None:
+    def observe_generation(
+        self, completions: Sequence[Any], *, arrival: float, queue_s: float, max_tokens: int
+    ) -> None:
         """One answered generation request: its sequences (`Completion`s), the route's arrival
         time (time.monotonic), its time in the queue and the max_tokens it asked for."""
         for done in completions:
@@ -181,15 +291,23 @@ class FrontMetrics:
     def __init__(self, configured: int = 0):
         self.registry = CollectorRegistry()
         r = self.registry
-        self.replica_retries = Counter("accelab_replica_retries", "Requests retried on another replica because "
-                                       "theirs died before answering.", registry=r)
-        self.replica_lost = Counter("accelab_replica_lost_requests", "Requests answered 503 because their replica "
-                                    "died: before answering (and again on the retry) or mid-stream.", ["when"],
-                                    registry=r)
+        self.replica_retries = Counter(
+            "accelab_replica_retries",
+            "Requests retried on another replica because theirs died before answering.",
+            registry=r,
+        )
+        self.replica_lost = Counter(
+            "accelab_replica_lost_requests",
+            "Requests answered 503 because their replica "
+            "died: before answering (and again on the retry) or mid-stream.",
+            ["when"],
+            registry=r,
+        )
         for when in ("before_answer", "mid_stream"):
             self.replica_lost.labels(when=when)
-        self.replicas_configured = Gauge("accelab_replicas_configured", "Replicas the server was started with "
-                                         "(--replicas).", registry=r)
+        self.replicas_configured = Gauge(
+            "accelab_replicas_configured", "Replicas the server was started with (--replicas).", registry=r
+        )
         self.replicas_configured.set(configured)
 
 
@@ -236,8 +354,12 @@ VLLM_ALIASES = (
     Alias(name="vllm:prompt_tokens", source="accelab_prompt_tokens"),
     Alias(name="vllm:generation_tokens", source="accelab_generated_tokens"),
     Alias(name="vllm:num_preemptions", source="accelab_preemptions"),
-    Alias(name="vllm:e2e_request_latency_seconds", source="accelab_request_latency_seconds",
-          only={"route": ("chat", "completions")}, drop=("route",)),
+    Alias(
+        name="vllm:e2e_request_latency_seconds",
+        source="accelab_request_latency_seconds",
+        only={"route": ("chat", "completions")},
+        drop=("route",),
+    ),
     Alias(name="vllm:time_to_first_token_seconds", source="accelab_time_to_first_token_seconds"),
     Alias(name="vllm:inter_token_latency_seconds", source="accelab_inter_token_latency_seconds"),
     # vLLM's older name of the same per-token gap (its dashboards before v0.11 chart it)
@@ -250,7 +372,9 @@ VLLM_ALIASES = (
     Alias(name="vllm:request_prompt_tokens", source="accelab_request_prompt_tokens"),
     Alias(name="vllm:request_generation_tokens", source="accelab_request_generation_tokens"),
     Alias(name="vllm:request_max_num_generation_tokens", source="accelab_request_max_tokens"),
-    Alias(name="vllm:request_success", source="accelab_finished_sequences", rename={"finish_reason": "finished_reason"}),
+    Alias(
+        name="vllm:request_success", source="accelab_finished_sequences", rename={"finish_reason": "finished_reason"}
+    ),
 )
 KV_USAGE_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # a fraction 0..1, despite "perc"
 
@@ -290,7 +414,7 @@ class VllmAliases:
                 continue
             labels = {alias.rename.get(k, k): v for k, v in sample.labels.items() if k not in alias.drop}
             labels["model_name"] = self._model_name
-            key = (alias.name + sample.name[len(source.name):], tuple(sorted(labels.items())))
+            key = (alias.name + sample.name[len(source.name) :], tuple(sorted(labels.items())))
             summed[key] = summed.get(key, 0.0) + sample.value
         for (name, labels), value in summed.items():
             out.add_sample(name, dict(labels), value)
@@ -318,12 +442,15 @@ def _gpu_gauges(registry: CollectorRegistry, cuda: Any = None) -> Gauge | None:
         cuda = torch.cuda
     if not cuda.is_available():
         return None
-    allocated = Gauge("accelab_gpu_memory_allocated_bytes", "torch.cuda.memory_allocated per device.", ["device"],
-                      registry=registry)
-    reserved = Gauge("accelab_gpu_memory_reserved_bytes", "torch.cuda.memory_reserved per device.", ["device"],
-                     registry=registry)
-    peak = Gauge("accelab_gpu_memory_peak_bytes", "torch.cuda.max_memory_allocated per device.", ["device"],
-                 registry=registry)
+    allocated = Gauge(
+        "accelab_gpu_memory_allocated_bytes", "torch.cuda.memory_allocated per device.", ["device"], registry=registry
+    )
+    reserved = Gauge(
+        "accelab_gpu_memory_reserved_bytes", "torch.cuda.memory_reserved per device.", ["device"], registry=registry
+    )
+    peak = Gauge(
+        "accelab_gpu_memory_peak_bytes", "torch.cuda.max_memory_allocated per device.", ["device"], registry=registry
+    )
     for index in range(cuda.device_count()):
         allocated.labels(device=str(index)).set_function(lambda i=index: cuda.memory_allocated(i))
         reserved.labels(device=str(index)).set_function(lambda i=index: cuda.memory_reserved(i))

@@ -18,8 +18,11 @@ from accelab.serve.state import ServerState
 
 OPEN_PATHS = frozenset({"/livez", "/readyz", "/metrics"})
 ROUTE_LABELS = {
-    "/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings",
-    "/v1/classify": "classify", "/v1/models": "models",
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
+    "/v1/classify": "classify",
+    "/v1/models": "models",
 }
 
 Scope = dict[str, Any]
@@ -70,18 +73,28 @@ class GuardMiddleware:
             given = _header(scope, b"authorization")
             if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
                 what = "no Authorization header" if not given else "a wrong API key"
-                return ApiError(401, f"this server needs an API key: the request had {what}; send "
-                                "'Authorization: Bearer <key>' (the key given by --api-key or ACCELAB_API_KEY)",
-                                headers={"WWW-Authenticate": "Bearer"})
+                return ApiError(
+                    401,
+                    f"this server needs an API key: the request had {what}; send "
+                    "'Authorization: Bearer <key>' (the key given by --api-key or ACCELAB_API_KEY)",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
         if self.state.status == "draining":
-            return ApiError(503, "the server is shutting down; send the request to another replica",
-                            kind="shutting_down", headers={"Retry-After": "1", "Connection": "close"})
+            return ApiError(
+                503,
+                "the server is shutting down; send the request to another replica",
+                kind="shutting_down",
+                headers={"Retry-After": "1", "Connection": "close"},
+            )
         return None
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes | ApiError:
         limit = self.state.config.max_body_bytes
-        too_large = ApiError(413, f"the request body is larger than {limit:,} bytes (--max-body-bytes); send "
-                             "fewer or smaller inputs per request")
+        too_large = ApiError(
+            413,
+            f"the request body is larger than {limit:,} bytes (--max-body-bytes); send "
+            "fewer or smaller inputs per request",
+        )
         declared = _header(scope, b"content-length")
         if declared.isdigit() and int(declared) > limit:
             return too_large

@@ -60,8 +60,12 @@ def chat_logprobs(entries: Sequence[TokenLogprob] | None) -> dict[str, Any] | No
 
 
 def _chat_entry(e: TokenLogprob) -> dict[str, Any]:
-    return {"token": e.token, "logprob": e.logprob, "bytes": list(e.token.encode()),
-            "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode())} for t, v in e.top]}
+    return {
+        "token": e.token,
+        "logprob": e.logprob,
+        "bytes": list(e.token.encode()),
+        "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode())} for t, v in e.top],
+    }
 
 
 def completion_logprobs(entries: Sequence[TokenLogprob | None], offset: int = 0) -> dict[str, Any]:
@@ -97,30 +101,50 @@ def full_response(env: Envelope, choices: Sequence[Choice]) -> dict[str, Any]:
             message: dict[str, Any] = {"role": "assistant", "content": ch.content}
             if ch.tool_calls:
                 message["tool_calls"] = ch.tool_calls
-            body.append({"index": i, "message": message, "logprobs": chat_logprobs(ch.completion.logprobs),
-                         "finish_reason": ch.finish_reason})
+            body.append(
+                {
+                    "index": i,
+                    "message": message,
+                    "logprobs": chat_logprobs(ch.completion.logprobs),
+                    "finish_reason": ch.finish_reason,
+                }
+            )
         return {**env.head("chat.completion"), "choices": body, "usage": usage(completions, env.truncated)}
     body = [_completion_choice(i, ch) for i, ch in enumerate(choices)]
     return {**env.head("text_completion"), "choices": body, "usage": usage(completions, env.truncated)}
 
 
-def chunk(env: Envelope, index: int, text: str | None = None, *, role: bool = False,
-          finish_reason: str | None = None, usage_: dict[str, int] | None = None,
-          logprobs: Sequence[TokenLogprob | None] | None = None,
-          tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def chunk(
+    env: Envelope,
+    index: int,
+    text: str | None = None,
+    *,
+    role: bool = False,
+    finish_reason: str | None = None,
+    usage_: dict[str, int] | None = None,
+    logprobs: Sequence[TokenLogprob | None] | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     if env.kind == "chat":
         delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else {}
         if text is not None:
             delta["content"] = text
         if tool_calls:
             delta["tool_calls"] = tool_calls
-        choice = {"index": index, "delta": delta, "logprobs": chat_logprobs(logprobs),  # type: ignore[arg-type]
-                  "finish_reason": finish_reason}
+        choice = {
+            "index": index,
+            "delta": delta,
+            "logprobs": chat_logprobs(logprobs),  # type: ignore[arg-type]
+            "finish_reason": finish_reason,
+        }
         body = {**env.head("chat.completion.chunk"), "choices": [choice]}
     else:
-        choice = {"index": index, "text": text or "",
-                  "logprobs": None if logprobs is None else completion_logprobs(logprobs),
-                  "finish_reason": finish_reason}
+        choice = {
+            "index": index,
+            "text": text or "",
+            "logprobs": None if logprobs is None else completion_logprobs(logprobs),
+            "finish_reason": finish_reason,
+        }
         body = {**env.head("text_completion"), "choices": [choice]}
     if usage_ is not None:
         body["usage"] = usage_

@@ -67,8 +67,9 @@ def require_ray() -> Any:
         import ray  # noqa: F401
         from ray import serve
     except ImportError:
-        raise ValueError("--replicas and --ray-address need Ray Serve: pip install 'accelab[ray]' "
-                         "(or pip install 'ray[serve]')") from None
+        raise ValueError(
+            "--replicas and --ray-address need Ray Serve: pip install 'accelab[ray]' (or pip install 'ray[serve]')"
+        ) from None
     return serve
 
 
@@ -112,10 +113,21 @@ class ModelReplica:
         async def send(message: dict[str, Any]) -> None:
             await messages.put(message)
 
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": request.method,
-                 "scheme": "http", "path": request.path, "raw_path": request.path.encode(), "query_string": request.query,
-                 "root_path": "", "headers": list(request.headers), "client": ("ray", 0), "server": ("replica", 0),
-                 "state": {}}
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": request.method,
+            "scheme": "http",
+            "path": request.path,
+            "raw_path": request.path.encode(),
+            "query_string": request.query,
+            "root_path": "",
+            "headers": list(request.headers),
+            "client": ("ray", 0),
+            "server": ("replica", 0),
+            "state": {},
+        }
         task = asyncio.create_task(self.app(scope, receive, send))
         try:
             while True:
@@ -155,8 +167,9 @@ class ModelReplica:
         while not self._closed.wait(POST_EVERY_S):
             try:
                 board = board or ray.get_actor(BOARD_NAME, namespace=APP_NAME)
-                board.post.remote(self.replica, self.state.metrics.render().decode(), os.getpid(),
-                                  self.state.status == "ready")
+                board.post.remote(
+                    self.replica, self.state.metrics.render().decode(), os.getpid(), self.state.status == "ready"
+                )
             except Exception:  # noqa: BLE001 - the board may be gone during shutdown
                 board = None
 
@@ -199,12 +212,16 @@ def merge_metrics(posts: dict[str, tuple[str, int]], front: Any = None) -> bytes
     families: dict[str, Metric] = {}
     for replica, (text, _pid) in sorted(posts.items()):
         for family in text_string_to_metric_families(text):
-            merged = families.setdefault(family.name, Metric(family.name, family.documentation, family.type,
-                                                             family.unit))
+            merged = families.setdefault(
+                family.name, Metric(family.name, family.documentation, family.type, family.unit)
+            )
             for sample in family.samples:
                 merged.add_sample(sample.name, {"replica": replica, **sample.labels}, sample.value, sample.timestamp)
-    info = GaugeMetricFamily("accelab_replica_info", "Replicas reporting in the last "
-                             f"{STALE_AFTER_S:g} s (value 1), with their process ids.", labels=["replica", "pid"])
+    info = GaugeMetricFamily(
+        "accelab_replica_info",
+        f"Replicas reporting in the last {STALE_AFTER_S:g} s (value 1), with their process ids.",
+        labels=["replica", "pid"],
+    )
     for replica, (_text, pid) in sorted(posts.items()):
         info.add_metric([replica, str(pid)], 1)
 
@@ -262,28 +279,48 @@ def build_front() -> Any:
 
     @app.api_route("/{path:path}", methods=["GET", "POST"])
     async def forward(path: str, request: Request) -> Response:
-        forwarded = Forwarded(method=request.method, path=request.url.path, query=request.url.query.encode(),
-                              headers=tuple((k.lower(), v) for k, v in request.headers.raw), body=await request.body())
+        forwarded = Forwarded(
+            method=request.method,
+            path=request.url.path,
+            query=request.url.query.encode(),
+            headers=tuple((k.lower(), v) for k, v in request.headers.raw),
+            body=await request.body(),
+        )
         for attempt in (1, 2):
             stream = replicas.options(stream=True).forward.remote(forwarded)
             try:
                 head = await stream.__anext__()
                 first = await _next_or_none(stream)
-            except Exception as err:  # noqa: BLE001 - sorted below: a dead replica, or not
+            except Exception as err:
                 if type(err).__name__ not in RETRYABLE and "died" not in str(err).lower():
                     raise
-                log.warning("a replica died before answering (%s); %s", type(err).__name__,
-                            "retrying on another" if attempt == 1 else "answering 503")
+                log.warning(
+                    "a replica died before answering (%s); %s",
+                    type(err).__name__,
+                    "retrying on another" if attempt == 1 else "answering 503",
+                )
                 if attempt == 1:
                     counts.replica_retries.inc()
                 continue
-            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in head.headers
-                       if k.lower() not in (b"content-length", b"transfer-encoding")}
+            headers = {
+                k.decode("latin-1"): v.decode("latin-1")
+                for k, v in head.headers
+                if k.lower() not in (b"content-length", b"transfer-encoding")
+            }
             return StreamingResponse(_rest(first, stream, counts), status_code=head.status, headers=headers)
         counts.replica_lost.labels(when="before_answer").inc()
-        return Response(_json(error_body(503, "the replica serving this request died, and so did a retry; send it "
-                                         "again (Ray restarts replicas)", code="replica_died")),
-                        status_code=503, media_type="application/json", headers={"Retry-After": "1"})
+        return Response(
+            _json(
+                error_body(
+                    503,
+                    "the replica serving this request died, and so did a retry; send it again (Ray restarts replicas)",
+                    code="replica_died",
+                )
+            ),
+            status_code=503,
+            media_type="application/json",
+            headers={"Retry-After": "1"},
+        )
 
     return app
 
@@ -304,12 +341,13 @@ async def _rest(first: bytes | None, stream: Any, counts: Any) -> AsyncIterator[
     try:
         async for chunk in stream:
             yield chunk
-    except Exception as err:  # noqa: BLE001 - the status line went out: the error travels in the body
+    except Exception as err:
         if type(err).__name__ not in RETRYABLE and "died" not in str(err).lower():
             raise
         counts.replica_lost.labels(when="mid_stream").inc()
-        body = error_body(503, "the replica serving this stream died mid-answer; send the request again",
-                          code="replica_died")
+        body = error_body(
+            503, "the replica serving this stream died mid-answer; send the request again", code="replica_died"
+        )
         yield f"data: {_json(body)}\n\ndata: [DONE]\n\n".encode()
 
 
@@ -320,27 +358,49 @@ def _json(doc: dict[str, Any]) -> str:
 
 
 # -- running it ------------------------------------------------------------------------------------
-def run_replicas(config: ServeConfig, factory: Callable[[], Any], *, replicas: int, ray_address: str | None,
-                 announce: Callable[[str], None] | None = None) -> int:
+def run_replicas(
+    config: ServeConfig,
+    factory: Callable[[], Any],
+    *,
+    replicas: int,
+    ray_address: str | None,
+    announce: Callable[[str], None] | None = None,
+) -> int:
     """Serve until SIGTERM or Ctrl+C; returns the exit status."""
     import ray
 
     serve = require_ray()
     say = announce or (lambda line: print(line, file=sys.stderr, flush=True))
     port = config.port or _free_port(config.host)
-    ray.init(address=ray_address, namespace=APP_NAME, include_dashboard=False, log_to_driver=False,
-             **({} if ray_address else {"object_store_memory": 256 * 1024 * 1024}))
+    ray.init(
+        address=ray_address,
+        namespace=APP_NAME,
+        include_dashboard=False,
+        log_to_driver=False,
+        **({} if ray_address else {"object_store_memory": 256 * 1024 * 1024}),
+    )
     try:
         serve.start(http_options={"host": config.host, "port": port})
         board = ray.remote(MetricsBoard).options(name=BOARD_NAME, get_if_exists=True, num_cpus=0).remote(replicas)
-        model = serve.deployment(ModelReplica, name="ModelReplica", num_replicas=replicas,
-                                 max_ongoing_requests=max(config.max_queue + config.max_batch_size, 8),
-                                 graceful_shutdown_timeout_s=config.grace_period_s, health_check_period_s=2.0,
-                                 ray_actor_options={"num_cpus": 0})
-        front = serve.deployment(serve.ingress(build_front)(Front), name="Front", max_ongoing_requests=10_000,
-                                 ray_actor_options={"num_cpus": 0})
-        say(f"accelab serve: {config.model_name} (plan {config.plan_name}) on {replicas} Ray Serve replica(s) "
-            f"listening on http://{config.host}:{port} (loading; /readyz turns 200 when a replica is ready)")
+        model = serve.deployment(
+            ModelReplica,
+            name="ModelReplica",
+            num_replicas=replicas,
+            max_ongoing_requests=max(config.max_queue + config.max_batch_size, 8),
+            graceful_shutdown_timeout_s=config.grace_period_s,
+            health_check_period_s=2.0,
+            ray_actor_options={"num_cpus": 0},
+        )
+        front = serve.deployment(
+            serve.ingress(build_front)(Front),
+            name="Front",
+            max_ongoing_requests=10_000,
+            ray_actor_options={"num_cpus": 0},
+        )
+        say(
+            f"accelab serve: {config.model_name} (plan {config.plan_name}) on {replicas} Ray Serve replica(s) "
+            f"listening on http://{config.host}:{port} (loading; /readyz turns 200 when a replica is ready)"
+        )
         serve.run(front.bind(model.bind(config, factory)), name=APP_NAME, route_prefix="/", blocking=False)
         _wait_for_signal()
         say("accelab serve: stopping the replicas (in-flight requests finish first)")

@@ -28,15 +28,22 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
         raise ApiError(422, str(err), param="input") from None
     check_count("inputs", len(inputs), state.config.max_inputs)
     where = "input" if len(inputs) == 1 else "input[{}]"
-    units = await prepare(lambda: [engine.prepare_text(text, truncate=body.truncate, where=where.format(i))
-                                   for i, text in enumerate(inputs)], offload=long_text(inputs))
-    submission = Submission(state, key="embed", units=units, run=engine.embed, arrival=arrival,
-                            scope=request.scope)
+    units = await prepare(
+        lambda: [
+            engine.prepare_text(text, truncate=body.truncate, where=where.format(i)) for i, text in enumerate(inputs)
+        ],
+        offload=long_text(inputs),
+    )
+    submission = Submission(state, key="embed", units=units, run=engine.embed, arrival=arrival, scope=request.scope)
     outcome = await submission.result(request.receive)
     vectors: list[Any] = outcome.outputs
     if body.dimensions is not None and body.dimensions != len(vectors[0]):
-        raise ApiError(422, f"dimensions={body.dimensions} is not supported: {state.config.model_name} gives "
-                       f"{len(vectors[0])}-dimensional embeddings; leave dimensions out", param="dimensions")
+        raise ApiError(
+            422,
+            f"dimensions={body.dimensions} is not supported: {state.config.model_name} gives "
+            f"{len(vectors[0])}-dimensional embeddings; leave dimensions out",
+            param="dimensions",
+        )
     tokens = sum(unit.tokens for unit in units)
     state.metrics.prompt_tokens.inc(tokens)
     usage = {"prompt_tokens": tokens, "total_tokens": tokens}
@@ -44,12 +51,14 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
     if truncated:  # tokens left out of the embeddings, because the request asked to truncate
         usage["truncated_tokens"] = truncated
     # a Response skips FastAPI's jsonable_encoder, which walks every float (slow for 384 x N)
-    return JSONResponse({
-        "object": "list",
-        "data": [fmt.embedding_item(i, v, body.encoding_format) for i, v in enumerate(vectors)],
-        "model": state.config.model_name,
-        "usage": usage,
-    })
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": [fmt.embedding_item(i, v, body.encoding_format) for i, v in enumerate(vectors)],
+            "model": state.config.model_name,
+            "usage": usage,
+        }
+    )
 
 
 @router.post("/v1/classify")
@@ -59,11 +68,16 @@ async def classify(body: ClassifyRequest, request: Request) -> dict[str, Any]:
     engine = state.require("classify", body.model)
     images = body.all_images
     check_count("images", len(images), state.config.max_inputs)
-    units = await prepare(lambda: [engine.prepare_image(data, top_k=body.top_k, where=f"images[{i}]")
-                                   for i, data in enumerate(images)], offload=True)
-    submission = Submission(state, key="classify", units=units, run=engine.classify, arrival=arrival,
-                            scope=request.scope)
+    units = await prepare(
+        lambda: [engine.prepare_image(data, top_k=body.top_k, where=f"images[{i}]") for i, data in enumerate(images)],
+        offload=True,
+    )
+    submission = Submission(
+        state, key="classify", units=units, run=engine.classify, arrival=arrival, scope=request.scope
+    )
     outcome = await submission.result(request.receive)
-    data = [{"index": i, "labels": [{"label": lab.label, "score": lab.score} for lab in labels]}
-            for i, labels in enumerate(outcome.outputs)]
+    data = [
+        {"index": i, "labels": [{"label": lab.label, "score": lab.score} for lab in labels]}
+        for i, labels in enumerate(outcome.outputs)
+    ]
     return {"object": "list", "model": state.config.model_name, "data": data, "usage": {"images": len(images)}}

@@ -18,8 +18,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from accelab.serve import openai_format as fmt
-from accelab.serve import structured, tools
+from accelab.serve import openai_format as fmt, structured, tools
 from accelab.serve.dispatch import Submission, check_count, long_text, prepare
 from accelab.serve.engines.base import Completion, GenUnit, Prompt, SamplingParams
 from accelab.serve.engines.sampling import describe
@@ -43,12 +42,14 @@ async def chat_completions(body: ChatRequest, request: Request) -> Any:
     grammar = _chat_grammar(body, specs)
     params = _params(body, body.requested_tokens, state, engine, logprobs=body.logprob_count, grammar=grammar)
     messages = [m.to_engine() for m in body.messages]
-    has_images = any(isinstance(m["content"], list) and any(p["type"] == "image" for p in m["content"])
-                     for m in messages)
+    has_images = any(
+        isinstance(m["content"], list) and any(p["type"] == "image" for p in m["content"]) for m in messages
+    )
     texts = [m["content"] if isinstance(m["content"], str) else "" for m in messages]
     chat = (lambda: engine.prepare_chat(messages, tools=specs)) if specs else (lambda: engine.prepare_chat(messages))
-    prompt = await prepare(lambda: _fit(engine, chat(), params, body.truncate),
-                           offload=has_images or long_text(texts) or bool(specs))
+    prompt = await prepare(
+        lambda: _fit(engine, chat(), params, body.truncate), offload=has_images or long_text(texts) or bool(specs)
+    )
     units = await _units(engine, [prompt], params, body.n)
     env = fmt.Envelope(kind="chat", model=state.config.model_name, truncated=prompt.truncated)
     calls = specs is not None and body.tool_choice != "none"
@@ -62,18 +63,23 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
     _refuse_unsupported(body)
     engine = state.require("completions", body.model)
     echo_logprobs = body.logprobs if body.echo else None
-    params = _params(body, body.requested_tokens, state, engine, logprobs=body.logprob_count,
-                     prompt_logprobs=echo_logprobs)
+    params = _params(
+        body, body.requested_tokens, state, engine, logprobs=body.logprob_count, prompt_logprobs=echo_logprobs
+    )
     texts = body.prompts
     check_count("prompts", len(texts) * body.n, state.config.max_inputs)
-    prompts = await prepare(lambda: [_fit(engine, engine.prepare_text(t), params, body.truncate) for t in texts],
-                            offload=long_text(texts))
+    prompts = await prepare(
+        lambda: [_fit(engine, engine.prepare_text(t), params, body.truncate) for t in texts], offload=long_text(texts)
+    )
     units = await _units(engine, prompts, params, body.n)
     env = fmt.Envelope(kind="completions", model=state.config.model_name, truncated=sum(p.truncated for p in prompts))
     echoes = None
     if body.echo:
-        echoes = [t if isinstance(t, str) else engine.decode(list(p.ids)) for t, p in zip(texts, prompts)
-                  for _ in range(body.n)]
+        echoes = [
+            t if isinstance(t, str) else engine.decode(list(p.ids))
+            for t, p in zip(texts, prompts)
+            for _ in range(body.n)
+        ]
     return await _generate(state, engine, units, body, env, arrival, request, echoes=echoes)
 
 
@@ -86,33 +92,68 @@ def _refuse_unsupported(body: _Sampling) -> None:
         raise ApiError(400, f"field {name!r} is not supported by this server{others}: {advice}", param=name)
 
 
-def _params(body: _Sampling, requested: int | None, state: ServerState, engine: Any, *, logprobs: int | None,
-            prompt_logprobs: int | None = None, grammar: str | None = None) -> SamplingParams:
+def _params(
+    body: _Sampling,
+    requested: int | None,
+    state: ServerState,
+    engine: Any,
+    *,
+    logprobs: int | None,
+    prompt_logprobs: int | None = None,
+    grammar: str | None = None,
+) -> SamplingParams:
     limit = state.config.max_tokens
     if requested is not None and requested > limit:
-        raise ApiError(413, f"max_tokens={requested} is more than this server allows ({limit}, --max-tokens); "
-                       f"ask for {limit} or fewer", param="max_tokens")
+        raise ApiError(
+            413,
+            f"max_tokens={requested} is more than this server allows ({limit}, --max-tokens); ask for {limit} or fewer",
+            param="max_tokens",
+        )
     max_tokens = requested or min(state.config.default_max_tokens, limit)
     if body.min_tokens > max_tokens:
-        raise ApiError(400, f"min_tokens={body.min_tokens} is more than max_tokens={max_tokens}; lower min_tokens",
-                       param="min_tokens")
+        raise ApiError(
+            400,
+            f"min_tokens={body.min_tokens} is more than max_tokens={max_tokens}; lower min_tokens",
+            param="min_tokens",
+        )
     vocab = getattr(engine, "vocab_size", None)
     for name, ids in (("logit_bias", [t for t, _ in body.bias_pairs]), ("stop_token_ids", body.stop_token_ids or [])):
         bad = next((t for t in ids if t < 0 or (vocab is not None and t >= vocab)), None)
         if bad is not None:
-            raise ApiError(400, f"{name} names token {bad}, which is not in the vocabulary"
-                           + (f" (ids 0 to {vocab - 1})" if vocab else "") + "; send ids from this model's tokenizer",
-                           param=name)
-    if (grammar is not None or body.min_tokens or body.ignore_eos or logprobs is not None) \
-            and not hasattr(engine, "sampler"):
-        raise ApiError(400, f"{state.config.model_name}'s engine does not take per-sequence sampling rules",
-                       param="response_format" if grammar else None)
+            raise ApiError(
+                400,
+                f"{name} names token {bad}, which is not in the vocabulary"
+                + (f" (ids 0 to {vocab - 1})" if vocab else "")
+                + "; send ids from this model's tokenizer",
+                param=name,
+            )
+    if (grammar is not None or body.min_tokens or body.ignore_eos or logprobs is not None) and not hasattr(
+        engine, "sampler"
+    ):
+        raise ApiError(
+            400,
+            f"{state.config.model_name}'s engine does not take per-sequence sampling rules",
+            param="response_format" if grammar else None,
+        )
     return SamplingParams(
-        max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, stop=body.stop_list, seed=body.seed,
-        top_k=max(body.top_k, 0), min_p=body.min_p, repetition_penalty=body.repetition_penalty,
-        presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty, logit_bias=body.bias_pairs,
-        stop_token_ids=tuple(body.stop_token_ids or ()), min_tokens=body.min_tokens, ignore_eos=body.ignore_eos,
-        logprobs=logprobs, prompt_logprobs=prompt_logprobs, grammar=grammar)
+        max_tokens=max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        stop=body.stop_list,
+        seed=body.seed,
+        top_k=max(body.top_k, 0),
+        min_p=body.min_p,
+        repetition_penalty=body.repetition_penalty,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        logit_bias=body.bias_pairs,
+        stop_token_ids=tuple(body.stop_token_ids or ()),
+        min_tokens=body.min_tokens,
+        ignore_eos=body.ignore_eos,
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
+        grammar=grammar,
+    )
 
 
 def _chat_grammar(body: ChatRequest, specs: list[dict[str, Any]] | None) -> str | None:
@@ -189,9 +230,18 @@ class _Answer:
         return fmt.Choice(completion=done, content=done.text, echo=self.echoes is not None)
 
 
-async def _generate(state: ServerState, engine: Any, units: list[GenUnit], body: _Sampling, env: fmt.Envelope,
-                    arrival: float, request: Request, *, echoes: list[str] | None = None,
-                    tool_calls: bool = False) -> Any:
+async def _generate(
+    state: ServerState,
+    engine: Any,
+    units: list[GenUnit],
+    body: _Sampling,
+    env: fmt.Envelope,
+    arrival: float,
+    request: Request,
+    *,
+    echoes: list[str] | None = None,
+    tool_calls: bool = False,
+) -> Any:
     events: asyncio.Queue[tuple[int, str, int] | None] = asyncio.Queue()
     loop = asyncio.get_running_loop()
     if body.stream:
@@ -199,8 +249,9 @@ async def _generate(state: ServerState, engine: Any, units: list[GenUnit], body:
             unit.on_text = _pusher(loop, events, i, unit)
     answer = _Answer(env=env, decode=engine.decode, echoes=echoes, tool_calls=tool_calls)
     # one request's prompts share a key: chat has one prompt, completions' prompts are text only
-    submission = Submission(state, key=units[0].prompt.batch_key, units=units, run=engine.generate, arrival=arrival,
-                            scope=request.scope)
+    submission = Submission(
+        state, key=units[0].prompt.batch_key, units=units, run=engine.generate, arrival=arrival, scope=request.scope
+    )
     if not body.stream:
         try:
             outcome = await submission.result(request.receive)
@@ -217,13 +268,22 @@ async def _generate(state: ServerState, engine: Any, units: list[GenUnit], body:
         submission.abandon()
         raise
     submission.outcome.add_done_callback(lambda _: events.put_nowait(None))
-    return StreamingResponse(_stream(state, submission, units, events, body, answer, arrival),
-                             media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return StreamingResponse(
+        _stream(state, submission, units, events, body, answer, arrival),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache"},
+    )
 
 
-async def _stream(state: ServerState, submission: Submission, units: list[GenUnit],
-                  events: asyncio.Queue[tuple[int, str, int] | None], body: _Sampling, answer: _Answer,
-                  arrival: float) -> AsyncIterator[str]:
+async def _stream(
+    state: ServerState,
+    submission: Submission,
+    units: list[GenUnit],
+    events: asyncio.Queue[tuple[int, str, int] | None],
+    body: _Sampling,
+    answer: _Answer,
+    arrival: float,
+) -> AsyncIterator[str]:
     env = answer.env
     finished = False
     streams = [_ChoiceStream(index=i, unit=u, answer=answer, body=body) for i, u in enumerate(units)]
@@ -279,7 +339,7 @@ class _ChoiceStream:
         out = self._echo()
         entries = None
         if self.unit.params.logprobs is not None:
-            entries = describe(self.unit.sampled[self.sent_logprobs:sampled], self.answer.decode)
+            entries = describe(self.unit.sampled[self.sent_logprobs : sampled], self.answer.decode)
             self.sent_logprobs = max(self.sent_logprobs, sampled)
         piece = self.calls.push(text) if self.calls is not None else text
         if piece or entries:
@@ -290,14 +350,21 @@ class _ChoiceStream:
         env, out = self.answer.env, self._echo()
         entries = None
         if done.logprobs is not None and len(done.logprobs) > self.sent_logprobs:
-            entries = done.logprobs[self.sent_logprobs:]
+            entries = done.logprobs[self.sent_logprobs :]
         choice = self.answer.choice(self.index, done)
         rest = None
         if self.calls is not None and not choice.tool_calls and self.calls.sent < len(self.calls.text):
-            rest = self.calls.text[self.calls.sent:]  # held back as a possible call; it was not one
+            rest = self.calls.text[self.calls.sent :]  # held back as a possible call; it was not one
         if entries or rest or choice.tool_calls:
-            out.append(fmt.chunk(env, self.index, rest, logprobs=entries,
-                                 tool_calls=[{**c, "index": i} for i, c in enumerate(choice.tool_calls)] or None))
+            out.append(
+                fmt.chunk(
+                    env,
+                    self.index,
+                    rest,
+                    logprobs=entries,
+                    tool_calls=[{**c, "index": i} for i, c in enumerate(choice.tool_calls)] or None,
+                )
+            )
         out.append(fmt.chunk(env, self.index, finish_reason=choice.finish_reason, usage_=fmt.usage([done])))
         return out
 
@@ -318,8 +385,9 @@ class _ChoiceStream:
 
 
 def _observe(state: ServerState, outcome: JobOutcome, units: list[GenUnit], arrival: float) -> None:
-    state.metrics.observe_generation(outcome.outputs, arrival=arrival, queue_s=outcome.queue_s,
-                                     max_tokens=units[0].params.max_tokens)
+    state.metrics.observe_generation(
+        outcome.outputs, arrival=arrival, queue_s=outcome.queue_s, max_tokens=units[0].params.max_tokens
+    )
 
 
 def _pusher(loop: asyncio.AbstractEventLoop, events: asyncio.Queue, index: int, unit: GenUnit):

@@ -118,7 +118,7 @@ class Sequence(Generic[T]):
         n = len(self.prompt)
         if stop <= n:
             return self.prompt[start:stop]
-        return self.prompt[start:] + tuple(self.generated[max(0, start - n):stop - n])
+        return self.prompt[start:] + tuple(self.generated[max(0, start - n) : stop - n])
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -154,8 +154,9 @@ class Step(Generic[T]):
 
 
 class Scheduler(Generic[T]):
-    def __init__(self, config: SchedulerConfig, clock: Callable[[], float],
-                 reuse: Callable[[Sequence[T]], int] | None = None):
+    def __init__(
+        self, config: SchedulerConfig, clock: Callable[[], float], reuse: Callable[[Sequence[T]], int] | None = None
+    ):
         if reuse is not None and config.prefix_caching:
             raise ValueError("prefix_caching and an engine's own `reuse` are two prefix caches; choose one")
         self.config = config
@@ -208,16 +209,23 @@ class Scheduler(Generic[T]):
         return math.ceil(tokens / self.config.block_size)
 
     # -- requests -------------------------------------------------------------------------
-    def add(self, payload: T, prompt: tuple[int, ...], *, max_tokens: int,
-            timeout_s: float | None = None) -> Sequence[T]:
+    def add(
+        self, payload: T, prompt: tuple[int, ...], *, max_tokens: int, timeout_s: float | None = None
+    ) -> Sequence[T]:
         if not prompt:
             raise ValueError("a sequence needs at least one prompt token")
         self.check_fits(len(prompt), max_tokens)
         if len(self._waiting) >= self.config.max_queue:
             raise QueueFull(f"{len(self._waiting)} sequences are waiting (max_queue={self.config.max_queue})")
         now = self._clock()
-        seq = Sequence(id=next(self._ids), payload=payload, prompt=tuple(prompt), max_tokens=max_tokens,
-                       arrival=now, deadline=None if timeout_s is None else now + timeout_s)
+        seq = Sequence(
+            id=next(self._ids),
+            payload=payload,
+            prompt=tuple(prompt),
+            max_tokens=max_tokens,
+            arrival=now,
+            deadline=None if timeout_s is None else now + timeout_s,
+        )
         self._waiting.append(seq)
         return seq
 
@@ -254,16 +262,29 @@ class Scheduler(Generic[T]):
             raise ValueError(f"sequence {parent.id} is {parent.state}: only a running sequence can be forked")
         n = len(parent.prompt) - 1 if tokens is None else tokens
         if not 0 <= n <= min(parent.computed, len(parent.prompt) - 1):
-            raise ValueError(f"a fork shares 0 to {min(parent.computed, len(parent.prompt) - 1)} positions of sequence "
-                             f"{parent.id} (its computed prompt, less the last token); got {n}")
+            raise ValueError(
+                f"a fork shares 0 to {min(parent.computed, len(parent.prompt) - 1)} positions of sequence "
+                f"{parent.id} (its computed prompt, less the last token); got {n}"
+            )
         if len(self._running) >= self.config.max_running:
-            raise QueueFull(f"{len(self._running)} sequences are running (max_running={self.config.max_running}): "
-                            "no slot for another choice")
+            raise QueueFull(
+                f"{len(self._running)} sequences are running (max_running={self.config.max_running}): "
+                "no slot for another choice"
+            )
         shared = self.blocks_for(n)
-        child = Sequence(id=next(self._ids), payload=payload, prompt=parent.prompt, max_tokens=parent.max_tokens,
-                         arrival=parent.arrival, deadline=None, computed=n, state="running",
-                         admitted_at=self._clock(), block_table=self.pool.fork(parent.block_table[:shared]),
-                         block_keys=list(parent.block_keys[:n // self.config.block_size]))
+        child = Sequence(
+            id=next(self._ids),
+            payload=payload,
+            prompt=parent.prompt,
+            max_tokens=parent.max_tokens,
+            arrival=parent.arrival,
+            deadline=None,
+            computed=n,
+            state="running",
+            admitted_at=self._clock(),
+            block_table=self.pool.fork(parent.block_table[:shared]),
+            block_keys=list(parent.block_keys[: n // self.config.block_size]),
+        )
         try:
             child.block_table += [self.pool.allocate() for _ in range(self.blocks_for(child.length) - shared)]
         except PoolFull:
@@ -318,8 +339,9 @@ class Scheduler(Generic[T]):
             chunks.append(chunk)
             budget -= len(chunk.tokens)
         chunks = [c for c in chunks if c.seq.state == "running"]  # a later preemption may void an earlier chunk
-        return Step(chunks=chunks, admitted=admitted, expired=expired, dropped=dropped, preempted=preempted,
-                    copies=self._copies)
+        return Step(
+            chunks=chunks, admitted=admitted, expired=expired, dropped=dropped, preempted=preempted, copies=self._copies
+        )
 
     def advance(self, chunk: Chunk[T], token: int | None) -> None:
         """The engine computed `chunk` (and sampled `token` at its end when `chunk.sample`)."""
@@ -381,7 +403,7 @@ class Scheduler(Generic[T]):
         seq.block_table = hits + [self.pool.allocate() for _ in range(fresh)]
         if hits:  # at least the last token is fed: its logits pick the next
             seq.computed = min(len(hits) * size, seq.length - 1)
-            seq.block_keys = [self.pool.key(b) for b in hits[:seq.computed // size]]
+            seq.block_keys = [self.pool.key(b) for b in hits[: seq.computed // size]]
             self.pool.hits += len(hits)
         elif self._reuse is not None:
             seq.computed = max(0, min(self._reuse(seq), seq.length - 1))
@@ -414,8 +436,9 @@ class Scheduler(Generic[T]):
         while len(seq.block_keys) < seq.computed // size:
             index = len(seq.block_keys)
             parent = seq.block_keys[-1] if seq.block_keys else None
-            seq.block_keys.append(self.pool.commit(seq.block_table[index], parent,
-                                                   seq.token_slice(index * size, (index + 1) * size)))
+            seq.block_keys.append(
+                self.pool.commit(seq.block_table[index], parent, seq.token_slice(index * size, (index + 1) * size))
+            )
 
     def _preempt_youngest(self) -> Sequence[T]:
         victim = self._running.pop()

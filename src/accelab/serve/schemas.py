@@ -97,8 +97,12 @@ class ChatMessage(_Body):
         if self.content is None or isinstance(self.content, str):
             out = {"role": self.role, "content": self.content or ""}
         else:
-            parts = [{"type": "text", "text": p.text} if isinstance(p, TextPart)
-                     else {"type": "image", "url": p.image_url.url} for p in self.content]
+            parts = [
+                {"type": "text", "text": p.text}
+                if isinstance(p, TextPart)
+                else {"type": "image", "url": p.image_url.url}
+                for p in self.content
+            ]
             out = {"role": self.role, "content": parts}
         if self.tool_calls:
             out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
@@ -124,7 +128,7 @@ class ResponseFormat(_Body):
     json_schema: JSONSchemaFormat | None = None
 
     @model_validator(mode="after")
-    def _schema_given(self) -> "ResponseFormat":
+    def _schema_given(self) -> ResponseFormat:
         if self.type == "json_schema" and (self.json_schema is None or self.json_schema.schema_ is None):
             raise ValueError('response_format of type "json_schema" needs json_schema: {"name": ..., "schema": {...}}')
         return self
@@ -186,7 +190,7 @@ class _Sampling(_Request):
     def _bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
         for key, value in (bias or {}).items():
             if not key.lstrip("-").isdigit():
-                raise ValueError(f"logit_bias keys are token ids (got {key!r}); send {{\"1234\": -100}}")
+                raise ValueError(f'logit_bias keys are token ids (got {key!r}); send {{"1234": -100}}')
             if not -100 <= value <= 100:
                 raise ValueError(f"logit_bias values run from -100 to 100 (got {value} for token {key})")
         return bias
@@ -221,16 +225,18 @@ class ChatRequest(_Sampling):
     parallel_tool_calls: bool | None = None  # allowed; the server makes at most one call per answer
 
     @model_validator(mode="after")
-    def _consistent(self) -> "ChatRequest":
+    def _consistent(self) -> ChatRequest:
         if self.top_logprobs and not self.logprobs:
             raise ValueError(f"top_logprobs={self.top_logprobs} needs logprobs: true")
         if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
-            raise ValueError("tool_choice needs tools; send tools: [{\"type\": \"function\", ...}]")
+            raise ValueError('tool_choice needs tools; send tools: [{"type": "function", ...}]')
         if isinstance(self.tool_choice, NamedToolChoice):
             names = [t.function.name for t in self.tools or []]
             if self.tool_choice.function.name not in names:
-                raise ValueError(f"tool_choice names {self.tool_choice.function.name!r}, which is not among the "
-                                 f"tools ({', '.join(names)})")
+                raise ValueError(
+                    f"tool_choice names {self.tool_choice.function.name!r}, which is not among the "
+                    f"tools ({', '.join(names)})"
+                )
         return self
 
     @property
@@ -249,7 +255,7 @@ class CompletionRequest(_Sampling):
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
     @model_validator(mode="after")
-    def _not_empty(self) -> "CompletionRequest":
+    def _not_empty(self) -> CompletionRequest:
         if isinstance(self.prompt, list) and not self.prompt:
             raise ValueError("prompt is an empty list; send a string or a list of strings")
         return self
@@ -298,7 +304,7 @@ class ClassifyRequest(_Body):
     top_k: int = Field(5, ge=1, le=1000)
 
     @model_validator(mode="after")
-    def _one_of(self) -> "ClassifyRequest":
+    def _one_of(self) -> ClassifyRequest:
         if (self.images is None) == (self.image is None):
             raise ValueError('send either "image": "<base64>" or "images": ["<base64>", ...]')
         if self.images is not None and not self.images:

@@ -78,8 +78,9 @@ class DrainingServer(uvicorn.Server):
     async def _drain(self) -> None:
         started = time.monotonic()
         in_flight = self.state.in_flight
-        log.warning("stopping: new requests get 503; finishing %d in flight (grace period %g s)", in_flight,
-                    self.grace_s)
+        log.warning(
+            "stopping: new requests get 503; finishing %d in flight (grace period %g s)", in_flight, self.grace_s
+        )
         self.state.begin_drain()
         if not await self.state.wait_idle(max(0.0, self.grace_s - SHUTDOWN_RESERVE_S)):
             log.warning("grace period over with %d requests still in flight; stopping anyway", self.state.in_flight)
@@ -88,8 +89,13 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def run_server(config: ServeConfig, factory: Callable[[], Engine], *, access_log: bool = False,
-               announce: Callable[[str], None] | None = None) -> int:
+def run_server(
+    config: ServeConfig,
+    factory: Callable[[], Engine],
+    *,
+    access_log: bool = False,
+    announce: Callable[[str], None] | None = None,
+) -> int:
     """Serve until a signal; returns the exit status. Binds before loading the model, so
     /livez answers (and /readyz says 503) while it loads."""
     from accelab.serve.app import create_app
@@ -100,19 +106,27 @@ def run_server(config: ServeConfig, factory: Callable[[], Engine], *, access_log
     state: ServerState = app.state.accelab
     sock = _bind(config.host, config.port)
     host, port = sock.getsockname()[:2]
-    uv_config = uvicorn.Config(app, log_config=None, access_log=access_log, lifespan="on",
-                               timeout_graceful_shutdown=max(0.1, SHUTDOWN_RESERVE_S / 2), timeout_keep_alive=5)
+    uv_config = uvicorn.Config(
+        app,
+        log_config=None,
+        access_log=access_log,
+        lifespan="on",
+        timeout_graceful_shutdown=max(0.1, SHUTDOWN_RESERVE_S / 2),
+        timeout_keep_alive=5,
+    )
     server = DrainingServer(uv_config, state=state, grace_s=config.grace_period_s)
     state.on_load_failure = lambda reason: server.request_stop(exit_code=1)
-    say(f"accelab serve: {config.model_name} (plan {config.plan_name}) listening on http://{host}:{port} "
-        "(loading; /readyz turns 200 when ready)")
+    say(
+        f"accelab serve: {config.model_name} (plan {config.plan_name}) listening on http://{host}:{port} "
+        "(loading; /readyz turns 200 when ready)"
+    )
     try:
         server.run(sockets=[sock])
     finally:
         sock.close()
     say(f"accelab serve: stopped (exit {server.exit_code})")
     if state.threads_alive():  # a model call or load still running: daemon threads in torch must not
-        logging.shutdown()     # race the interpreter's teardown
+        logging.shutdown()  # race the interpreter's teardown
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(server.exit_code)
@@ -127,8 +141,9 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as err:
         sock.close()
-        raise ValueError(f"cannot listen on {host}:{port}: {err.strerror}; pick another --port (0: any free one)") \
-            from None
+        raise ValueError(
+            f"cannot listen on {host}:{port}: {err.strerror}; pick another --port (0: any free one)"
+        ) from None
     sock.listen(2048)  # accept (into the backlog) from now on: the URL is printed before uvicorn starts
     sock.set_inheritable(True)
     return sock

@@ -66,8 +66,9 @@ class ServerState:
             self.metrics.ready.set(1)
             self.metrics.batch_limit.set(self.worker.batch_limit)
             device = getattr(getattr(engine, "runnable", None), "device", "n/a")
-            self.metrics.info.labels(model=self.config.model_name, plan=self.config.plan_name,
-                                     device=str(device)).set(1)
+            self.metrics.info.labels(model=self.config.model_name, plan=self.config.plan_name, device=str(device)).set(
+                1
+            )
             log.info("ready: %s (%s) after %.1f s", self.config.model_name, engine.task, time.perf_counter() - started)
         except Exception as err:  # noqa: BLE001 - reported on /readyz, in the log, and the server stops
             self.load_error = f"{type(err).__name__}: {err}"
@@ -87,8 +88,12 @@ class ServerState:
             worker.start()
             self.metrics.kv_blocks.labels(state="free").set(worker.kv_blocks)
             self.metrics.kv_blocks.labels(state="used").set(0)
-            log.info("continuous batching: %s's own scheduler (up to %d sequences, KV cache of %d tokens)",
-                     engine.name, worker.batch_limit, worker.kv_tokens)
+            log.info(
+                "continuous batching: %s's own scheduler (up to %d sequences, KV cache of %d tokens)",
+                engine.name,
+                worker.batch_limit,
+                worker.kv_tokens,
+            )
             return worker
         if self.config.scheduler == "static":
             log.info("generation: per-batch scheduler (--scheduler static): one generate call per batch")
@@ -99,20 +104,32 @@ class ServerState:
         try:
             stepper = engine.step_engine(limits)  # type: ignore[attr-defined]
         except Unsupported as reason:
-            log.warning("continuous batching is off for %s: %s; it falls back to the per-batch scheduler", name,
-                        reason)
+            log.warning("continuous batching is off for %s: %s; it falls back to the per-batch scheduler", name, reason)
             return None
-        worker = ContinuousWorker(stepper, limits, decode=engine.decode, eos_ids=engine.eos_ids,  # type: ignore
-                                  hooks=self._continuous_hooks())
+        worker = ContinuousWorker(
+            stepper,
+            limits,
+            decode=engine.decode,
+            eos_ids=engine.eos_ids,  # type: ignore
+            hooks=self._continuous_hooks(),
+        )
         worker.start()
         self.metrics.kv_blocks.labels(state="free").set(limits.kv_blocks)
         self.metrics.kv_blocks.labels(state="used").set(0)
         self.metrics.kv_bytes.labels(state="free").set(limits.kv_tokens * stepper.kv_bytes_per_token)
         self.metrics.kv_bytes.labels(state="used").set(0)
         self.metrics.kv_cached_blocks.set(0)
-        log.info("continuous batching: %s; up to %d sequences, %d tokens per step, KV cache of %d tokens (%d blocks "
-                 "of %d, %.0f MB at most)", stepper.name, limits.max_running, limits.max_step_tokens, limits.kv_tokens,
-                 limits.kv_blocks, limits.block_size, limits.kv_tokens * stepper.kv_bytes_per_token / 1e6)
+        log.info(
+            "continuous batching: %s; up to %d sequences, %d tokens per step, KV cache of %d tokens (%d blocks "
+            "of %d, %.0f MB at most)",
+            stepper.name,
+            limits.max_running,
+            limits.max_step_tokens,
+            limits.kv_tokens,
+            limits.kv_blocks,
+            limits.block_size,
+            limits.kv_tokens * stepper.kv_bytes_per_token / 1e6,
+        )
         return worker
 
     def executor(self, key: str) -> Worker | ContinuousWorker:
@@ -178,19 +195,30 @@ class ServerState:
     def require(self, route: str, model: str | None) -> Any:
         """The engine, when it is ready and serves `route` and `model`; else the right refusal."""
         if self.status == "draining":
-            raise ApiError(503, "the server is shutting down; send the request to another replica",
-                           kind="shutting_down", headers={"Retry-After": "1", "Connection": "close"})
+            raise ApiError(
+                503,
+                "the server is shutting down; send the request to another replica",
+                kind="shutting_down",
+                headers={"Retry-After": "1", "Connection": "close"},
+            )
         if self.engine is None or self.status != "ready":
             reason = f"loading failed: {self.load_error}" if self.load_error else "the model is loading"
-            raise ApiError(503, f"{reason}; /readyz turns 200 when it is ready", kind="not_ready",
-                           headers={"Retry-After": "5"})
+            raise ApiError(
+                503, f"{reason}; /readyz turns 200 when it is ready", kind="not_ready", headers={"Retry-After": "5"}
+            )
         if model is not None and model != self.config.model_name:
-            raise ApiError(404, f"model {model!r} is not served here; this server serves {self.config.model_name!r} "
-                           "(see /v1/models)", param="model")
+            raise ApiError(
+                404,
+                f"model {model!r} is not served here; this server serves {self.config.model_name!r} (see /v1/models)",
+                param="model",
+            )
         if route not in ROUTES_OF_TASK[self.engine.task]:
             served = ", ".join(sorted(ROUTES_OF_TASK[self.engine.task]))
-            raise ApiError(400, f"{self.config.model_name} is a {self.engine.task} model: it serves {served}, not "
-                           f"{route}; serve a model of another task for {route}")
+            raise ApiError(
+                400,
+                f"{self.config.model_name} is a {self.engine.task} model: it serves {served}, not "
+                f"{route}; serve a model of another task for {route}",
+            )
         return self.engine
 
     def _worker_hooks(self) -> WorkerHooks:
@@ -232,8 +260,9 @@ class ServerState:
                 m.prefix_tokens.inc(report.reused_tokens)
             m.batch_time.observe(report.seconds)
 
-        return ContinuousHooks(on_step=on_step, on_token_gap=m.itl.observe,
-                               on_retry=lambda reason: m.retries.labels(reason=reason).inc())
+        return ContinuousHooks(
+            on_step=on_step, on_token_gap=m.itl.observe, on_retry=lambda reason: m.retries.labels(reason=reason).inc()
+        )
 
 
 def _freeze_loaded_objects() -> None:
@@ -248,5 +277,7 @@ def _freeze_loaded_objects() -> None:
     # and collect the young generations less often: a serving loop makes many short-lived
     # objects, few cycles; a full collection then comes every ~5e8 allocations, not ~7e5
     gc.set_threshold(100_000, 50, 100)
-    log.info("froze %d objects of the loaded model and libraries (no garbage-collector walks over them)",
-             gc.get_freeze_count())
+    log.info(
+        "froze %d objects of the loaded model and libraries (no garbage-collector walks over them)",
+        gc.get_freeze_count(),
+    )

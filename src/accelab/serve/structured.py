@@ -50,8 +50,9 @@ def json_grammar(schema: dict[str, Any] | None) -> str:
     from llguidance import LLMatcher
 
     try:
-        return LLMatcher.grammar_from_json_schema(schema if schema is not None else {"type": "object"},
-                                                  defaults=JSON_OPTIONS)
+        return LLMatcher.grammar_from_json_schema(
+            schema if schema is not None else {"type": "object"}, defaults=JSON_OPTIONS
+        )
     except ValueError as err:
         raise GrammarError(f"the JSON schema cannot be used: {err}") from None
 

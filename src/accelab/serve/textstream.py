@@ -25,11 +25,12 @@ class Step:
     finished: FinishReason | None  # set on the step that ends the sequence
 
 
-def stream_for(params: Any, decode: Callable[[Sequence[int]], str], eos_ids: Sequence[int]) -> "TextStream":
+def stream_for(params: Any, decode: Callable[[Sequence[int]], str], eos_ids: Sequence[int]) -> TextStream:
     """The stream of one sequence with SamplingParams `params`."""
     ends = (() if params.ignore_eos else tuple(eos_ids)) + tuple(params.stop_token_ids)
-    return TextStream(decode, max_tokens=params.max_tokens, stop=params.stop, eos_ids=ends,
-                      min_tokens=params.min_tokens)
+    return TextStream(
+        decode, max_tokens=params.max_tokens, stop=params.stop, eos_ids=ends, min_tokens=params.min_tokens
+    )
 
 
 class TextStream:
@@ -98,19 +99,19 @@ class TextStream:
 
     # -- internals ----------------------------------------------------------------------
     def _new_text(self) -> str:
-        before = self._decode(self.ids[self._prefix:self._read])
-        after = self._decode(self.ids[self._prefix:])
+        before = self._decode(self.ids[self._prefix : self._read])
+        after = self._decode(self.ids[self._prefix :])
         if len(after) > len(before) and not after.endswith("\ufffd"):
             self._prefix, self._read = self._read, len(self.ids)
-            return after[len(before):]
+            return after[len(before) :]
         return ""
 
     def _decode_rest(self) -> str:
         """Whatever the last tokens hold, even half a character, once the stream is over."""
         ids = [i for i in self.ids if i not in self._eos]
-        before = self._decode(ids[self._prefix:self._read])
-        after = self._decode(ids[self._prefix:])
-        return after[len(before):] if len(after) > len(before) else ""
+        before = self._decode(ids[self._prefix : self._read])
+        after = self._decode(ids[self._prefix :])
+        return after[len(before) :] if len(after) > len(before) else ""
 
     def _find_stop(self) -> int | None:
         # only the part not sent yet (plus a stop string's length back) can hold a new match
@@ -130,7 +131,7 @@ class TextStream:
 
     def _emit(self, upto: int) -> str:
         upto = max(upto, self.sent)
-        out, self.sent = self.text[self.sent:upto], upto
+        out, self.sent = self.text[self.sent : upto], upto
         return out
 
     def _finish(self, reason: FinishReason, *, flush_to: int) -> Step:

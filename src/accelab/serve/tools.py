@@ -32,9 +32,11 @@ def tool_specs(tools: list[Any]) -> list[dict[str, Any]]:
 
 
 def tool_system_text(specs: list[dict[str, Any]]) -> str:
-    lines = ["You can call these tools. To call one, answer with only",
-             f'{OPEN}{{"name": <tool name>, "arguments": <arguments as a JSON object>}}{CLOSE}',
-             "Tools:"]
+    lines = [
+        "You can call these tools. To call one, answer with only",
+        f'{OPEN}{{"name": <tool name>, "arguments": <arguments as a JSON object>}}{CLOSE}',
+        "Tools:",
+    ]
     lines += [json.dumps(spec["function"]) for spec in specs]
     return "\n".join(lines)
 
@@ -46,8 +48,9 @@ def template_renders_tools(tokenizer: Any) -> bool:
         return False
     probe = [{"type": "function", "function": {"name": "zq_probe_tool", "parameters": {"type": "object"}}}]
     try:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=probe, tokenize=False,
-                                             add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "hi"}], tools=probe, tokenize=False, add_generation_prompt=True
+        )
     except Exception:  # noqa: BLE001 - a template that fails on tools has no tool format
         return False
     return "zq_probe_tool" in text
@@ -60,9 +63,12 @@ def messages_without_tool_format(messages: list[dict[str, Any]], specs: list[dic
     for m in messages:
         content = m["content"]
         if m.get("tool_calls"):
-            calls = [OPEN + json.dumps({"name": c["function"]["name"],
-                                        "arguments": _loads(c["function"]["arguments"])}) + CLOSE
-                     for c in m["tool_calls"]]
+            calls = [
+                OPEN
+                + json.dumps({"name": c["function"]["name"], "arguments": _loads(c["function"]["arguments"])})
+                + CLOSE
+                for c in m["tool_calls"]
+            ]
             content = ((content + "\n") if isinstance(content, str) and content else "") + "\n".join(calls)
         out.append({"role": m["role"], "content": content})
     if specs:
@@ -80,10 +86,14 @@ def messages_for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]
     for m in messages:
         m = dict(m)
         if m.get("tool_calls"):
-            m["tool_calls"] = [{"type": "function", "id": c["id"],
-                                "function": {"name": c["function"]["name"],
-                                             "arguments": _loads(c["function"]["arguments"])}}
-                               for c in m["tool_calls"]]
+            m["tool_calls"] = [
+                {
+                    "type": "function",
+                    "id": c["id"],
+                    "function": {"name": c["function"]["name"], "arguments": _loads(c["function"]["arguments"])},
+                }
+                for c in m["tool_calls"]
+            ]
         out.append(m)
     return out
 
@@ -99,9 +109,17 @@ def tool_grammar(specs: list[dict[str, Any]], choice: Any, text_schema: dict[str
     for spec in specs:
         fn = spec["function"]
         if fn["name"] in names:
-            options.append({"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                            "properties": {"name": {"const": fn["name"]},
-                                           "arguments": fn.get("parameters") or {"type": "object"}}})
+            options.append(
+                {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["name", "arguments"],
+                    "properties": {
+                        "name": {"const": fn["name"]},
+                        "arguments": fn.get("parameters") or {"type": "object"},
+                    },
+                }
+            )
     call = options[0] if len(options) == 1 else {"anyOf": options}
     rules = [f"tool_reply: {json.dumps(OPEN)} call {json.dumps(CLOSE)}", f"call: {structured.json_in_lark(call)}"]
     if choice in ("auto", None):
@@ -119,8 +137,11 @@ class ParsedCall:
     id: str
 
     def to_openai(self, index: int | None = None) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": self.id, "type": "function",
-                               "function": {"name": self.name, "arguments": self.arguments}}
+        out: dict[str, Any] = {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
         if index is not None:
             out["index"] = index
         return out
@@ -135,18 +156,17 @@ def parse_calls(text: str) -> tuple[str | None, list[ParsedCall]]:
     content = text[:start].strip() or None
     while start >= 0:
         end = rest.find(CLOSE, start)
-        body = rest[start + len(OPEN): end if end >= 0 else len(rest)]
+        body = rest[start + len(OPEN) : end if end >= 0 else len(rest)]
         try:
             value = json.loads(body)
         except ValueError:
             break
         if isinstance(value, dict) and isinstance(value.get("name"), str):
             args = value.get("arguments", value.get("parameters", {}))
-            calls.append(ParsedCall(name=value["name"], arguments=json.dumps(args),
-                                    id="call_" + uuid.uuid4().hex[:24]))
+            calls.append(ParsedCall(name=value["name"], arguments=json.dumps(args), id="call_" + uuid.uuid4().hex[:24]))
         if end < 0:
             break
-        rest = rest[end + len(CLOSE):]
+        rest = rest[end + len(CLOSE) :]
         start = rest.find(OPEN)
     return (content, calls) if calls else (text, [])
 
@@ -170,7 +190,7 @@ class CallFilter:
             return ""
         if OPEN.startswith(stripped):  # could still become a call
             return ""
-        out, self.sent = self.text[self.sent:], len(self.text)
+        out, self.sent = self.text[self.sent :], len(self.text)
         if OPEN in out:  # a call after some text: the text before it goes, the call is held
             cut = out.index(OPEN)
             self.calling, self.sent = True, self.sent - len(out) + cut

@@ -36,7 +36,7 @@ class Job:
     key: str
     units: list[Any]
     run: Callable[[list[Any]], list[Any]]
-    done: Callable[["JobOutcome"], None]
+    done: Callable[[JobOutcome], None]
     started: Callable[[], None] = lambda: None  # its batch begins (a stream can send headers)
     timeout_s: float | None = None
 
@@ -89,8 +89,14 @@ class WorkerHooks:
 
 
 class Worker:
-    def __init__(self, policy: BatchPolicy, *, clock: Callable[[], float] = time.monotonic,
-                 hooks: WorkerHooks | None = None, quiet: Callable[[], bool] = lambda: False):
+    def __init__(
+        self,
+        policy: BatchPolicy,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        hooks: WorkerHooks | None = None,
+        quiet: Callable[[], bool] = lambda: False,
+    ):
         self._clock = clock
         self._quiet = quiet  # no request is on its way to the queue: a batch need not wait for company
         self._batcher: Batcher[Job] = Batcher(policy, clock)
@@ -100,7 +106,6 @@ class Worker:
         self._batch_seconds = 0.0  # moving average of one batch's run time, for Retry-After
         self.hooks = hooks or WorkerHooks()
         self._thread = threading.Thread(target=self._loop, name="accelab-model-worker", daemon=True)
-
 
     # -- called from the event loop -------------------------------------------------------
     def start(self) -> None:
@@ -173,7 +178,7 @@ class Worker:
                     self._expire(pending)
                 if batch.items:
                     self._run_batch(batch.items)
-            except Exception:  # noqa: BLE001 - the worker thread must survive anything
+            except Exception:
                 log.exception("worker loop error")
             finally:
                 with self._cond:
@@ -200,7 +205,7 @@ class Worker:
         self.hooks.on_batch(len(units), seconds)
         offset = 0
         for pending, job in zip(items, jobs):
-            mine = results[offset:offset + len(job.units)]
+            mine = results[offset : offset + len(job.units)]
             offset += len(job.units)
             failed = next((r for r in mine if r.error is not None), None)
             common = dict(queue_s=start - pending.arrival, compute_s=seconds, batch_units=len(units))
@@ -216,7 +221,7 @@ class Worker:
         results: list[_UnitResult] = []
         while len(results) < len(units):
             size = self._batcher.limit.value
-            results.extend(self._run_units(run, units[len(results):len(results) + size]))
+            results.extend(self._run_units(run, units[len(results) : len(results) + size]))
         return results
 
     def _run_units(self, run: Callable[[list[Any]], list[Any]], units: list[Any]) -> list[_UnitResult]:
@@ -240,8 +245,9 @@ class Worker:
                 new_limit = self._batcher.limit.lower(len(units))
             self.hooks.on_limit(new_limit)
             self.hooks.on_retry("oom")
-            log.warning("out of memory at batch size %d; splitting it and trying batches of %d next",
-                        len(units), new_limit)
+            log.warning(
+                "out of memory at batch size %d; splitting it and trying batches of %d next", len(units), new_limit
+            )
             return self._run_chunks(run, units)
         if len(units) == 1:
             log.warning("request failed: %r", err)
@@ -264,7 +270,7 @@ def _call_done(job: Job, outcome: JobOutcome) -> None:
 def _call(callback: Callable[..., None], *args: Any) -> None:
     try:
         callback(*args)
-    except Exception:  # noqa: BLE001 - one broken callback must not stop the worker
+    except Exception:
         log.exception("job callback failed")
 
 

@@ -28,8 +28,10 @@ def uses_cuda(config: TrainConfig) -> bool:
 def precision_problem(mixed_precision: str, *, cuda: bool, bf16_on_gpu: bool | None = None) -> str | None:
     """Why `mixed_precision` cannot run here, or None. Pure given its arguments."""
     if mixed_precision == "fp16" and not cuda:
-        return ("fp16 mixed precision needs a GPU: on CPU accelerate's fp16 autocast is a silent no-op "
-                "(the run would be plain fp32). Use --mixed-precision bf16 or no")
+        return (
+            "fp16 mixed precision needs a GPU: on CPU accelerate's fp16 autocast is a silent no-op "
+            "(the run would be plain fp32). Use --mixed-precision bf16 or no"
+        )
     if mixed_precision == "bf16" and cuda and bf16_on_gpu is False:
         return "this GPU has no native bf16 (compute capability 8.0+ needed); use --mixed-precision fp16"
     return None
@@ -66,8 +68,10 @@ def make_accelerator(config: TrainConfig) -> Any:
         dynamo_plugin=dynamo,
     )
     if config.mixed_precision != "no" and not accelerator.native_amp:
-        raise Unsupported(f"{config.mixed_precision} mixed precision is not native on {accelerator.device}; "
-                          "accelerate would run fp32 instead")
+        raise Unsupported(
+            f"{config.mixed_precision} mixed precision is not native on {accelerator.device}; "
+            "accelerate would run fp32 instead"
+        )
     if accelerator.num_processes != config.world_size:
         raise ValueError(
             f"this worker runs in {accelerator.num_processes} process(es) but the run was set up for "

@@ -42,15 +42,26 @@ class BenchRow:
     unsupported: str | None = None  # why it cannot run here (the row is reported, not run)
 
 
-def bench_rows(config: TrainConfig, *, cuda: bool, bf16_on_gpu: bool | None, gpus: int, nproc: int,
-               accum: int) -> list[BenchRow]:
+def bench_rows(
+    config: TrainConfig, *, cuda: bool, bf16_on_gpu: bool | None, gpus: int, nproc: int, accum: int
+) -> list[BenchRow]:
     """The configurations to compare. Pure: the device facts are arguments."""
     rows = [BenchRow(name="baseline (fp32)")]
     for precision in ("bf16", "fp16"):
-        rows.append(BenchRow(name=f"{precision} autocast", changes={"mixed_precision": precision},
-                             unsupported=precision_problem(precision, cuda=cuda, bf16_on_gpu=bf16_on_gpu)))
-    rows.append(BenchRow(name=f"grad accum x{accum}", changes={"grad_accum": accum},
-                         unsupported=_split_problem(config.batch_size, 1, accum)))
+        rows.append(
+            BenchRow(
+                name=f"{precision} autocast",
+                changes={"mixed_precision": precision},
+                unsupported=precision_problem(precision, cuda=cuda, bf16_on_gpu=bf16_on_gpu),
+            )
+        )
+    rows.append(
+        BenchRow(
+            name=f"grad accum x{accum}",
+            changes={"grad_accum": accum},
+            unsupported=_split_problem(config.batch_size, 1, accum),
+        )
+    )
     problem = _split_problem(config.batch_size, nproc, 1)
     if cuda and nproc > gpus:
         problem = f"{nproc} processes need {nproc} GPUs; {gpus} found"
@@ -103,9 +114,19 @@ class _Running:
         return w is None or w.level != "unreliable"
 
 
-def run_bench(config: TrainConfig, spec: Any, rows: list[BenchRow], *, timeout_s: float, idle: float | None,
-              tag: str | None = None, on_row: Any = None, budget: PlanBudget | None = None,
-              seconds_per_turn: float = 0.5, settle_s: float = 0.05) -> list[Result]:
+def run_bench(
+    config: TrainConfig,
+    spec: Any,
+    rows: list[BenchRow],
+    *,
+    timeout_s: float,
+    idle: float | None,
+    tag: str | None = None,
+    on_row: Any = None,
+    budget: PlanBudget | None = None,
+    seconds_per_turn: float = 0.5,
+    settle_s: float = 0.05,
+) -> list[Result]:
     """Every supported row trains at once and they take turns (accelab.train.turns): one row's
     optimizer steps at a time, in alternating rounds, the machine's noise measured around each
     turn. A Result per row (shared group_id) with its rounds, its noise and, after the first row
@@ -119,7 +140,9 @@ def run_bench(config: TrainConfig, spec: Any, rows: list[BenchRow], *, timeout_s
     running = [_start_row(row, config, idle, table, seconds_per_turn) for row in rows if row.unsupported is None]
     launch_timeout = timeout_s * max(1, len(running))  # a row also waits while the others take their turns
     for r in running:
-        r.thread = threading.Thread(target=_launch, args=(r, launch_timeout), name=f"accelab-train-{r.slug}", daemon=True)
+        r.thread = threading.Thread(
+            target=_launch, args=(r, launch_timeout), name=f"accelab-train-{r.slug}", daemon=True
+        )
         r.thread.start()
     try:
         _take_turns(running, table, timeout_s=timeout_s, budget=budget, settle_s=settle_s)
@@ -134,9 +157,17 @@ def run_bench(config: TrainConfig, spec: Any, rows: list[BenchRow], *, timeout_s
     results = []
     for row in rows:
         r = by_row.get(row.name)
-        result = result_of(name=row.name, spec=spec, config=r.config if r else _row_config(row, config, idle),
-                           launch=r.launch if r else LaunchOptions(nproc=row.nproc), outcome=r.outcome if r else None,
-                           unsupported=row.unsupported, group_id=group, tag=tag, env=env)
+        result = result_of(
+            name=row.name,
+            spec=spec,
+            config=r.config if r else _row_config(row, config, idle),
+            launch=r.launch if r else LaunchOptions(nproc=row.nproc),
+            outcome=r.outcome if r else None,
+            unsupported=row.unsupported,
+            group_id=group,
+            tag=tag,
+            env=env,
+        )
         if r is not None:
             _add_rounds(result, r, reference)
             if r.stopped:
@@ -149,29 +180,41 @@ def run_bench(config: TrainConfig, spec: Any, rows: list[BenchRow], *, timeout_s
 
 def _row_config(row: BenchRow, config: TrainConfig, idle: float | None) -> TrainConfig:
     row_config = config.with_changes(
-        **row.changes, world_size=row.nproc, output_dir=str(Path(config.output_dir) / _slug(row.name)),
-        result_path=None, checkpoints=False, save_final=False, save_as=None, progress=False, log_with="none",
-        resume_from=None)
+        **row.changes,
+        world_size=row.nproc,
+        output_dir=str(Path(config.output_dir) / _slug(row.name)),
+        result_path=None,
+        checkpoints=False,
+        save_final=False,
+        save_as=None,
+        progress=False,
+        log_with="none",
+        resume_from=None,
+    )
     if idle is not None:
         row_config = row_config.with_changes(threads=threads_per_process(row.nproc, config.threads, idle))
     return row_config
 
 
-def _start_row(row: BenchRow, config: TrainConfig, idle: float | None, table: turns.Table,
-               seconds_per_turn: float) -> _Running:
+def _start_row(
+    row: BenchRow, config: TrainConfig, idle: float | None, table: turns.Table, seconds_per_turn: float
+) -> _Running:
     slug = _slug(row.name)
     row_config = _row_config(row, config, idle).with_changes(
-        turns_dir=str(table.dir), turns_row=slug, seconds_per_turn=seconds_per_turn)
-    return _Running(row=row, slug=slug, config=row_config, launch=LaunchOptions(nproc=row.nproc),
-                    techniques=_techniques(row))
+        turns_dir=str(table.dir), turns_row=slug, seconds_per_turn=seconds_per_turn
+    )
+    return _Running(
+        row=row, slug=slug, config=row_config, launch=LaunchOptions(nproc=row.nproc), techniques=_techniques(row)
+    )
 
 
 def _launch(r: _Running, timeout_s: float) -> None:
     r.outcome = launcher.run(r.config, r.launch, timeout_s=timeout_s)
 
 
-def _take_turns(running: list[_Running], table: turns.Table, *, timeout_s: float, budget: PlanBudget,
-                settle_s: float) -> None:
+def _take_turns(
+    running: list[_Running], table: turns.Table, *, timeout_s: float, budget: PlanBudget, settle_s: float
+) -> None:
     """Wait until every row is warm, then give turns in alternating rounds until all finished."""
     for r in running:
         table.wait_for(lambda r=r: table.ready(r.slug) or table.finished(r.slug) or not r.alive, timeout_s=timeout_s)
@@ -189,16 +232,25 @@ def _take_turns(running: list[_Running], table: turns.Table, *, timeout_s: float
             table.give(r.slug, index)
             started = time.monotonic()
             with noise.Meter([os.getpid()]) as meter:  # the rows are this process's descendants: all "own"
-                done = table.wait_for(lambda r=r, index=index: table.report(r.slug, index) is not None  # this turn's
-                                      or table.finished(r.slug) or not r.alive, timeout_s=max(1.0, (limit or timeout_s) - r.own_s))
+                done = table.wait_for(
+                    lambda r=r, index=index: (
+                        table.report(r.slug, index) is not None  # this turn's
+                        or table.finished(r.slug)
+                        or not r.alive
+                    ),
+                    timeout_s=max(1.0, (limit or timeout_s) - r.own_s),
+                )
             r.own_s += time.monotonic() - started
             durations = table.report(r.slug, index)
             if durations:
                 r.rounds.append(durations)
                 r.windows.append(meter.window.with_cv(_cv(durations)) if meter.window is not None else None)
             if not done:
-                r.stopped = budget.stopped_reason(limit, r.own_s, r.techniques) if limit else \
-                    f"timeout: no turn finished within {timeout_s:.0f} s"
+                r.stopped = (
+                    budget.stopped_reason(limit, r.own_s, r.techniques)
+                    if limit
+                    else f"timeout: no turn finished within {timeout_s:.0f} s"
+                )
                 table.stop(r.slug)
             time.sleep(settle_s)
         if reference_s is None:
@@ -218,15 +270,28 @@ def _add_rounds(result: Result, r: _Running, reference: _Running | None) -> None
         return
     windows = [w for w in r.windows if w is not None]
     result.metrics[K.NOISE] = noise.summary(windows, [r.usable(i) for i, w in enumerate(r.windows) if w is not None])
-    result.metrics[K.ROUNDS] = [{"rate": r.rate(i), "seconds": sum(d), "calls": len(d), "used": r.usable(i),
-                                 **({"steal": w.steal, "others_cores": w.others_cores, "level": w.level} if w else {})}
-                                for i, (d, w) in enumerate(zip(r.rounds, r.windows))]
+    result.metrics[K.ROUNDS] = [
+        {
+            "rate": r.rate(i),
+            "seconds": sum(d),
+            "calls": len(d),
+            "used": r.usable(i),
+            **({"steal": w.steal, "others_cores": w.others_cores, "level": w.level} if w else {}),
+        }
+        for i, (d, w) in enumerate(zip(r.rounds, r.windows))
+    ]
     if reference is not None and reference is not r and result.ok:
         n = min(len(r.rounds), len(reference.rounds))
-        ratio = paired_ratio([r.rate(i) for i in range(n)], [reference.rate(i) for i in range(n)],
-                             [r.usable(i) and reference.usable(i) for i in range(n)])
-        ratio = check_overlap(ratio, [r.rate(i) for i in range(len(r.rounds)) if r.usable(i)],
-                              [reference.rate(i) for i in range(len(reference.rounds)) if reference.usable(i)])
+        ratio = paired_ratio(
+            [r.rate(i) for i in range(n)],
+            [reference.rate(i) for i in range(n)],
+            [r.usable(i) and reference.usable(i) for i in range(n)],
+        )
+        ratio = check_overlap(
+            ratio,
+            [r.rate(i) for i in range(len(r.rounds)) if r.usable(i)],
+            [reference.rate(i) for i in range(len(reference.rounds)) if reference.usable(i)],
+        )
         result.metrics[K.SPEEDUP] = {**ratio.to_dict(), "reference": reference.row.name}
 
 
@@ -235,15 +300,26 @@ def rows_json(results: list[Result]) -> list[dict[str, Any]]:
     out = []
     for r in results:
         m = r.metrics
-        out.append({
-            "configuration": r.plan["name"], "status": r.status, "reason": r.reason,
-            "epoch_s": m.get("epoch_s"), "epoch_s_estimated": m.get("epoch_s_estimated"),
-            "peak_rss_mb_max": m.get("peak_rss_mb_max"), "peak_rss_mb_sum": m.get("peak_rss_mb_sum"),
-            "gpu_peak_allocated_mb_max": m.get("gpu_peak_allocated_mb_max"),
-            "samples_per_s": m.get("samples_per_s"), "timed_samples": m.get("timed_samples"),
-            "timed_wall_s": m.get("timed_wall_s"), "final_accuracy": m.get("final_accuracy"),
-            "final_perplexity": m.get("final_perplexity"), "final_loss": m.get("final_loss"),
-            "skipped_steps": m.get("skipped_steps"), "nproc": r.workload.get("nproc"),
-            "grad_accum": r.workload.get("grad_accum"), "global_batch": r.workload.get("global_batch"),
-        })
+        out.append(
+            {
+                "configuration": r.plan["name"],
+                "status": r.status,
+                "reason": r.reason,
+                "epoch_s": m.get("epoch_s"),
+                "epoch_s_estimated": m.get("epoch_s_estimated"),
+                "peak_rss_mb_max": m.get("peak_rss_mb_max"),
+                "peak_rss_mb_sum": m.get("peak_rss_mb_sum"),
+                "gpu_peak_allocated_mb_max": m.get("gpu_peak_allocated_mb_max"),
+                "samples_per_s": m.get("samples_per_s"),
+                "timed_samples": m.get("timed_samples"),
+                "timed_wall_s": m.get("timed_wall_s"),
+                "final_accuracy": m.get("final_accuracy"),
+                "final_perplexity": m.get("final_perplexity"),
+                "final_loss": m.get("final_loss"),
+                "skipped_steps": m.get("skipped_steps"),
+                "nproc": r.workload.get("nproc"),
+                "grad_accum": r.workload.get("grad_accum"),
+                "global_batch": r.workload.get("global_batch"),
+            }
+        )
     return out

@@ -66,7 +66,7 @@ def read_state(directory: Path) -> TrainerState:
 
 
 def _step_of(path: Path) -> int | None:
-    suffix = path.name[len(_PREFIX):]
+    suffix = path.name[len(_PREFIX) :]
     return int(suffix) if path.name.startswith(_PREFIX) and suffix.isdigit() else None
 
 
@@ -104,8 +104,10 @@ def resolve_resume(resume: str, run_dirs: list[Path]) -> Path:
         found = latest_in(run_dirs)
         if found is None:
             where = ", ".join(str(p) for p in run_dirs[:3]) or "(no earlier run)"
-            raise ValueError(f"--resume latest: no complete checkpoint found in {where}; train without --resume "
-                             "first, or pass --resume PATH to a checkpoint directory")
+            raise ValueError(
+                f"--resume latest: no complete checkpoint found in {where}; train without --resume "
+                "first, or pass --resume PATH to a checkpoint directory"
+            )
         return found
     path = Path(resume).expanduser().resolve()
     if not path.exists():
@@ -115,8 +117,10 @@ def resolve_resume(resume: str, run_dirs: list[Path]) -> Path:
     run_dir = path.parent if path.name == CHECKPOINTS else path
     checkpoints = complete_checkpoints(run_dir)
     if not checkpoints:
-        raise ValueError(f"--resume {resume}: {path} holds no complete checkpoint ({CHECKPOINTS}/step-N/ with "
-                         f"{STATE_FILE}); pass a checkpoint directory or 'latest'")
+        raise ValueError(
+            f"--resume {resume}: {path} holds no complete checkpoint ({CHECKPOINTS}/step-N/ with "
+            f"{STATE_FILE}); pass a checkpoint directory or 'latest'"
+        )
     return checkpoints[-1]
 
 
@@ -125,8 +129,16 @@ def run_dir_of(checkpoint: Path) -> Path:
     return checkpoint.parent.parent
 
 
-def check_compatible(state: TrainerState, checkpoint: Path, *, identity: dict[str, Any], model: str,
-                     batch_size: int, seed: int, mixed_precision: str) -> list[str]:
+def check_compatible(
+    state: TrainerState,
+    checkpoint: Path,
+    *,
+    identity: dict[str, Any],
+    model: str,
+    batch_size: int,
+    seed: int,
+    mixed_precision: str,
+) -> list[str]:
     """ValueError when the checkpoint cannot be loaded into this run's model; warnings (returned)
     when it can but the continued run will differ from an uninterrupted one."""
     if state.identity != identity:
@@ -137,11 +149,16 @@ def check_compatible(state: TrainerState, checkpoint: Path, *, identity: dict[st
             "and dataset labels, or start a fresh run without --resume"
         )
     warnings = []
-    for name, saved, now in (("--batch-size", state.batch_size, batch_size), ("--seed", state.seed, seed),
-                             ("--mixed-precision", state.mixed_precision, mixed_precision)):
+    for name, saved, now in (
+        ("--batch-size", state.batch_size, batch_size),
+        ("--seed", state.seed, seed),
+        ("--mixed-precision", state.mixed_precision, mixed_precision),
+    ):
         if saved != now:
-            warnings.append(f"resuming with {name} {now} where the checkpoint used {saved}: the run will not "
-                            "match an uninterrupted one")
+            warnings.append(
+                f"resuming with {name} {now} where the checkpoint used {saved}: the run will not "
+                "match an uninterrupted one"
+            )
     return warnings
 
 

@@ -106,8 +106,13 @@ class TrainConfig:
         _choice("compile", self.compile, get_args(CompileMode), " (--compile)")
         _choice("schedule", self.schedule, get_args(Schedule), " (--schedule)")
         _choice("log_with", self.log_with, get_args(LogWith), " (--log-with)")
-        for name, option in (("epochs", "--epochs"), ("batch_size", "--batch-size"), ("grad_accum", "--grad-accum"),
-                             ("world_size", "--nproc"), ("block_size", "--block-size")):
+        for name, option in (
+            ("epochs", "--epochs"),
+            ("batch_size", "--batch-size"),
+            ("grad_accum", "--grad-accum"),
+            ("world_size", "--nproc"),
+            ("block_size", "--block-size"),
+        ):
             _at_least(name, getattr(self, name), 1, option)
         _at_least("max_steps", self.max_steps, 1, "--max-steps")
         _at_least("checkpoint_every", self.checkpoint_every, 1, "--checkpoint-every")
@@ -122,7 +127,9 @@ class TrainConfig:
         if self.lr <= 0:
             raise ValueError(f"lr={self.lr} must be > 0; pass e.g. --lr 1e-3")
         if self.max_grad_norm is not None and self.max_grad_norm < 0:
-            raise ValueError(f"max_grad_norm={self.max_grad_norm} must be > 0, or 0 to turn clipping off (--max-grad-norm)")
+            raise ValueError(
+                f"max_grad_norm={self.max_grad_norm} must be > 0, or 0 to turn clipping off (--max-grad-norm)"
+            )
         micro_batch(self.batch_size, self.world_size, self.grad_accum)
 
     @property

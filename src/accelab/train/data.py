@@ -36,8 +36,10 @@ def detect_kind(dataset: str, task: str) -> str:
             return "text"
         path = Path(dataset).expanduser()
         if not path.exists():
-            raise ValueError(f"dataset file {path} does not exist; pass a UTF-8 text file, or omit --dataset "
-                             "to fine-tune on the catalog's held-out essay")
+            raise ValueError(
+                f"dataset file {path} does not exist; pass a UTF-8 text file, or omit --dataset "
+                "to fine-tune on the catalog's held-out essay"
+            )
         if not path.is_file():
             raise ValueError(f"--dataset {path} is a directory; text-generation fine-tunes on one text file")
         return "text"
@@ -50,8 +52,10 @@ def detect_kind(dataset: str, task: str) -> str:
             "subfolder per class, or a `datasets` dataset saved with save_to_disk"
         )
     if path.is_file():
-        raise ValueError(f"--dataset {path} is a file; image classification needs --dataset digits, a directory "
-                         "of class subfolders or a saved `datasets` dataset (text files are for --task text-generation)")
+        raise ValueError(
+            f"--dataset {path} is a file; image classification needs --dataset digits, a directory "
+            "of class subfolders or a saved `datasets` dataset (text files are for --task text-generation)"
+        )
     if any((path / name).is_file() for name in ("dataset_dict.json", "dataset_info.json", "state.json")):
         return "disk"
     return "imagefolder"
@@ -80,6 +84,9 @@ def build(config: TrainConfig, processor: Any, image_size: int | None) -> TrainD
         return build_text(config, processor)
     from accelab.train import data_images
 
-    builders = {"digits": data_images.build_digits, "imagefolder": data_images.build_folder,
-                "disk": data_images.build_disk}
+    builders = {
+        "digits": data_images.build_digits,
+        "imagefolder": data_images.build_folder,
+        "disk": data_images.build_disk,
+    }
     return builders[config.dataset_kind](config, processor, image_size)  # they warn about skipped images

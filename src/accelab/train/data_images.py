@@ -56,8 +56,10 @@ class LazyImageDataset(Dataset):
 
 def encode(processor: Any, images: Sequence[Image.Image]) -> torch.Tensor:
     """[N, C, H, W] float32 pixel values, in chunks (one processor call per chunk)."""
-    chunks = [processor(images=list(images[i : i + ENCODE_CHUNK]), return_tensors="pt")["pixel_values"]
-              for i in range(0, len(images), ENCODE_CHUNK)]
+    chunks = [
+        processor(images=list(images[i : i + ENCODE_CHUNK]), return_tensors="pt")["pixel_values"]
+        for i in range(0, len(images), ENCODE_CHUNK)
+    ]
     return torch.cat(chunks).float()
 
 
@@ -70,8 +72,13 @@ def build_digits(config: TrainConfig, processor: Any, image_size: int | None) ->
     for split in ("train", "test"):
         images, labels = inputs.digits(split, image_size=size)
         splits[split] = PixelDataset(encode(processor, images), torch.tensor(labels, dtype=torch.long))
-    return TrainData(train=splits["train"], eval=splits["test"], class_names=[str(i) for i in range(10)],
-                     eval_split="digits test split", meta={"dataset": "digits", "image_size": size})
+    return TrainData(
+        train=splits["train"],
+        eval=splits["test"],
+        class_names=[str(i) for i in range(10)],
+        eval_split="digits test split",
+        meta={"dataset": "digits", "image_size": size},
+    )
 
 
 # image folders -----------------------------------------------------------------------------
@@ -125,8 +132,10 @@ def _scan_folder(directory: Path, classes: list[str], skipped: list[str]) -> tup
     for label, name in enumerate(classes):
         class_dir = directory / name
         if not class_dir.is_dir():
-            raise ValueError(f"{directory} has no subfolder {name!r}, but the training split has that class; "
-                             "give both splits the same class subfolders")
+            raise ValueError(
+                f"{directory} has no subfolder {name!r}, but the training split has that class; "
+                "give both splits the same class subfolders"
+            )
         for path in sorted(p for p in class_dir.rglob("*") if p.is_file() and not p.name.startswith(".")):
             why = _readable(path)
             if why is None:
@@ -156,15 +165,22 @@ def build_folder(config: TrainConfig, processor: Any, image_size: int | None) ->
         log.warning("skipping %d unreadable file(s) in %s: %s", len(skipped), root, shown)
     train = LazyImageDataset([_load_file(files[i]) for i in train_idx], [labels[i] for i in train_idx], processor)
     evald = LazyImageDataset([_load_file(p) for p in eval_files], eval_labels, processor)
-    return TrainData(train=train, eval=evald, class_names=classes, eval_split=split, skipped=len(skipped),
-                     meta={"dataset": str(root), "image_size": image_size})
+    return TrainData(
+        train=train,
+        eval=evald,
+        class_names=classes,
+        eval_split=split,
+        skipped=len(skipped),
+        meta={"dataset": str(root), "image_size": image_size},
+    )
 
 
 def _check_every_class(labels: list[int], classes: list[str], where: Path) -> None:
     empty = [name for i, name in enumerate(classes) if i not in set(labels)]
     if empty:
-        raise ValueError(f"class folder(s) {', '.join(empty)} in {where} have no readable image; "
-                         "add images or remove the folder")
+        raise ValueError(
+            f"class folder(s) {', '.join(empty)} in {where} have no readable image; add images or remove the folder"
+        )
 
 
 def stratified_split(labels: Sequence[int], fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -208,17 +224,23 @@ def _columns(dataset: Any, config: TrainConfig) -> tuple[str, str]:
     def pick(given: str | None, kind: type, candidates: tuple[str, ...], what: str, option: str) -> str:
         if given is not None:
             if given not in features:
-                raise ValueError(f"{option} {given!r} is not a column of {config.dataset} (columns: {', '.join(names)})")
+                raise ValueError(
+                    f"{option} {given!r} is not a column of {config.dataset} (columns: {', '.join(names)})"
+                )
             return given
         typed = [n for n in names if isinstance(features[n], kind)]
         named = [n for n in names if n.lower() in candidates]
         if typed or named:
             return (typed or named)[0]
-        raise ValueError(f"cannot tell which column of {config.dataset} holds the {what} (columns: "
-                         f"{', '.join(names)}); pass {option} NAME")
+        raise ValueError(
+            f"cannot tell which column of {config.dataset} holds the {what} (columns: "
+            f"{', '.join(names)}); pass {option} NAME"
+        )
 
-    return (pick(config.image_column, datasets.Image, IMAGE_COLUMN_NAMES, "images", "--image-column"),
-            pick(config.label_column, datasets.ClassLabel, LABEL_COLUMN_NAMES, "labels", "--label-column"))
+    return (
+        pick(config.image_column, datasets.Image, IMAGE_COLUMN_NAMES, "images", "--image-column"),
+        pick(config.label_column, datasets.ClassLabel, LABEL_COLUMN_NAMES, "labels", "--label-column"),
+    )
 
 
 def disk_classes(config: TrainConfig) -> list[str]:
@@ -287,9 +309,16 @@ def build_disk(config: TrainConfig, processor: Any, image_size: int | None) -> T
         images, labels = [images[i] for i in train_idx], [labels[i] for i in train_idx]
         split = f"{config.eval_fraction:.0%} of each class held out (seed {config.seed})"
     if skipped:
-        log.warning("skipping %d unreadable image(s) in %s: %s", len(skipped), config.dataset,
-                    "; ".join(skipped[:SHOWN_SKIPS]))
+        log.warning(
+            "skipping %d unreadable image(s) in %s: %s", len(skipped), config.dataset, "; ".join(skipped[:SHOWN_SKIPS])
+        )
     train_ds = PixelDataset(encode(processor, images), torch.tensor(labels, dtype=torch.long))
     eval_ds = PixelDataset(encode(processor, eval_images), torch.tensor(eval_labels, dtype=torch.long))
-    return TrainData(train=train_ds, eval=eval_ds, class_names=classes, eval_split=split, skipped=len(skipped),
-                     meta={"dataset": str(config.dataset), "image_size": image_size})
+    return TrainData(
+        train=train_ds,
+        eval=eval_ds,
+        class_names=classes,
+        eval_split=split,
+        skipped=len(skipped),
+        meta={"dataset": str(config.dataset), "image_size": image_size},
+    )

@@ -65,5 +65,10 @@ def build_text(config: TrainConfig, tokenizer: Any) -> TrainData:
             f"training, fewer than one global batch (--batch-size {config.batch_size}). Lower --block-size or "
             "--batch-size, or use a longer text"
         )
-    return TrainData(train=BlockDataset(blocks[:n_train]), eval=BlockDataset(blocks[n_train:]), class_names=None,
-                     eval_split=f"last {n_eval} blocks of the text", meta={"dataset": name, "block_size": config.block_size})
+    return TrainData(
+        train=BlockDataset(blocks[:n_train]),
+        eval=BlockDataset(blocks[n_train:]),
+        class_names=None,
+        eval_split=f"last {n_eval} blocks of the text",
+        meta={"dataset": name, "block_size": config.block_size},
+    )

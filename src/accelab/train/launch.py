@@ -36,8 +36,13 @@ def run(config: TrainConfig, launch: LaunchOptions, *, timeout_s: float) -> Outc
         result_path.unlink(missing_ok=True)
         config_path = Path(private) / "train_config.json"
         config_path.write_text(json.dumps(config.with_changes(result_path=str(result_path)).to_dict(), indent=2))
-        return run_workers(worker_command(WORKER_MODULE, config_path, launch), summary_path=result_path,
-                           threads=config.threads, timeout_s=timeout_s, what="training")
+        return run_workers(
+            worker_command(WORKER_MODULE, config_path, launch),
+            summary_path=result_path,
+            threads=config.threads,
+            timeout_s=timeout_s,
+            what="training",
+        )
 
 
 def _write_atomically(path: Path, doc: dict[str, Any]) -> None:

@@ -98,21 +98,45 @@ def setup(config: TrainConfig) -> Session:
 
     # Optimizer and LR schedule (stepped once per optimizer step: split_batches=True)
     optimizer = torch.optim.AdamW(param_groups(loaded.model, config.weight_decay), lr=config.lr)
-    scheduler = get_scheduler(config.schedule if config.schedule != "constant" else "constant_with_warmup",
-                              optimizer, num_warmup_steps=warmup_for(config, total), num_training_steps=total)
+    scheduler = get_scheduler(
+        config.schedule if config.schedule != "constant" else "constant_with_warmup",
+        optimizer,
+        num_warmup_steps=warmup_for(config, total),
+        num_training_steps=total,
+    )
 
     # prepare (inside accelerate, in this order): device placement, autocast forward, DDP wrap, compile
     model, optimizer, train_dl, eval_dl, scheduler = accelerator.prepare(
-        loaded.model, optimizer, train_dl, eval_dl, scheduler)
+        loaded.model, optimizer, train_dl, eval_dl, scheduler
+    )
     num_labels = len(classes) if classes else None
     ident = identity(read_model_config(config.model_source), config.task, num_labels)
     gate = None
     if config.turns_dir and config.turns_row:
-        gate = Gate(config.turns_dir, config.turns_row, main=accelerator.is_main_process,
-                    seconds_per_turn=config.seconds_per_turn, timed_from=config.timing_warmup, last_step=total)
-    return Session(config=config, accelerator=accelerator, model=model, optimizer=optimizer, scheduler=scheduler,
-                   train_dl=train_dl, eval_dl=eval_dl, sampler=sampler, data=data, loaded=loaded,
-                   steps_per_epoch=steps_per_epoch, total_steps=total, identity=ident, gate=gate)
+        gate = Gate(
+            config.turns_dir,
+            config.turns_row,
+            main=accelerator.is_main_process,
+            seconds_per_turn=config.seconds_per_turn,
+            timed_from=config.timing_warmup,
+            last_step=total,
+        )
+    return Session(
+        config=config,
+        accelerator=accelerator,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        train_dl=train_dl,
+        eval_dl=eval_dl,
+        sampler=sampler,
+        data=data,
+        loaded=loaded,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total,
+        identity=ident,
+        gate=gate,
+    )
 
 
 def resume(session: Session) -> Position:
@@ -121,14 +145,25 @@ def resume(session: Session) -> Position:
         return Position()
     path = Path(config.resume_from)
     state = ckpt.read_state(path)
-    warnings = ckpt.check_compatible(state, path, identity=session.identity, model=config.model,
-                                     batch_size=config.batch_size, seed=config.seed,
-                                     mixed_precision=config.mixed_precision)
+    warnings = ckpt.check_compatible(
+        state,
+        path,
+        identity=session.identity,
+        model=config.model,
+        batch_size=config.batch_size,
+        seed=config.seed,
+        mixed_precision=config.mixed_precision,
+    )
     for message in warnings if session.accelerator.is_main_process else []:
         log.warning(message)
     session.accelerator.load_state(str(path))
-    log.info("resumed from %s at step %d (epoch %d, step %d of it)", path, state.global_step, state.epoch,
-             state.step_in_epoch)
+    log.info(
+        "resumed from %s at step %d (epoch %d, step %d of it)",
+        path,
+        state.global_step,
+        state.epoch,
+        state.step_in_epoch,
+    )
     return Position(global_step=state.global_step, epoch=state.epoch, step_in_epoch=state.step_in_epoch)
 
 
@@ -139,10 +174,19 @@ def save_checkpoint(session: Session, position: Position) -> Path:
     accelerator.wait_for_everyone()  # every rank's RNG file is on disk before the state marks it complete
     if accelerator.is_main_process:
         config = session.config
-        ckpt.write_state(path, ckpt.TrainerState(
-            global_step=position.global_step, epoch=position.epoch, step_in_epoch=position.step_in_epoch,
-            identity=session.identity, batch_size=config.batch_size, seed=config.seed,
-            mixed_precision=config.mixed_precision, model=config.model))
+        ckpt.write_state(
+            path,
+            ckpt.TrainerState(
+                global_step=position.global_step,
+                epoch=position.epoch,
+                step_in_epoch=position.step_in_epoch,
+                identity=session.identity,
+                batch_size=config.batch_size,
+                seed=config.seed,
+                mixed_precision=config.mixed_precision,
+                model=config.model,
+            ),
+        )
     accelerator.wait_for_everyone()
     return path
 
@@ -210,8 +254,9 @@ def _one_epoch(session: Session, position: Position, record: Record, timer: Step
             loader.end()  # an early break leaves accelerate's dataloader bookkeeping open
 
 
-def _after_step(session: Session, position: Position, record: Record, running: torch.Tensor, timer: StepTimer,
-                progress: Any) -> None:
+def _after_step(
+    session: Session, position: Position, record: Record, running: torch.Tensor, timer: StepTimer, progress: Any
+) -> None:
     config, accelerator = session.config, session.accelerator
     position.global_step += 1
     position.step_in_epoch += 1
@@ -227,8 +272,12 @@ def _after_step(session: Session, position: Position, record: Record, running: t
     record.lrs.append(lr)
     accelerator.log({"train/loss": loss, "train/lr": lr}, step=position.global_step)
     progress.advance(loss, lr)
-    if config.checkpoints and config.checkpoint_every and position.global_step % config.checkpoint_every == 0 \
-            and position.step_in_epoch < session.steps_per_epoch:  # epoch ends are checkpointed after eval
+    if (
+        config.checkpoints
+        and config.checkpoint_every
+        and position.global_step % config.checkpoint_every == 0
+        and position.step_in_epoch < session.steps_per_epoch
+    ):  # epoch ends are checkpointed after eval
         with timer.paused():
             save_checkpoint(session, position)
 
@@ -237,10 +286,13 @@ def _evaluate(session: Session, position: Position, record: Record, progress: An
     metrics = evaluate(session.accelerator, session.model, session.eval_dl, session.config.task)
     metrics = {**metrics, "epoch": position.epoch, "step": position.global_step}
     record.evals.append(metrics)
-    session.accelerator.log({f"eval/{k}": v for k, v in metrics.items() if k not in ("epoch", "step")},
-                            step=position.global_step)
+    session.accelerator.log(
+        {f"eval/{k}": v for k, v in metrics.items() if k not in ("epoch", "step")}, step=position.global_step
+    )
     shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
-    progress.say(f"epoch {position.epoch + 1}, step {position.global_step}: eval {shown} ({metrics['samples']} samples)")
+    progress.say(
+        f"epoch {position.epoch + 1}, step {position.global_step}: eval {shown} ({metrics['samples']} samples)"
+    )
 
 
 def save_model(session: Session, directory: Path) -> None:
@@ -272,8 +324,13 @@ class RichProgress:
     """A rich progress bar over optimizer steps (main process only)."""
 
     def __init__(self, total: int, done: int):
-        self._progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                                  TextColumn("{task.fields[status]}"))
+        self._progress = Progress(
+            TextColumn("train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[status]}"),
+        )
         self._task = self._progress.add_task("train", total=total, completed=done, status="")
 
     def __enter__(self) -> RichProgress:

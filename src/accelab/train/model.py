@@ -27,8 +27,18 @@ from accelab.train.config import TrainConfig
 log = logging.getLogger(__name__)
 
 # config.json keys that do not change the trained tensors (label names, bookkeeping)
-_IDENTITY_IGNORED = ("id2label", "label2id", "transformers_version", "_name_or_path", "dtype", "torch_dtype",
-                     "use_cache", "architectures", "num_labels", "_attn_implementation_autoset")
+_IDENTITY_IGNORED = (
+    "id2label",
+    "label2id",
+    "transformers_version",
+    "_name_or_path",
+    "dtype",
+    "torch_dtype",
+    "use_cache",
+    "architectures",
+    "num_labels",
+    "_attn_implementation_autoset",
+)
 
 
 def read_model_config(source: str | Path) -> dict[str, Any]:
@@ -77,8 +87,10 @@ def label_fit(model_config: dict[str, Any], classes: list[str], *, reinit_head: 
     if have != classes:
         note = None
         if not all(name.startswith("LABEL_") for name in have) and set(have) != set(classes):
-            note = (f"{model}'s labels ({', '.join(have[:5])}...) are renamed to the dataset's classes "
-                    f"({', '.join(classes[:5])}...): the head is fine-tuned to the new meaning")
+            note = (
+                f"{model}'s labels ({', '.join(have[:5])}...) are renamed to the dataset's classes "
+                f"({', '.join(classes[:5])}...): the head is fine-tuned to the new meaning"
+            )
         return LabelFit(load_kwargs=label_maps, note=note)
     return LabelFit()
 
@@ -90,8 +102,9 @@ def _processor_side(processor_config: dict[str, Any]) -> int | None:
     return size.get("height") or size.get("shortest_edge")
 
 
-def image_size_for(model_config: dict[str, Any], processor_config: dict[str, Any], requested: int | None,
-                   model: str) -> int:
+def image_size_for(
+    model_config: dict[str, Any], processor_config: dict[str, Any], requested: int | None, model: str
+) -> int:
     """The training image side: the model's fixed size (ViT-like configs carry `image_size`),
     else --image-size, else the processor's size."""
     fixed = model_config.get("image_size")
@@ -124,8 +137,7 @@ def identity(model_config: dict[str, Any], task: str, num_labels: int | None) ->
     """What makes a checkpoint loadable into this run: the architecture and the head size."""
     kept = {k: v for k, v in sorted(model_config.items()) if k not in _IDENTITY_IGNORED}
     digest = hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return {"model_type": model_config.get("model_type"), "task": task, "num_labels": num_labels,
-            "config_sha": digest}
+    return {"model_type": model_config.get("model_type"), "task": task, "num_labels": num_labels, "config_sha": digest}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -156,8 +168,10 @@ def load_for_training(config: TrainConfig, classes: list[str] | None) -> TrainMo
         model_class = transformers.AutoModelForCausalLM
         if (model_config.get("quantization_config") or {}).get("quant_method") == "gguf":
             kwargs["config"] = _without_gguf_marker(config.model_source)
-            notes.append(f"{config.model}: the config's GGUF quantization marker is dropped; its safetensors "
-                         "weights are fp32, which training needs (and save_pretrained refuses GGUF models)")
+            notes.append(
+                f"{config.model}: the config's GGUF quantization marker is dropped; its safetensors "
+                "weights are fp32, which training needs (and save_pretrained refuses GGUF models)"
+            )
     log.info("loading %s from %s for training", config.model, config.model_source)
     model = model_class.from_pretrained(config.model_source, **kwargs)
     model.train()
@@ -166,8 +180,9 @@ def load_for_training(config: TrainConfig, classes: list[str] | None) -> TrainMo
     processor = load_processor(spec)
     image_size = None
     if config.task == "image-classification":
-        image_size = image_size_for(model_config, read_processor_config(config.model_source), config.image_size,
-                                    config.model)
+        image_size = image_size_for(
+            model_config, read_processor_config(config.model_source), config.image_size, config.model
+        )
         configure_processor(processor, image_size)
     else:
         check_block_size(model.config, config.block_size, config.model)
@@ -192,8 +207,10 @@ def _without_gguf_marker(source: str) -> Any:
 def check_block_size(model_config: Any, block_size: int, model: str) -> None:
     limit = max_sequence_length(model_config)
     if limit is not None and block_size > limit:
-        raise ValueError(f"--block-size {block_size} is longer than {model} accepts ({limit} positions); "
-                         f"pass --block-size {limit} or less")
+        raise ValueError(
+            f"--block-size {block_size} is longer than {model} accepts ({limit} positions); "
+            f"pass --block-size {limit} or less"
+        )
 
 
 def enable_gradient_checkpointing(model: Any, name: str) -> None:

@@ -100,9 +100,19 @@ def run_dirs(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
 
 
-def build_request(*, model: str, task: str | None, dataset: str | None, explicit: dict[str, Any],
-                  plan: str | None, launch: LaunchOptions, output_dir: Path | None, resume: str | None,
-                  save_as: str | None, save: bool) -> TrainRequest:
+def build_request(
+    *,
+    model: str,
+    task: str | None,
+    dataset: str | None,
+    explicit: dict[str, Any],
+    plan: str | None,
+    launch: LaunchOptions,
+    output_dir: Path | None,
+    resume: str | None,
+    save_as: str | None,
+    save: bool,
+) -> TrainRequest:
     """`explicit`: TrainConfig fields given on the command line (None where not given)."""
     from accelab.catalog.resolve import resolve
 
@@ -115,34 +125,51 @@ def build_request(*, model: str, task: str | None, dataset: str | None, explicit
             "compare, tune, predict and serve"
         )
     if spec.task not in DEFAULTS:
-        raise ValueError(f"{model} is a {spec.task} model; accelab trains image-classification and "
-                         "text-generation models (pass --task if the inferred task is wrong)")
+        raise ValueError(
+            f"{model} is a {spec.task} model; accelab trains image-classification and "
+            "text-generation models (pass --task if the inferred task is wrong)"
+        )
     dataset = dataset if dataset is not None else ("digits" if spec.task == "image-classification" else "")
     kind = detect_kind(dataset, spec.task)
-    dataset_path = dataset if kind == "digits" or dataset in ("", "heldout") else str(Path(dataset).expanduser().resolve())
+    dataset_path = (
+        dataset if kind == "digits" or dataset in ("", "heldout") else str(Path(dataset).expanduser().resolve())
+    )
 
     # Names and directories
     if launch.nnodes > 1 and output_dir is None:
-        raise ValueError("multi-node training needs --output-dir on a filesystem every node shares: checkpoints hold "
-                         "every rank's RNG state, and all nodes must write to the same run directory")
+        raise ValueError(
+            "multi-node training needs --output-dir on a filesystem every node shares: checkpoints hold "
+            "every rank's RNG state, and all nodes must write to the same run directory"
+        )
     name = save_as or default_name(dataset, kind, model)
     if save:
         check_name(name)
     runs_root = cache_dir() / "runs" / name
     checkpoint = ckpt.resolve_resume(resume, [output_dir] if output_dir else run_dirs(runs_root)) if resume else None
     if output_dir is None:
-        output_dir = ckpt.run_dir_of(checkpoint) if checkpoint else runs_root / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        output_dir = (
+            ckpt.run_dir_of(checkpoint) if checkpoint else runs_root / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        )
     elif checkpoint is None and ckpt.complete_checkpoints(output_dir):
-        raise ValueError(f"--output-dir {output_dir} already holds checkpoints of an earlier run; pass --resume latest "
-                         "to continue it, or choose another --output-dir")
+        raise ValueError(
+            f"--output-dir {output_dir} already holds checkpoints of an earlier run; pass --resume latest "
+            "to continue it, or choose another --output-dir"
+        )
 
     # The config
     defaults = {**DEFAULTS[spec.task], **(FROM_SCRATCH if spec.random_weights else FINE_TUNE)}
     values = merge(explicit, plan_values, defaults)
     config = TrainConfig(
-        model=model, model_source=spec.source, task=spec.task, dataset=dataset_path, dataset_kind=kind,
-        world_size=launch.world_size, output_dir=str(Path(output_dir).resolve()),
-        resume_from=str(checkpoint) if checkpoint else None, save_as=name if save else None, **values,
+        model=model,
+        model_source=spec.source,
+        task=spec.task,
+        dataset=dataset_path,
+        dataset_kind=kind,
+        world_size=launch.world_size,
+        output_dir=str(Path(output_dir).resolve()),
+        resume_from=str(checkpoint) if checkpoint else None,
+        save_as=name if save else None,
+        **values,
     )
     notes += check(config, spec, launch)
     return TrainRequest(config=config, launch=launch, spec=spec, notes=notes)
@@ -171,8 +198,14 @@ def check(config: TrainConfig, spec: ModelSpec, launch: LaunchOptions) -> list[s
         path = Path(config.resume_from)
         state = ckpt.read_state(path)
         notes += ckpt.check_compatible(
-            state, path, identity=identity(model_config, config.task, len(classes) if classes else None),
-            model=config.model, batch_size=config.batch_size, seed=config.seed, mixed_precision=config.mixed_precision)
+            state,
+            path,
+            identity=identity(model_config, config.task, len(classes) if classes else None),
+            model=config.model,
+            batch_size=config.batch_size,
+            seed=config.seed,
+            mixed_precision=config.mixed_precision,
+        )
     return notes
 
 
@@ -192,8 +225,10 @@ def _check_devices(config: TrainConfig, launch: LaunchOptions) -> None:
     import torch
 
     if _cuda(config) and launch.nproc > torch.cuda.device_count():
-        raise ValueError(f"--nproc {launch.nproc} needs {launch.nproc} GPUs on this node; {torch.cuda.device_count()} "
-                         "found. Use --nproc <= the GPU count, or --cpu for CPU processes (gloo)")
+        raise ValueError(
+            f"--nproc {launch.nproc} needs {launch.nproc} GPUs on this node; {torch.cuda.device_count()} "
+            "found. Use --nproc <= the GPU count, or --cpu for CPU processes (gloo)"
+        )
 
 
 def _check_gradient_checkpointing(model_config: dict[str, Any], model: str) -> None:
@@ -202,5 +237,7 @@ def _check_gradient_checkpointing(model_config: dict[str, Any], model: str) -> N
     for arch in model_config.get("architectures") or []:
         cls = getattr(transformers, arch, None)
         if cls is not None and not getattr(cls, "supports_gradient_checkpointing", False):
-            raise ValueError(f"{model} ({arch}) does not support gradient checkpointing in transformers; drop "
-                             "--gradient-checkpointing (or lower --batch-size / raise --grad-accum to save memory)")
+            raise ValueError(
+                f"{model} ({arch}) does not support gradient checkpointing in transformers; drop "
+                "--gradient-checkpointing (or lower --batch-size / raise --grad-accum to save memory)"
+            )

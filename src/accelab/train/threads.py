@@ -43,5 +43,7 @@ def threads_per_process(nproc: int, explicit: int | None, idle: float) -> int:
 
 
 def note(nproc: int, threads: int, idle: float, cpus: int) -> str:
-    return (f"{threads} intra-op thread(s) per process: {idle:.1f} of {cpus} CPUs were idle at launch, shared by "
-            f"{nproc} process(es); pass --threads N to choose")
+    return (
+        f"{threads} intra-op thread(s) per process: {idle:.1f} of {cpus} CPUs were idle at launch, shared by "
+        f"{nproc} process(es); pass --threads N to choose"
+    )

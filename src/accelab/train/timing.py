@@ -55,7 +55,7 @@ class StepTimer:
     def summary(self, global_batch: int, steps_per_epoch: int, full_epochs: list[int]) -> dict[str, object]:
         """Throughput over the timed steps and the epoch time: the last full epoch's training
         time when one ran in this process, else an estimate from the median step (flagged)."""
-        timed = self.durations[self.warmup:]
+        timed = self.durations[self.warmup :]
         wall = sum(timed)
         out: dict[str, object] = {
             "steps": len(self.durations),

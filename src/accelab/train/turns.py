@@ -48,10 +48,24 @@ class Gate:
     while it is another row's turn. A turn lasts `seconds_per_turn` of step time (at least one
     step). `timed_from`: steps done before turns begin (the warm-up); `last_step`: the run's last."""
 
-    def __init__(self, directory: str | Path, row: str, *, main: bool, seconds_per_turn: float, timed_from: int,
-                 last_step: int, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        row: str,
+        *,
+        main: bool,
+        seconds_per_turn: float,
+        timed_from: int,
+        last_step: int,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.dir, self.row, self.main = Path(directory), row, main
-        self.seconds_per_turn, self.timed_from, self.last_step, self.sleep = seconds_per_turn, timed_from, last_step, sleep
+        self.seconds_per_turn, self.timed_from, self.last_step, self.sleep = (
+            seconds_per_turn,
+            timed_from,
+            last_step,
+            sleep,
+        )
         self.round: int | None = None  # the round this row is running, None while it waits
         self.served = -1  # the last round it ran
         self.durations: list[float] = []
@@ -122,8 +136,14 @@ class Table:
         text = _read(self.dir / f"{row}.{round_index}.json")
         return json.loads(text) if text else None
 
-    def wait_for(self, done: Callable[[], bool], *, timeout_s: float, sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic) -> bool:
+    def wait_for(
+        self,
+        done: Callable[[], bool],
+        *,
+        timeout_s: float,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> bool:
         """Poll `done` until it is true (True) or `timeout_s` passes (False)."""
         end = clock() + timeout_s
         while not done():

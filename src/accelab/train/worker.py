@@ -73,8 +73,11 @@ def _gather_peaks(accelerator: Any, report: Any) -> dict[str, Any]:
     rss = [r[0] for r in rows]
     gpus = [r[1] for r in rows if r[1] >= 0]
     return {
-        "peak_rss_mb_per_rank": rss, "peak_rss_mb_max": max(rss), "peak_rss_mb_sum": sum(rss),
-        "gpu_peak_allocated_mb_per_rank": gpus or None, "gpu_peak_allocated_mb_max": max(gpus) if gpus else None,
+        "peak_rss_mb_per_rank": rss,
+        "peak_rss_mb_max": max(rss),
+        "peak_rss_mb_sum": sum(rss),
+        "gpu_peak_allocated_mb_per_rank": gpus or None,
+        "gpu_peak_allocated_mb_max": max(gpus) if gpus else None,
     }
 
 
@@ -115,15 +118,24 @@ def _summary(session: Any, start: Any, record: Any, timer: Any, peaks: dict[str,
 def _register(session: Any, summary: dict[str, Any], final_dir: Path) -> Path:
     config = session.config
     final = summary["final"]
-    metrics = ({"test_accuracy": final.get("accuracy"), "test_loss": final.get("loss")}
-               if config.task == "image-classification" else
-               {"eval_perplexity": final.get("perplexity"), "eval_loss": final.get("loss")})
-    origin = (f"accelab train {config.model} on {summary['dataset_meta'].get('dataset')} "
-              f"({summary['total_steps']} steps, global batch {config.batch_size})")
-    extra = {**summary["dataset_meta"], "base_model": config.model, "eval_split": summary["eval_split"],
-             "train_run": config.output_dir}
-    return register_local_model(config.save_as, final_dir, task=config.task, origin=origin, metrics=metrics,
-                                extra_meta=extra)
+    metrics = (
+        {"test_accuracy": final.get("accuracy"), "test_loss": final.get("loss")}
+        if config.task == "image-classification"
+        else {"eval_perplexity": final.get("perplexity"), "eval_loss": final.get("loss")}
+    )
+    origin = (
+        f"accelab train {config.model} on {summary['dataset_meta'].get('dataset')} "
+        f"({summary['total_steps']} steps, global batch {config.batch_size})"
+    )
+    extra = {
+        **summary["dataset_meta"],
+        "base_model": config.model,
+        "eval_split": summary["eval_split"],
+        "train_run": config.output_dir,
+    }
+    return register_local_model(
+        config.save_as, final_dir, task=config.task, origin=origin, metrics=metrics, extra_meta=extra
+    )
 
 
 def _write(config: TrainConfig, doc: dict[str, Any]) -> None:
@@ -146,8 +158,13 @@ def main(argv: list[str] | None = None) -> int:
     rank = _rank()
     if rank != 0:
         logging.getLogger("accelab").setLevel(logging.ERROR)  # one copy of each warning, from rank 0
-    return run_worker(lambda: train(config), rank=rank, world_size=config.world_size,
-                      write=lambda doc: _write(config, doc), unsupported=Unsupported)
+    return run_worker(
+        lambda: train(config),
+        rank=rank,
+        world_size=config.world_size,
+        write=lambda doc: _write(config, doc),
+        unsupported=Unsupported,
+    )
 
 
 def _rank() -> int:

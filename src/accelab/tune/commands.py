@@ -12,19 +12,32 @@ def register(app: typer.Typer) -> None:
 
 
 def tune_command(
-    model: str = typer.Argument(..., help="Catalog name, local directory, .gguf file, Hub id, or your own model as package.module:callable."),
+    model: str = typer.Argument(
+        ..., help="Catalog name, local directory, .gguf file, Hub id, or your own model as package.module:callable."
+    ),
     goal: str = typer.Option("throughput", help="throughput | latency."),
     percentile: str = typer.Option("p99", help="For --goal latency: p50 | p99."),
     task: str | None = typer.Option(None),
     scenario: str = typer.Option("auto", help="forward | generate | auto."),
-    batch_size: int | None = typer.Option(None, "--batch-size", "-b", help="Latency goal: the request batch (default 1). Throughput goal: the screening batch (default 8 forward, 4 generate)."),
-    max_batch: int | None = typer.Option(None, "--max-batch", help="Largest batch tried (default 256 forward, 64 generate)."),
+    batch_size: int | None = typer.Option(
+        None,
+        "--batch-size",
+        "-b",
+        help="Latency goal: the request batch (default 1). Throughput goal: the screening batch (default 8 forward, 4 generate).",
+    ),
+    max_batch: int | None = typer.Option(
+        None, "--max-batch", help="Largest batch tried (default 256 forward, 64 generate)."
+    ),
     seq_len: int = typer.Option(128, "--seq-len"),
     new_tokens: int = typer.Option(32, "--new-tokens"),
     image_size: int | None = typer.Option(None, "--image-size"),
-    max_memory: str | None = typer.Option(None, "--max-memory", help="Peak memory limit: GPU memory, or process RSS on CPU (e.g. 2GiB)."),
+    max_memory: str | None = typer.Option(
+        None, "--max-memory", help="Peak memory limit: GPU memory, or process RSS on CPU (e.g. 2GiB)."
+    ),
     p99_ms: float | None = typer.Option(None, "--p99-ms", help="p99 latency SLA per call, in ms."),
-    quality: str = typer.Option("balanced", help="strict | balanced | loose | off: the verify tolerance every plan must meet."),
+    quality: str = typer.Option(
+        "balanced", help="strict | balanced | loose | off: the verify tolerance every plan must meet."
+    ),
     budget: str | None = typer.Option(None, help="Wall time for the whole search (e.g. 10m); the best so far wins."),
     include: str | None = typer.Option(None, help="Comma-separated presets to search instead of the default space."),
     exclude: str | None = typer.Option(None, help="Comma-separated presets to leave out."),
@@ -41,15 +54,35 @@ def tune_command(
     from accelab.tune.run import TuneRequest, check_options, tune
 
     check_options(goal=goal, percentile=percentile, quality=quality, max_memory=max_memory, budget=budget)
+
     def split(text: str | None) -> list[str] | None:
         return [p.strip() for p in text.split(",") if p.strip()] if text else None
 
-    outcome = tune(TuneRequest(
-        spec=resolve(model, task), goal=goal, percentile=percentile, scenario=scenario,  # type: ignore[arg-type]
-        batch_size=batch_size, max_batch=max_batch, seq_len=seq_len, new_tokens=new_tokens, image_size=image_size,
-        max_memory=max_memory, p99_ms=p99_ms, quality=quality, budget=budget, include=split(include),
-        exclude=split(exclude), min_seconds=min_seconds, device=device, out=out, plot=plot, json_out=json_out, db=db,
-        fresh=fresh,
-    ))
+    outcome = tune(
+        TuneRequest(
+            spec=resolve(model, task),
+            goal=goal,
+            percentile=percentile,
+            scenario=scenario,  # type: ignore[arg-type]
+            batch_size=batch_size,
+            max_batch=max_batch,
+            seq_len=seq_len,
+            new_tokens=new_tokens,
+            image_size=image_size,
+            max_memory=max_memory,
+            p99_ms=p99_ms,
+            quality=quality,
+            budget=budget,
+            include=split(include),
+            exclude=split(exclude),
+            min_seconds=min_seconds,
+            device=device,
+            out=out,
+            plot=plot,
+            json_out=json_out,
+            db=db,
+            fresh=fresh,
+        )
+    )
     if outcome.plan is None:
         raise typer.Exit(3)

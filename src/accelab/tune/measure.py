@@ -47,7 +47,9 @@ class BenchMeasurer:
         """Earlier measurements of this same tune (same group id), to resume an interrupted run."""
         if self.store is None:
             return 0
-        stored = sorted(self.store.query(group_id=self.group_id, kind="tune"), key=lambda r: r.metrics.get(K.TUNE_SEQ, 0))
+        stored = sorted(
+            self.store.query(group_id=self.group_id, kind="tune"), key=lambda r: r.metrics.get(K.TUNE_SEQ, 0)
+        )
         queues: dict[tuple[str, str], list[Result]] = defaultdict(list)
         for r in stored:
             queues[(r.metrics.get(K.TUNE_CANDIDATE, ""), r.metrics.get(K.TUNE_PHASE, ""))].append(r)
@@ -64,22 +66,37 @@ class BenchMeasurer:
             return self._to_measurement(result, candidate, phase, seconds=0.0)
         plan = PRESETS[candidate.variant].with_changes(batch_size=candidate.batch_size)
         seconds = self.screen_seconds if phase in ("screen", "grow") else self.final_seconds
-        workload = replace(self.workload, batch_size=candidate.batch_size, min_seconds=seconds,
-                           min_iters=3 if phase in ("screen", "grow") else max(self.workload.min_iters, 5),
-                           warmup=1 if phase in ("screen", "grow") else self.workload.warmup)
+        workload = replace(
+            self.workload,
+            batch_size=candidate.batch_size,
+            min_seconds=seconds,
+            min_iters=3 if phase in ("screen", "grow") else max(self.workload.min_iters, 5),
+            warmup=1 if phase in ("screen", "grow") else self.workload.warmup,
+        )
         # quality depends on the technique, not the batch: check each variant once
         check_quality = self.quality is not None and candidate.variant not in self._quality_by_variant
         self.console.print(f"[dim]  {phase:8s} {candidate.key} ...[/]", end="")
         t0 = time.perf_counter()
         result = bench(
-            self.spec, plan, workload, device=self.device, timeout_s=self.timeout_s, kind="tune",
-            group_id=self.group_id, quality=self.quality if check_quality else None, tolerance=self.tolerance,
+            self.spec,
+            plan,
+            workload,
+            device=self.device,
+            timeout_s=self.timeout_s,
+            kind="tune",
+            group_id=self.group_id,
+            quality=self.quality if check_quality else None,
+            tolerance=self.tolerance,
         )
         cost = time.perf_counter() - t0
         if check_quality and result.ok:
             self._quality_by_variant[candidate.variant] = (result.quality or {}).get("verdict")
         m = self._keep(result, candidate, phase, cost)
-        summary = f"{m.throughput:.4g} {result.metrics.get(K.THROUGHPUT_UNIT, '')}" if m.throughput else (m.reason or m.status)
+        summary = (
+            f"{m.throughput:.4g} {result.metrics.get(K.THROUGHPUT_UNIT, '')}"
+            if m.throughput
+            else (m.reason or m.status)
+        )
         self.console.print(f"[dim] {summary[:100]} ({cost:.0f} s)[/]")
         return m
 
@@ -93,15 +110,31 @@ class BenchMeasurer:
             self.results.extend(stored)
             return [self._to_measurement(r, c, phase, seconds=0.0) for r, c in zip(stored, candidates)]
         plans = [PRESETS[c.variant].with_changes(batch_size=c.batch_size) for c in candidates]
-        workloads = [replace(self.workload, batch_size=c.batch_size, min_seconds=self.final_seconds,
-                             min_iters=max(self.workload.min_iters, 5)) for c in candidates]
+        workloads = [
+            replace(
+                self.workload,
+                batch_size=c.batch_size,
+                min_seconds=self.final_seconds,
+                min_iters=max(self.workload.min_iters, 5),
+            )
+            for c in candidates
+        ]
         check_quality = self.quality is not None and any(c.variant not in self._quality_by_variant for c in candidates)
         self.console.print(f"[dim]  {phase:8s} {' vs '.join(c.key for c in candidates)}, side by side ...[/]")
         t0 = time.perf_counter()
-        results = measure_plans(self.spec, plans, workloads, device=self.device,
-                                quality=self.quality if check_quality else None, tolerance=self.tolerance,
-                                timeout_s=self.timeout_s, kind="tune", tag=None, group_id=self.group_id,
-                                console=self.console)
+        results = measure_plans(
+            self.spec,
+            plans,
+            workloads,
+            device=self.device,
+            quality=self.quality if check_quality else None,
+            tolerance=self.tolerance,
+            timeout_s=self.timeout_s,
+            kind="tune",
+            tag=None,
+            group_id=self.group_id,
+            console=self.console,
+        )
         cost = (time.perf_counter() - t0) / len(candidates)
         out = []
         for candidate, result in zip(candidates, results):
@@ -111,8 +144,15 @@ class BenchMeasurer:
         return out
 
     def _keep(self, result: Result, candidate: Candidate, phase: Phase, cost: float) -> Measurement:
-        result.metrics.update({K.TUNE_CANDIDATE: candidate.key, K.TUNE_PHASE: phase, K.TUNE_SEQ: len(self.results),
-                               K.TUNE_COST_S: cost, K.TUNE_QUALITY: self._quality_by_variant.get(candidate.variant)})
+        result.metrics.update(
+            {
+                K.TUNE_CANDIDATE: candidate.key,
+                K.TUNE_PHASE: phase,
+                K.TUNE_SEQ: len(self.results),
+                K.TUNE_COST_S: cost,
+                K.TUNE_QUALITY: self._quality_by_variant.get(candidate.variant),
+            }
+        )
         if self.store is not None:
             self.store.add(result)
         self.results.append(result)

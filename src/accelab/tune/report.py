@@ -33,19 +33,24 @@ def render(log: SearchLog, pruned: dict[str, str], unit: str, console: Console |
         verdict = log.verdicts.get(m.candidate.key, "")
         style = "bold green" if verdict == "winner" else "yellow" if verdict.startswith(("tie", "runner")) else ""
         table.add_row(
-            escape(m.candidate.key), m.phase, fmt(m.throughput), fmt(m.p50_ms), fmt(m.p99_ms), fmt(m.memory_mb),
-            m.quality or "-", f"[{style}]{escape(verdict)}[/]" if style else escape(verdict),
+            escape(m.candidate.key),
+            m.phase,
+            fmt(m.throughput),
+            fmt(m.p50_ms),
+            fmt(m.p99_ms),
+            fmt(m.memory_mb),
+            m.quality or "-",
+            f"[{style}]{escape(verdict)}[/]" if style else escape(verdict),
         )
     for name, why in pruned.items():
         table.add_row(escape(name), "-", "-", "-", "-", "-", "-", escape(f"not searched: {why}"))
     console.print(table)
-    console.print(
-        f"measurement time: {log.measured_seconds:.0f} s over {len(log.measurements)} runs", highlight=False
-    )
+    console.print(f"measurement time: {log.measured_seconds:.0f} s over {len(log.measurements)} runs", highlight=False)
 
 
 def pareto_front(points: list[Measurement]) -> list[Measurement]:
     """Measurements no other beats on throughput, p99 latency and memory at once."""
+
     def dominated(a: Measurement, b: Measurement) -> bool:
         return (
             (b.throughput or 0) >= (a.throughput or 0)
@@ -69,15 +74,27 @@ def plot_pareto(log: SearchLog, path: Path, unit: str, title: str) -> Path:
     if points:
         memory = [m.memory_mb or 0 for m in points]
         scatter = ax.scatter(
-            [m.p99_ms for m in points], [m.throughput for m in points], c=memory, cmap="viridis",
+            [m.p99_ms for m in points],
+            [m.throughput for m in points],
+            c=memory,
+            cmap="viridis",
             s=[90 if m.candidate.key in front else 40 for m in points],
             edgecolors=["black" if m.candidate.key in front else "none" for m in points],
         )
         fig.colorbar(scatter, ax=ax, label="peak memory (MB)")
         for m in points:
-            ax.annotate(m.candidate.key, (m.p99_ms, m.throughput), fontsize=7, xytext=(4, 3), textcoords="offset points")
+            ax.annotate(
+                m.candidate.key, (m.p99_ms, m.throughput), fontsize=7, xytext=(4, 3), textcoords="offset points"
+            )
         front_pts = sorted((m for m in points if m.candidate.key in front), key=lambda m: m.p99_ms or 0)
-        ax.plot([m.p99_ms for m in front_pts], [m.throughput for m in front_pts], "--", color="grey", lw=1, label="Pareto front")
+        ax.plot(
+            [m.p99_ms for m in front_pts],
+            [m.throughput for m in front_pts],
+            "--",
+            color="grey",
+            lw=1,
+            label="Pareto front",
+        )
         ax.legend(loc="lower right")
     ax.set_xscale("log")
     ax.set_xlabel("p99 latency (ms, log scale)")

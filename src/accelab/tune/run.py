@@ -75,8 +75,13 @@ class TuneRequest:
     fresh: bool = False  # ignore earlier measurements of the same tune in the store
 
     def __post_init__(self) -> None:
-        check_options(goal=self.goal, percentile=self.percentile, quality=self.quality, max_memory=self.max_memory,
-                      budget=self.budget)
+        check_options(
+            goal=self.goal,
+            percentile=self.percentile,
+            quality=self.quality,
+            max_memory=self.max_memory,
+            budget=self.budget,
+        )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -118,23 +123,42 @@ def setup_of(request: TuneRequest) -> TuneSetup:
     ladder_top = request.max_batch or (64 if generate else 256)
     if goal == "throughput":
         screen = min(screen, ladder_top)
-    workload = Workload(scenario=chosen, batch_size=screen, seq_len=request.seq_len,  # type: ignore[arg-type]
-                        new_tokens=request.new_tokens, image_size=request.image_size, min_seconds=request.min_seconds)
+    workload = Workload(
+        scenario=chosen,
+        batch_size=screen,
+        seq_len=request.seq_len,  # type: ignore[arg-type]
+        new_tokens=request.new_tokens,
+        image_size=request.image_size,
+        min_seconds=request.min_seconds,
+    )
     validate(spec, workload)
     if quality != "off":
         rules_for(spec.task, quality)
-    space = search_space(spec, chosen, request.device, max_batch=ladder_top if goal == "throughput" else screen,
-                         include=request.include, exclude=request.exclude,
-                         # a slow technique cannot win on speed, but may fit a memory limit where fp32 does not
-                         prune_slow=request.include is None and request.max_memory is None)
+    space = search_space(
+        spec,
+        chosen,
+        request.device,
+        max_batch=ladder_top if goal == "throughput" else screen,
+        include=request.include,
+        exclude=request.exclude,
+        # a slow technique cannot win on speed, but may fit a memory limit where fp32 does not
+        prune_slow=request.include is None and request.max_memory is None,
+    )
     if goal == "latency":
         space = Space(variants=space.variants, pruned=space.pruned, batch_sizes=[screen])
-    constraints = Constraints(max_memory_mb=parse_size_mib(request.max_memory) if request.max_memory else None,
-                              p99_ms=request.p99_ms, quality=quality)  # type: ignore[arg-type]
+    constraints = Constraints(
+        max_memory_mb=parse_size_mib(request.max_memory) if request.max_memory else None,
+        p99_ms=request.p99_ms,
+        quality=quality,
+    )  # type: ignore[arg-type]
     return TuneSetup(
-        spec=spec, workload=workload, space=space,
+        spec=spec,
+        workload=workload,
+        space=space,
         goal="throughput" if goal == "throughput" else f"latency-{request.percentile}",  # type: ignore[arg-type]
-        constraints=constraints, screen_batch=screen, tolerance=quality if quality != "off" else "balanced",
+        constraints=constraints,
+        screen_batch=screen,
+        tolerance=quality if quality != "off" else "balanced",
         budget_s=parse_duration_s(request.budget) if request.budget else None,
     )
 
@@ -142,15 +166,29 @@ def setup_of(request: TuneRequest) -> TuneSetup:
 def tune_id(setup: TuneSetup) -> str:
     """Same model, workload, space, goal and limits -> same id, so a rerun resumes."""
     blob = json.dumps(
-        [setup.spec.to_dict(), setup.workload.to_dict(), setup.space.variants, setup.space.batch_sizes,
-         setup.goal, asdict(setup.constraints), setup.screen_batch, setup.tolerance],
-        sort_keys=True, default=str,
+        [
+            setup.spec.to_dict(),
+            setup.workload.to_dict(),
+            setup.space.variants,
+            setup.space.batch_sizes,
+            setup.goal,
+            asdict(setup.constraints),
+            setup.screen_batch,
+            setup.tolerance,
+        ],
+        sort_keys=True,
+        default=str,
     )
     return "tune-" + hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 def run_tune(
-    setup: TuneSetup, *, store: Store | None, device: str | None, fresh: bool, console: Console,
+    setup: TuneSetup,
+    *,
+    store: Store | None,
+    device: str | None,
+    fresh: bool,
+    console: Console,
     quality_samples: int = 8,
 ) -> tuple[SearchLog, BenchMeasurer, str]:
     group = tune_id(setup)
@@ -158,18 +196,30 @@ def run_tune(
     if setup.constraints.quality != "off":
         quality = QualityConfig(samples=quality_samples, new_tokens=min(setup.workload.new_tokens, 16), batch_size=8)
     measurer = BenchMeasurer(
-        spec=setup.spec, workload=setup.workload, device=device, store=store, group_id=group, quality=quality,
-        tolerance=setup.tolerance, screen_seconds=min(setup.workload.min_seconds, 1.0),
-        final_seconds=setup.workload.min_seconds, console=console,
+        spec=setup.spec,
+        workload=setup.workload,
+        device=device,
+        store=store,
+        group_id=group,
+        quality=quality,
+        tolerance=setup.tolerance,
+        screen_seconds=min(setup.workload.min_seconds, 1.0),
+        final_seconds=setup.workload.min_seconds,
+        console=console,
     )
     if not fresh:
         found = measurer.load_replay()
         if found:
             console.print(f"resuming tune {group}: {found} earlier measurements in the store will be reused")
     search = Search(
-        variants=setup.space.variants, batch_sizes=setup.space.batch_sizes, measure=measurer,
+        variants=setup.space.variants,
+        batch_sizes=setup.space.batch_sizes,
+        measure=measurer,
         measure_together=measurer.together,
-        constraints=setup.constraints, goal=setup.goal, screen_batch=setup.screen_batch, budget_s=setup.budget_s,
+        constraints=setup.constraints,
+        goal=setup.goal,
+        screen_batch=setup.screen_batch,
+        budget_s=setup.budget_s,
     )
     return search.run(), measurer, group
 
@@ -198,12 +248,15 @@ def tune(request: TuneRequest, console: Console | None = None) -> TuneOutcome:
         f"memory {request.max_memory or '-'}, p99 {request.p99_ms or '-'} ms, quality {request.quality}"
     )
     noise.warn_if_busy(lambda text: console.print(f"[yellow]warning: {escape(text)}[/]"))
-    log, measurer, group = run_tune(setup, store=open_store(request.db), device=request.device, fresh=request.fresh,
-                                    console=console)
+    log, measurer, group = run_tune(
+        setup, store=open_store(request.db), device=request.device, fresh=request.fresh, console=console
+    )
     outcome = TuneOutcome(setup=setup, group=group, log=log, measurer=measurer, plan=winning_plan(log, group))
     report.render(log, space.pruned, setup.unit, console)
     if request.plot:
-        report.plot_pareto(log, request.plot, setup.unit, f"{setup.spec.name} · {setup.workload.scenario} · tune {group}")
+        report.plot_pareto(
+            log, request.plot, setup.unit, f"{setup.spec.name} · {setup.workload.scenario} · tune {group}"
+        )
         console.print(f"Pareto chart: {request.plot}")
     if request.json_out:
         request.json_out.write_text(json.dumps(summary_json(outcome), indent=2))
@@ -231,10 +284,16 @@ def _tie_words(log: SearchLog) -> str:
 def summary_json(outcome: TuneOutcome) -> dict:
     log = outcome.log
     return {
-        "tune_id": outcome.group, "winner": log.winner and log.winner.candidate.key,
-        "runner_up": log.runner_up and log.runner_up.candidate.key, "tie": log.tie, "final_ratio": log.final_ratio,
-        "measured_seconds": log.measured_seconds, "reused": outcome.measurer.reused,
-        "verdicts": log.verdicts, "pruned": outcome.setup.space.pruned, "no_feasible_reason": log.no_feasible_reason,
+        "tune_id": outcome.group,
+        "winner": log.winner and log.winner.candidate.key,
+        "runner_up": log.runner_up and log.runner_up.candidate.key,
+        "tie": log.tie,
+        "final_ratio": log.final_ratio,
+        "measured_seconds": log.measured_seconds,
+        "reused": outcome.measurer.reused,
+        "verdicts": log.verdicts,
+        "pruned": outcome.setup.space.pruned,
+        "no_feasible_reason": log.no_feasible_reason,
         "run_ids": [r.run_id for r in outcome.measurer.results],
     }
 

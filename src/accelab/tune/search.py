@@ -267,8 +267,9 @@ class Search:
     def _paired(self, a: Measurement, b: Measurement) -> Ratio:
         n = min(len(a.rates), len(b.rates))
         ua, ub = list(a.usable) or [True] * n, list(b.usable) or [True] * n
-        ratio = paired_ratio(a.rates[:n], b.rates[:n], [x and y for x, y in zip(ua[:n], ub[:n])],
-                             threshold=self.noise_floor)
+        ratio = paired_ratio(
+            a.rates[:n], b.rates[:n], [x and y for x, y in zip(ua[:n], ub[:n])], threshold=self.noise_floor
+        )
         return check_overlap(ratio, [r for r, u in zip(a.rates, ua) if u], [r for r, u in zip(b.rates, ub) if u])
 
     def _lead(self, a: Measurement, b: Measurement) -> float:
@@ -304,7 +305,9 @@ class Search:
             self._lost(m, f"slower in screening ({_fmt(m)} vs {_fmt(screened[0])} for {screened[0].candidate.key})")
         if self.goal == "throughput":
             leaders = [self.grow(m) for m in leaders] + self._contenders
-        finalists = _distinct(sorted(leaders + screened[self.keep : self.keep + 1], key=lambda m: score(m, self.goal), reverse=True))[:2]
+        finalists = _distinct(
+            sorted(leaders + screened[self.keep : self.keep + 1], key=lambda m: score(m, self.goal), reverse=True)
+        )[:2]
         for m in leaders + screened[self.keep : self.keep + 1]:
             if m.candidate.key not in {f.candidate.key for f in finalists}:
                 self._lost(m, f"slower than the finalists ({_fmt(m)})")
@@ -327,7 +330,8 @@ class Search:
             ru = self.log.runner_up.candidate.key
             why = f" ({self.log.final_ratio.split(': ', 1)[1]})" if self.log.final_ratio else " (within noise)"
             self.log.verdicts[ru] = ("tie with the winner" if self.log.tie else "runner-up") + (
-                why if self.log.final_ratio or self.log.tie else "")
+                why if self.log.final_ratio or self.log.tie else ""
+            )
         best = score(winner, self.goal)
         unit = "items/s" if self.goal == "throughput" else "ms"
         for key, m in self._best_ok.items():
@@ -340,7 +344,9 @@ class Search:
     def _nothing_met(self) -> str:
         kinds = {self.constraints.limit_kind(m) for m in self.log.measurements}
         names = {
-            "memory": f"the memory limit ({self.constraints.max_memory_mb:.0f} MB)" if self.constraints.max_memory_mb else "memory",
+            "memory": f"the memory limit ({self.constraints.max_memory_mb:.0f} MB)"
+            if self.constraints.max_memory_mb
+            else "memory",
             "sla": f"the p99 SLA ({self.constraints.p99_ms:g} ms)" if self.constraints.p99_ms else "the SLA",
             "quality": f"the quality tolerance ({self.constraints.quality})",
             "unsupported": "support on this device",

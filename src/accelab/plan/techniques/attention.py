@@ -36,7 +36,9 @@ def check(plan: Plan, spec: ModelSpec, device: torch.device) -> None:
             raise Unsupported("flash_attention_2 needs the flash_attn package, which is not installed")
     if plan.attention == "flex_attention" and device.type == "cpu":
         if find_cpp_compiler() is None:
-            raise Unsupported("flex_attention compiles its kernel with torch.compile, which needs a C++ compiler on CPU")
+            raise Unsupported(
+                "flex_attention compiles its kernel with torch.compile, which needs a C++ compiler on CPU"
+            )
     config = _model_info.load_config(spec)
     cls = _model_info.model_class(spec, config) if config is not None else None
     if cls is None:

@@ -56,5 +56,9 @@ def prepare_batch(batch: dict[str, Any], plan: Plan) -> dict[str, Any]:
     channels_last, when the plan asks for it."""
     if plan is None or plan.memory_format != "channels_last":
         return batch
-    return {k: v.contiguous(memory_format=torch.channels_last)
-            if torch.is_tensor(v) and v.dim() == 4 and v.is_floating_point() else v for k, v in batch.items()}
+    return {
+        k: v.contiguous(memory_format=torch.channels_last)
+        if torch.is_tensor(v) and v.dim() == 4 and v.is_floating_point()
+        else v
+        for k, v in batch.items()
+    }

@@ -49,9 +49,7 @@ def check(plan: Plan, spec: ModelSpec, device: torch.device) -> None:
 
 def _check_fp8(device: torch.device) -> None:
     if device.type != "cuda":
-        raise Unsupported(
-            "fp8 needs a CUDA GPU with compute capability 8.9 or newer (Ada, Hopper); this run is on CPU"
-        )
+        raise Unsupported("fp8 needs a CUDA GPU with compute capability 8.9 or newer (Ada, Hopper); this run is on CPU")
     capability = torch.cuda.get_device_capability(device)
     if capability < FP8_MIN_CAPABILITY:
         # accelerate would silently fall back to fp16 here (it only logs a warning)
@@ -122,7 +120,8 @@ def _accelerator(mixed_precision: str, device: torch.device) -> Any:
         state = AcceleratorState()
         held = state.mixed_precision
         if (cpu and state.device.type != "cpu") or (
-                held != mixed_precision and state.distributed_type != DistributedType.DEEPSPEED):
+            held != mixed_precision and state.distributed_type != DistributedType.DEEPSPEED
+        ):
             raise PrecisionConflict(
                 f"accelerate's state already holds mixed_precision={held!r} on {state.device} in this process "
                 f"(asked: {mixed_precision!r} on {device}); run each precision in its own process"

@@ -36,7 +36,9 @@ def check(plan: Plan, spec: ModelSpec, device: torch.device) -> None:
     if plan.quantization == "none":
         return
     if importlib.util.find_spec("torchao") is None:
-        raise Unsupported(f"quantization={plan.quantization} needs torchao, which is not installed (pip install torchao)")
+        raise Unsupported(
+            f"quantization={plan.quantization} needs torchao, which is not installed (pip install torchao)"
+        )
     if plan.placement in ("cpu-offload", "disk-offload"):
         raise Unsupported(
             "torchao quantizes weights held in memory; offloaded layers are loaded per call and would stay unquantized"
@@ -90,10 +92,10 @@ def make_config(quantization: str, device: torch.device) -> Any:
         # torchao 0.18's default packing ("plain") needs the mslk package; tinygemm's
         # tile_packed_to_4d is the CUDA kernel that ships with torchao itself
         packing = Int4PackingFormat.TILE_PACKED_TO_4D if device.type == "cuda" else Int4PackingFormat.PLAIN
-        return Int4WeightOnlyConfig(
-            group_size=INT4_GROUP_SIZE, int4_packing_format=packing, set_inductor_config=False
-        )
-    raise ValueError(f"quantization={quantization!r} has no torchao config; choose int8-weight, int8-dynamic, int4-weight")
+        return Int4WeightOnlyConfig(group_size=INT4_GROUP_SIZE, int4_packing_format=packing, set_inductor_config=False)
+    raise ValueError(
+        f"quantization={quantization!r} has no torchao config; choose int8-weight, int8-dynamic, int4-weight"
+    )
 
 
 def apply(runnable: Runnable, plan: Plan) -> None:
@@ -112,7 +114,9 @@ def apply(runnable: Runnable, plan: Plan) -> None:
     kept = f" (kept {', '.join(sorted(skip))} in full precision)" if skip else ""
     runnable.notes.append(f"torchao {plan.quantization}: {len(names)} of {total} Linear layers{kept}")
     if device.type == "cpu" and plan.compile == "off":
-        runnable.notes.append("torchao int kernels dequantize per call in eager mode on CPU: expect slower without compile")
+        runnable.notes.append(
+            "torchao int kernels dequantize per call in eager mode on CPU: expect slower without compile"
+        )
     log.info("quantized %d of %d Linear layers to %s", len(names), total, plan.quantization)
 
 

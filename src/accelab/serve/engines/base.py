@@ -34,8 +34,10 @@ def check_token_ids(ids: Sequence[int], vocab_size: int | None, *, name: str) ->
         return
     bad = next((i for i in ids if not 0 <= i < vocab_size), None)
     if bad is not None:
-        raise ValueError(f"token id {bad} is outside the vocabulary of {name}: ids run from 0 to {vocab_size - 1}; "
-                         "send ids from this model's tokenizer, or send text")
+        raise ValueError(
+            f"token id {bad} is outside the vocabulary of {name}: ids run from 0 to {vocab_size - 1}; "
+            "send ids from this model's tokenizer, or send text"
+        )
 
 
 # -- generation ---------------------------------------------------------------------------
@@ -100,7 +102,7 @@ class GenUnit:
     params: SamplingParams
     on_text: Callable[[str], None] = lambda text: None
     sampler: Any = None
-    fork_of: "GenUnit | None" = None
+    fork_of: GenUnit | None = None
     sampled: list[Any] = field(default_factory=list)  # its SampledTokens so far, when params.logprobs is set
     prompt_sampled: list[Any] | None = None  # the prompt's SampledTokens, when params.prompt_logprobs is set
     cancelled: bool = False
@@ -199,16 +201,22 @@ def fit_prompt(prompt: Prompt, max_tokens: int, max_context: int | None, *, trun
         return prompt
     room = max_context - max_tokens
     if room < 1:
-        raise ContextTooLong(f"max_tokens ({max_tokens}) leaves no room for a prompt in {name}'s context of "
-                             f"{max_context} tokens; lower max_tokens")
+        raise ContextTooLong(
+            f"max_tokens ({max_tokens}) leaves no room for a prompt in {name}'s context of "
+            f"{max_context} tokens; lower max_tokens"
+        )
     if truncate and prompt.ids and not prompt.images:
         dropped = prompt.prompt_tokens - room
         return Prompt(ids=prompt.ids[dropped:], prompt_tokens=room, truncated=dropped)
-    advice = (f"lower max_tokens to {max_context - prompt.prompt_tokens}" if prompt.prompt_tokens < max_context
-              else "shorten the prompt")
+    advice = (
+        f"lower max_tokens to {max_context - prompt.prompt_tokens}"
+        if prompt.prompt_tokens < max_context
+        else "shorten the prompt"
+    )
     raise ContextTooLong(
         f"prompt ({prompt.prompt_tokens} tokens) + max_tokens ({max_tokens}) is more than {name}'s context of "
-        f"{max_context} tokens; {advice}, or send \"truncate\": true to keep the prompt's last {room} tokens")
+        f'{max_context} tokens; {advice}, or send "truncate": true to keep the prompt\'s last {room} tokens'
+    )
 
 
 # -- embeddings and classification ----------------------------------------------------------

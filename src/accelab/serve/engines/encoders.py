@@ -42,11 +42,13 @@ class HFEmbeddingEngine:
         if len(ids) <= self.max_tokens:
             return TextInput(ids=tuple(ids))
         if not truncate:
-            raise ContextTooLong(f"{where} has {len(ids)} tokens; {self.name} takes at most {self.max_tokens}; "
-                                 "split the text, or send \"truncate\": true to embed its first "
-                                 f"{self.max_tokens} tokens")
+            raise ContextTooLong(
+                f"{where} has {len(ids)} tokens; {self.name} takes at most {self.max_tokens}; "
+                'split the text, or send "truncate": true to embed its first '
+                f"{self.max_tokens} tokens"
+            )
         if isinstance(text, list):
-            kept = ids[:self.max_tokens]
+            kept = ids[: self.max_tokens]
         else:
             kept = self.tokenizer(text, truncation=True, max_length=self.max_tokens)["input_ids"]
         return TextInput(ids=tuple(kept), truncated=len(ids) - len(kept))
@@ -59,7 +61,7 @@ class HFEmbeddingEngine:
         parts = -(-len(units) // SUB_BATCH)  # ceil: sub-batches of nearly equal size
         vectors: list[Any] = [None] * len(units)
         for k in range(parts):
-            chunk = order[k * len(order) // parts:(k + 1) * len(order) // parts]
+            chunk = order[k * len(order) // parts : (k + 1) * len(order) // parts]
             for i, vector in zip(chunk, self._embed_padded([units[i] for i in chunk])):
                 vectors[i] = vector
         return vectors
@@ -71,8 +73,8 @@ class HFEmbeddingEngine:
         ids = torch.full((len(units), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(units), width), dtype=torch.long)
         for row, unit in enumerate(units):  # right padding: the pooling leaves padding out
-            ids[row, :unit.tokens] = torch.tensor(unit.ids, dtype=torch.long)
-            mask[row, :unit.tokens] = 1
+            ids[row, : unit.tokens] = torch.tensor(unit.ids, dtype=torch.long)
+            mask[row, : unit.tokens] = 1
         batch = {"input_ids": ids, "attention_mask": mask}  # [B, S]
         if "token_type_ids" in getattr(self.tokenizer, "model_input_names", ()):  # exported graphs need all inputs
             batch["token_type_ids"] = torch.zeros_like(ids)
@@ -113,7 +115,7 @@ class HFClassificationEngine:
         k = min(max(u.top_k for u in units), probs.shape[-1])
         scores, indices = probs.topk(k, dim=-1)
         return [
-            [Label(label=self.labels.get(i, str(i)), score=s) for s, i in zip(row_s[:u.top_k], row_i[:u.top_k])]
+            [Label(label=self.labels.get(i, str(i)), score=s) for s, i in zip(row_s[: u.top_k], row_i[: u.top_k])]
             for u, row_s, row_i in zip(units, scores.tolist(), indices.tolist())
         ]
 

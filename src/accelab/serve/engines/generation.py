@@ -61,11 +61,18 @@ class HFGenerationEngine:
         """messages: [{"role": ..., "content": str | [{"type": "text", "text": ...} |
         {"type": "image", "url": data-URI}], maybe "tool_calls"}] (OpenAI's shape, image parts
         already unwrapped); `tools`: OpenAI tool specs (see `accelab.serve.tools`)."""
-        images = [part["url"] for m in messages if isinstance(m["content"], list)
-                  for part in m["content"] if part["type"] == "image"]
+        images = [
+            part["url"]
+            for m in messages
+            if isinstance(m["content"], list)
+            for part in m["content"]
+            if part["type"] == "image"
+        ]
         if images and self.processor is None:
-            raise ValueError(f"model {self.name} ({self.task}) does not take images; send text only, or serve "
-                             "an image-text-to-text model (e.g. smolvlm-tiny)")
+            raise ValueError(
+                f"model {self.name} ({self.task}) does not take images; send text only, or serve "
+                "an image-text-to-text model (e.g. smolvlm-tiny)"
+            )
         if self.processor is not None:
             return self._prepare_vision(messages, images)
         flat = [{**m, "content": _text_of(m["content"])} for m in messages]
@@ -80,8 +87,9 @@ class HFGenerationEngine:
             ids = self.tokenizer(text)["input_ids"]
         return self._checked(Prompt(ids=tuple(ids), prompt_tokens=len(ids)))
 
-    def _with_tools(self, messages: list[dict[str, Any]],
-                    tools: list[dict[str, Any]] | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    def _with_tools(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """The messages (and template arguments) that put the tools and earlier calls in the prompt."""
         from accelab.serve import tools as tool_format
 
@@ -138,11 +146,13 @@ class HFGenerationEngine:
         )
         return tracker.completions()
 
-    def sampler(self, params: SamplingParams, prompt: Prompt, *, grammar: Any = None,
-                seed_offset: int = 0) -> SequenceSampler:
+    def sampler(
+        self, params: SamplingParams, prompt: Prompt, *, grammar: Any = None, seed_offset: int = 0
+    ) -> SequenceSampler:
         """The sampling state of one sequence of this model (`grammar`: a structured.Matcher)."""
-        return SequenceSampler(params, prompt=prompt.ids, eos_ids=self.eos_ids, grammar=grammar,
-                               seed_offset=seed_offset)
+        return SequenceSampler(
+            params, prompt=prompt.ids, eos_ids=self.eos_ids, grammar=grammar, seed_offset=seed_offset
+        )
 
     def grammar_tokenizer(self) -> Any:
         """The tokenizer as llguidance sees it (built once), for structured outputs."""
@@ -156,8 +166,9 @@ class HFGenerationEngine:
             return None
         if not unit.prompt.ids:
             raise ValueError("prompt log-probabilities (echo with logprobs) need a text prompt, not images")
-        ids = torch.tensor([unit.prompt.ids], dtype=torch.long,
-                           device=input_device(self.runnable.model, self.runnable.device))
+        ids = torch.tensor(
+            [unit.prompt.ids], dtype=torch.long, device=input_device(self.runnable.model, self.runnable.device)
+        )
         with torch.inference_mode(), self.runnable.context():
             logits = self.runnable.model(input_ids=ids).logits[0]  # [L, V]
         return prompt_logprobs(logits, unit.prompt.ids, top)
@@ -165,16 +176,21 @@ class HFGenerationEngine:
     def _collate(self, units: list[GenUnit]) -> dict[str, torch.Tensor]:
         prompts = [u.prompt for u in units]
         if prompts[0].images:  # the batcher keys keep image and text-only prompts apart
-            encoded = self.processor(text=[p.text for p in prompts], images=[im for p in prompts for im in p.images],
-                                     padding=True, padding_side="left", return_tensors="pt")
+            encoded = self.processor(
+                text=[p.text for p in prompts],
+                images=[im for p in prompts for im in p.images],
+                padding=True,
+                padding_side="left",
+                return_tensors="pt",
+            )
             return {k: v for k, v in encoded.items() if isinstance(v, torch.Tensor)}
         # left padding: generate continues from the last column, so real tokens must end there
         width = max(len(p.ids) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for row, p in enumerate(prompts):
-            ids[row, width - len(p.ids):] = torch.tensor(p.ids, dtype=torch.long)
-            mask[row, width - len(p.ids):] = 1
+            ids[row, width - len(p.ids) :] = torch.tensor(p.ids, dtype=torch.long)
+            mask[row, width - len(p.ids) :] = 1
         return {"input_ids": ids, "attention_mask": mask}  # [B, S]
 
     def decode(self, ids: list[int]) -> str:
@@ -187,13 +203,18 @@ class HFGenerationEngine:
         from accelab.plan.runtime import Unsupported
 
         if self.processor is not None:
-            raise Unsupported("continuous batching does not take images yet: vision-language models run one "
-                              "generate call per batch")
+            raise Unsupported(
+                "continuous batching does not take images yet: vision-language models run one generate call per batch"
+            )
         if self.runnable.plan is not None and self.runnable.plan.backend == "llamacpp":  # sequences of one context
             from accelab.serve.engines.llama_steps import LlamaStepEngine
 
-            return LlamaStepEngine(self.runnable.model.engine, max_sequences=limits.max_running,
-                                   kv_tokens=limits.kv_tokens, max_step_tokens=limits.max_step_tokens)
+            return LlamaStepEngine(
+                self.runnable.model.engine,
+                max_sequences=limits.max_running,
+                kv_tokens=limits.kv_tokens,
+                max_step_tokens=limits.max_step_tokens,
+            )
         from accelab.serve.engines.ragged import RaggedTorchEngine
 
         engine = RaggedTorchEngine(self.runnable, limits)
@@ -204,8 +225,10 @@ class HFGenerationEngine:
         return engine
 
     def warmup(self) -> None:
-        unit = GenUnit(prompt=self.prepare_chat([{"role": "user", "content": "Hello"}]),
-                       params=SamplingParams(max_tokens=2, temperature=0))
+        unit = GenUnit(
+            prompt=self.prepare_chat([{"role": "user", "content": "Hello"}]),
+            params=SamplingParams(max_tokens=2, temperature=0),
+        )
         self.generate([unit])
 
     def close(self) -> None:
@@ -234,8 +257,11 @@ class _RowTracker:
             if stream.finish_reason is None and not unit.cancelled:
                 unit.note_token(now)
                 step = stream.push(token)
-                if unit.params.logprobs is not None and self.sampled[row] is not None \
-                        and not stream.ended_on_stop_token:  # a stop token is no text
+                if (
+                    unit.params.logprobs is not None
+                    and self.sampled[row] is not None
+                    and not stream.ended_on_stop_token
+                ):  # a stop token is no text
                     unit.sampled.append(self.sampled[row])
                 unit.emit(step.text)
                 if step.finished:
@@ -250,12 +276,18 @@ class _RowTracker:
                 unit.emit(stream.end().text)
             logprobs = None if unit.params.logprobs is None else describe(unit.sampled, self.decode)
             echo = unit.prompt_sampled
-            out.append(Completion(
-                text=stream.output, finish_reason=stream.finish_reason or "length",
-                prompt_tokens=unit.prompt.prompt_tokens, completion_tokens=stream.tokens,
-                first_token_at=unit.first_token_at, finished_at=self.finished_at[row] or time.monotonic(),
-                logprobs=logprobs, prompt_logprobs=None if echo is None else describe(echo, self.decode),
-            ))
+            out.append(
+                Completion(
+                    text=stream.output,
+                    finish_reason=stream.finish_reason or "length",
+                    prompt_tokens=unit.prompt.prompt_tokens,
+                    completion_tokens=stream.tokens,
+                    first_token_at=unit.first_token_at,
+                    finished_at=self.finished_at[row] or time.monotonic(),
+                    logprobs=logprobs,
+                    prompt_logprobs=None if echo is None else describe(echo, self.decode),
+                )
+            )
         return out
 
 
@@ -287,8 +319,13 @@ def _sampling_kwargs(samplers: list[SequenceSampler], tracker: _RowTracker) -> d
     from transformers import LogitsProcessorList
 
     # generate's own warpers are switched off: _RowSampler applies every rule per row
-    return {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
-            "logits_processor": LogitsProcessorList([_RowSampler(samplers, tracker)])}
+    return {
+        "do_sample": True,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "logits_processor": LogitsProcessorList([_RowSampler(samplers, tracker)]),
+    }
 
 
 def _text_of(content: str | list[dict[str, Any]]) -> str:

@@ -20,16 +20,30 @@ log = logging.getLogger(__name__)
 
 
 class PagedKVCache:
-    def __init__(self, *, layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        *,
+        layers: int,
+        num_blocks: int,
+        block_size: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         self.layers, self.num_blocks, self.block_size = layers, num_blocks, block_size
         self.kv_heads, self.head_dim = kv_heads, head_dim
         shape = (num_blocks, block_size, kv_heads, head_dim)
         # zeros, not empty: a padded gather reads slots no sequence wrote (masked, but never NaN)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        log.info("paged KV cache: %d layers x %d blocks of %d positions (%.1f MB)", layers, num_blocks, block_size,
-                 self.nbytes / 1e6)
+        log.info(
+            "paged KV cache: %d layers x %d blocks of %d positions (%.1f MB)",
+            layers,
+            num_blocks,
+            block_size,
+            self.nbytes / 1e6,
+        )
 
     @property
     def nbytes(self) -> int:
@@ -42,10 +56,12 @@ class PagedKVCache:
     def write(self, layer: int, slots: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
         """slots: [T] flat positions; keys, values: [T, kv_heads, head_dim]."""
         if keys.shape[1:] != (self.kv_heads, self.head_dim) or values.shape[1:] != keys.shape[1:]:
-            raise ValueError(f"the model caches keys of {tuple(keys.shape[1:])} and values of "
-                             f"{tuple(values.shape[1:])} per token; the paged cache holds ({self.kv_heads}, "
-                             f"{self.head_dim}) (the config's "
-                             "num_key_value_heads x head_dim): this attention caches something else (latent attention?)")
+            raise ValueError(
+                f"the model caches keys of {tuple(keys.shape[1:])} and values of "
+                f"{tuple(values.shape[1:])} per token; the paged cache holds ({self.kv_heads}, "
+                f"{self.head_dim}) (the config's "
+                "num_key_value_heads x head_dim): this attention caches something else (latent attention?)"
+            )
         self.keys[layer].view(-1, self.kv_heads, self.head_dim).index_copy_(0, slots, keys)
         self.values[layer].view(-1, self.kv_heads, self.head_dim).index_copy_(0, slots, values)
 

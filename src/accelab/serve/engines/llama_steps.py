@@ -46,8 +46,10 @@ class LlamaStepEngine:
         params.no_perf = True
         self._ctx = llama_cpp.llama_init_from_model(model, params)
         if not self._ctx:
-            raise RuntimeError(f"llama.cpp could not create a context of {kv_tokens} positions for {max_sequences} "
-                               "sequences; lower --kv-cache-tokens")
+            raise RuntimeError(
+                f"llama.cpp could not create a context of {kv_tokens} positions for {max_sequences} "
+                "sequences; lower --kv-cache-tokens"
+            )
         self._memory = llama_cpp.llama_get_memory(self._ctx)
         self._batch = llama_cpp.llama_batch_init(max_step_tokens, 0, 1)
         self._max_step_tokens = max_step_tokens
@@ -56,13 +58,14 @@ class LlamaStepEngine:
         self._held: dict[int, list[int]] = {slot: [] for slot in range(max_sequences)}  # tokens in each slot
         head_dim = llama_cpp.llama_model_n_embd(model) // llama_cpp.llama_model_n_head(model)
         # f16 keys and values (llama.cpp's default cache type)
-        self.kv_bytes_per_token = (2 * llama_cpp.llama_model_n_layer(model) * llama_cpp.llama_model_n_head_kv(model)
-                                   * head_dim * 2)
-        log.info("llama.cpp continuous context: %d positions, %d sequences", llama_cpp.llama_n_ctx(self._ctx),
-                 max_sequences)
+        self.kv_bytes_per_token = (
+            2 * llama_cpp.llama_model_n_layer(model) * llama_cpp.llama_model_n_head_kv(model) * head_dim * 2
+        )
+        log.info(
+            "llama.cpp continuous context: %d positions, %d sequences", llama_cpp.llama_n_ctx(self._ctx), max_sequences
+        )
 
     def step(self, inputs: list[Any]) -> list[SampledToken]:
-        import llama_cpp
 
         entries = []
         for item in inputs:
@@ -98,8 +101,9 @@ class LlamaStepEngine:
     def reuse_prefix(self, seq_id: int, tokens: Any) -> int:
         """Give a new sequence the free slot holding the longest prefix of `tokens`; returns its length."""
         if not self._free_slots:
-            raise RuntimeError("every llama.cpp sequence slot is taken; the scheduler ran more sequences than the "
-                               "context was made for")
+            raise RuntimeError(
+                "every llama.cpp sequence slot is taken; the scheduler ran more sequences than the context was made for"
+            )
         best = max(self._free_slots, key=lambda slot: common_prefix(self._held[slot], tokens))
         n = common_prefix(self._held[best], tokens)
         slot = best if n else self._free_slots[0]  # no match: the least recently used slot
@@ -140,4 +144,3 @@ class LlamaStepEngine:
         if self._ctx is not None:
             llama_cpp.llama_free(self._ctx)
             self._ctx = None
-

@@ -24,8 +24,12 @@ BATCH_HINT = 16  # rows oneDNN picks the weight layout for (1 to 64 rows all ran
 
 
 def available(device: torch.device, dtype: torch.dtype) -> bool:
-    return (device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    return (
+        device.type == "cpu"
+        and dtype == torch.float32
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    )
 
 
 class PackedLinears:
@@ -42,8 +46,9 @@ class PackedLinears:
                 module.forward = _packed_forward(packed, module.bias, module.out_features)
                 self._patched.append(module)
                 self.nbytes += module.weight.numel() * module.weight.element_size()
-        log.info("oneDNN packed weights for %d Linear layers (%.0f MB more memory)", len(self._patched),
-                 self.nbytes / 1e6)
+        log.info(
+            "oneDNN packed weights for %d Linear layers (%.0f MB more memory)", len(self._patched), self.nbytes / 1e6
+        )
 
     def __len__(self) -> int:
         return len(self._patched)

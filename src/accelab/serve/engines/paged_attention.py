@@ -65,8 +65,10 @@ class StepLayout:
         for item in inputs:
             n, table = len(item.tokens), item.blocks
             if len(table) * block_size < item.start + n:
-                raise ValueError(f"sequence {item.seq_id}: {len(table)} blocks of {block_size} hold "
-                                 f"{len(table) * block_size} positions; the chunk ends at {item.start + n}")
+                raise ValueError(
+                    f"sequence {item.seq_id}: {len(table)} blocks of {block_size} hold "
+                    f"{len(table) * block_size} positions; the chunk ends at {item.start + n}"
+                )
             for p in range(item.start, item.start + n):
                 slots.append(table[p // block_size] * block_size + p % block_size)
             positions.extend(range(item.start, item.start + n))
@@ -95,8 +97,13 @@ def _group(members: list[tuple[int, Any]], block_size: int, device: torch.device
         targets.extend(range(offset, offset + n))
     as_long = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
     padded = len(keep) != len(members) * width
-    return _Group(rows=as_long(rows), q_pos=as_long(q_pos), tables=as_long(tables),
-                  keep=as_long(keep) if padded else None, targets=as_long(targets))
+    return _Group(
+        rows=as_long(rows),
+        q_pos=as_long(q_pos),
+        tables=as_long(tables),
+        keep=as_long(keep) if padded else None,
+        targets=as_long(targets),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +125,9 @@ class StepCache:
         self.kv = cache
         self.layout = layout
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
-               *args: Any, **kwargs: Any) -> tuple[_LayerView, None]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[_LayerView, None]:
         # key_states: [1, KVH, T, D] -> the cache's [T, KVH, D] rows
         self.kv.write(layer_idx, self.layout.slots, key_states[0].transpose(0, 1), value_states[0].transpose(0, 1))
         return _LayerView(cache=self.kv, layout=self.layout, layer=layer_idx), None
@@ -128,8 +136,16 @@ class StepCache:
         return 0
 
 
-def paged_attention(module: Any, query: torch.Tensor, key: Any, value: Any, attention_mask: Any,
-                    scaling: float | None = None, dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:
+def paged_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: Any,
+    value: Any,
+    attention_mask: Any,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """query: [1, H, T, D] for the packed step; `key` is the _LayerView the cache gave. -> [1, T, H, D]."""
     view: _LayerView = key
     window = kwargs.get("sliding_window")
@@ -150,8 +166,15 @@ def paged_attention(module: Any, query: torch.Tensor, key: Any, value: Any, atte
     return out[None], None
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None,
-            softcap: float | None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+def _attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float | None,
+    softcap: float | None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
     """q: [B, H, Q, D], k/v: [B, KVH, L, D], mask: [B, 1, Q, L] (True: attend) -> [B, H, Q, D]."""
     if not softcap and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)

@@ -37,8 +37,8 @@ import torch
 
 from accelab.catalog.facts import text_config
 from accelab.plan.runtime import Unsupported, input_device
-from accelab.serve.engines.base import SamplingParams, StepInput
 from accelab.serve.engines import packed_linear
+from accelab.serve.engines.base import SamplingParams, StepInput
 from accelab.serve.engines.kv_cache import PagedKVCache
 from accelab.serve.engines.packed_linear import PackedLinears
 from accelab.serve.engines.paged_attention import ATTENTION_NAME, StepCache, StepLayout, register
@@ -62,27 +62,40 @@ class RaggedTorchEngine:
         if config is None or not hasattr(model, "set_attn_implementation"):
             raise Unsupported(f"{type(model).__name__} is not a transformers model: continuous batching needs one")
         if runnable.plan is not None and getattr(runnable.plan, "compile", "off") != "off":
-            raise Unsupported("the plan compiles the model; the continuous steps change shape every step and would "
-                              "recompile each time")
+            raise Unsupported(
+                "the plan compiles the model; the continuous steps change shape every step and would "
+                "recompile each time"
+            )
         text = text_config(config)
         self.runnable = runnable
         self.model = model
         self.device = input_device(model, runnable.device)
         self.block_size = limits.block_size
-        self.cache = PagedKVCache(layers=text.num_hidden_layers, num_blocks=limits.kv_blocks,
-                                  block_size=limits.block_size, kv_heads=_kv_heads(text), head_dim=_head_dim(text),
-                                  dtype=_dtype_of(model), device=self.device)
+        self.cache = PagedKVCache(
+            layers=text.num_hidden_layers,
+            num_blocks=limits.kv_blocks,
+            block_size=limits.block_size,
+            kv_heads=_kv_heads(text),
+            head_dim=_head_dim(text),
+            dtype=_dtype_of(model),
+            device=self.device,
+        )
         self.kv_bytes_per_token = self.cache.bytes_per_block // self.block_size
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self._original_attention = config._attn_implementation
         register()
         model.set_attn_implementation(ATTENTION_NAME)
         if config._attn_implementation != ATTENTION_NAME:  # transformers logs it and keeps its own
-            raise Unsupported(f"{type(model).__name__}'s attention does not go through transformers' "
-                              "AttentionInterface, so the packed steps cannot give it the paged KV cache")
+            raise Unsupported(
+                f"{type(model).__name__}'s attention does not go through transformers' "
+                "AttentionInterface, so the packed steps cannot give it the paged KV cache"
+            )
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        self._packed = (PackedLinears(model, skip=() if pack_head else (head,))
-                        if pack_linears and packed_linear.available(self.device, _dtype_of(model)) else None)
+        self._packed = (
+            PackedLinears(model, skip=() if pack_head else (head,))
+            if pack_linears and packed_linear.available(self.device, _dtype_of(model))
+            else None
+        )
         self._head = None if pack_head and self._packed else _transposed_head(model)
 
     # -- the step -------------------------------------------------------------------------
@@ -158,8 +171,12 @@ class RaggedTorchEngine:
             beside = replace(first, seq_id=-2, start=0, tokens=tuple(prompt[:3]), sample=True, blocks=other)
             packed = self._forward([second, beside])[0]
             nxt = int(packed.argmax())
-            decoded = self._forward([replace(first, start=len(prompt), tokens=(nxt,), sample=True),
-                                     replace(beside, start=3, tokens=tuple(prompt[3:6]), sample=False)])[0]
+            decoded = self._forward(
+                [
+                    replace(first, start=len(prompt), tokens=(nxt,), sample=True),
+                    replace(beside, start=3, tokens=tuple(prompt[3:6]), sample=False),
+                ]
+            )[0]
         except Exception as err:  # noqa: BLE001 - any failure means: not this model
             return f"the packed step failed: {type(err).__name__}: {err}"
         reference = self._reference_logits(prompt + [nxt])

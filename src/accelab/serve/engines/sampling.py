@@ -43,8 +43,15 @@ class SequenceSampler:
     read, and its grammar matcher (an llguidance LLMatcher or anything with the same
     `consume_token` and `allowed(vocab)`; see `accelab.serve.structured`)."""
 
-    def __init__(self, params: SamplingParams, *, prompt: Sequence[int] = (), eos_ids: Sequence[int] = (),
-                 grammar: Any = None, seed_offset: int = 0):
+    def __init__(
+        self,
+        params: SamplingParams,
+        *,
+        prompt: Sequence[int] = (),
+        eos_ids: Sequence[int] = (),
+        grammar: Any = None,
+        seed_offset: int = 0,
+    ):
         self.params = params
         self.grammar = grammar
         self.generated = 0
@@ -60,9 +67,17 @@ class SequenceSampler:
             else:
                 self.generator.seed()
         p = params
-        self.plain = (p.greedy and grammar is None and p.logprobs is None and not p.logit_bias and not p.ignore_eos
-                      and p.min_tokens == 0 and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0
-                      and p.frequency_penalty == 0.0)
+        self.plain = (
+            p.greedy
+            and grammar is None
+            and p.logprobs is None
+            and not p.logit_bias
+            and not p.ignore_eos
+            and p.min_tokens == 0
+            and p.repetition_penalty == 1.0
+            and p.presence_penalty == 0.0
+            and p.frequency_penalty == 0.0
+        )
 
     def banned(self) -> tuple[int, ...]:
         """Tokens this sequence may not pick now."""
@@ -144,8 +159,9 @@ def sample(logits: torch.Tensor, samplers: Sequence[SequenceSampler]) -> list[Sa
 def sample_step(logits: torch.Tensor, inputs: Sequence[StepInput], eos_ids: Sequence[int] = ()) -> list[SampledToken]:
     """What a StepEngine's step calls: logits [N, V] of its inputs that sample, in order. An
     input without a sampler (a start-up check) gets a fresh one from its params."""
-    samplers = [item.sampler if item.sampler is not None else SequenceSampler(item.params, eos_ids=eos_ids)
-                for item in inputs]
+    samplers = [
+        item.sampler if item.sampler is not None else SequenceSampler(item.params, eos_ids=eos_ids) for item in inputs
+    ]
     return sample(logits, samplers)
 
 
@@ -174,7 +190,9 @@ def prompt_logprobs(logits: torch.Tensor, tokens: Sequence[int], top: int) -> li
     return out
 
 
-def describe(tokens: Sequence[SampledToken | None], decode: Callable[[list[int]], str]) -> tuple[TokenLogprob | None, ...]:
+def describe(
+    tokens: Sequence[SampledToken | None], decode: Callable[[list[int]], str]
+) -> tuple[TokenLogprob | None, ...]:
     """SampledTokens as text for the response (each token and alternative decoded alone)."""
     cache: dict[int, str] = {}
 
@@ -183,6 +201,9 @@ def describe(tokens: Sequence[SampledToken | None], decode: Callable[[list[int]]
             cache[token] = decode([token])
         return cache[token]
 
-    return tuple(None if t is None else
-                 TokenLogprob(token=text(t.token), logprob=t.logprob, top=tuple((text(a), v) for a, v in t.top))
-                 for t in tokens)
+    return tuple(
+        None
+        if t is None
+        else TokenLogprob(token=text(t.token), logprob=t.logprob, top=tuple((text(a), v) for a, v in t.top))
+        for t in tokens
+    )

@@ -28,7 +28,7 @@ class VllmSampling:
     seed: int | None  # the request's seed + this choice's index
 
 
-def build_vllm_engine(spec: Any, plan: Any, device: Any, *, name: str) -> "VllmServeEngine":
+def build_vllm_engine(spec: Any, plan: Any, device: Any, *, name: str) -> VllmServeEngine:
     from accelab.backends import vllm
     from accelab.runtimes import check_supported
 
@@ -55,20 +55,26 @@ class VllmServeEngine(HFGenerationEngine):
             log.warning("--scheduler static does not apply to --plan vllm: vLLM schedules every step itself")
         info = self.client.info
         if config.max_batch_size != info.max_num_seqs:
-            log.info("vLLM runs up to %d sequences at once (vllm_max_num_seqs), whatever --max-batch-size says",
-                     info.max_num_seqs)
-        return VllmWorker(self.client, max_queue=config.max_queue, decode=self.decode, eos_ids=self.eos_ids,
-                          hooks=hooks)
+            log.info(
+                "vLLM runs up to %d sequences at once (vllm_max_num_seqs), whatever --max-batch-size says",
+                info.max_num_seqs,
+            )
+        return VllmWorker(
+            self.client, max_queue=config.max_queue, decode=self.decode, eos_ids=self.eos_ids, hooks=hooks
+        )
 
-    def sampler(self, params: Any, prompt: Any, *, grammar: Any = None, seed_offset: int = 0) -> "VllmSampling":
+    def sampler(self, params: Any, prompt: Any, *, grammar: Any = None, seed_offset: int = 0) -> VllmSampling:
         """What the routes attach to a unit: vLLM samples (temperature, top-p/k, min-p, penalties, logit
         bias, min_tokens, ignore_eos run in its sampler); what it cannot take here is refused (422)."""
         if grammar is not None:
-            raise ValueError("response_format and tools need a grammar-constrained sampler, which backend vllm "
-                             "does not run in accelab yet; serve a torch plan for structured output")
+            raise ValueError(
+                "response_format and tools need a grammar-constrained sampler, which backend vllm "
+                "does not run in accelab yet; serve a torch plan for structured output"
+            )
         if params.logprobs is not None or params.prompt_logprobs is not None:
-            raise ValueError("logprobs are not returned by backend vllm in accelab yet; drop logprobs/echo, or "
-                             "serve a torch plan")
+            raise ValueError(
+                "logprobs are not returned by backend vllm in accelab yet; drop logprobs/echo, or serve a torch plan"
+            )
         return VllmSampling(seed=None if params.seed is None else params.seed + seed_offset)
 
     def step_engine(self, limits: Any) -> Any:

@@ -40,7 +40,7 @@ SWEEP_S = 0.05
 class _Row:
     unit: GenUnit
     stream: TextStream
-    run: "_Run"
+    run: _Run
     index: int
     request_id: str
     last_token_at: float | None = None
@@ -58,8 +58,16 @@ class _Run:
 
 
 class VllmWorker:
-    def __init__(self, client: Any, *, max_queue: int, decode: Callable[[Sequence[int]], str], eos_ids: Sequence[int],
-                 hooks: ContinuousHooks | None = None, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        client: Any,
+        *,
+        max_queue: int,
+        decode: Callable[[Sequence[int]], str],
+        eos_ids: Sequence[int],
+        hooks: ContinuousHooks | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.client = client
         self.engine = client  # the state closes `worker.engine` after the worker stopped
         self.max_queue = max_queue
@@ -88,17 +96,27 @@ class VllmWorker:
         for unit in job.units:
             need = len(unit.prompt.ids) + unit.params.max_tokens
             if need > self.kv_tokens:
-                raise PayloadTooLarge(f"prompt ({len(unit.prompt.ids)} tokens) + max_tokens ({unit.params.max_tokens}) "
-                                      f"needs {need} tokens of KV cache; vLLM's holds {self.kv_tokens} "
-                                      "(vllm_kv_cache_gib): lower max_tokens or shorten the prompt")
+                raise PayloadTooLarge(
+                    f"prompt ({len(unit.prompt.ids)} tokens) + max_tokens ({unit.params.max_tokens}) "
+                    f"needs {need} tokens of KV cache; vLLM's holds {self.kv_tokens} "
+                    "(vllm_kv_cache_gib): lower max_tokens or shorten the prompt"
+                )
         run = _Run(job=job, arrival=self._clock())
         with self._lock:
             if self._stopping:
                 raise ShuttingDown("the server is shutting down")
             if self._waiting + len(job.units) > self.max_queue:  # all of the job or none
                 raise QueueFull(f"{self._waiting} sequences are waiting (max_queue={self.max_queue})")
-            run.rows = [_Row(unit=unit, stream=stream_for(unit.params, self._decode, self._eos_ids),
-                             run=run, index=i, request_id=self.client.new_id()) for i, unit in enumerate(job.units)]
+            run.rows = [
+                _Row(
+                    unit=unit,
+                    stream=stream_for(unit.params, self._decode, self._eos_ids),
+                    run=run,
+                    index=i,
+                    request_id=self.client.new_id(),
+                )
+                for i, unit in enumerate(job.units)
+            ]
             self._runs.add(run)
             self._waiting += len(run.rows)
         for row in run.rows:
@@ -203,9 +221,13 @@ class VllmWorker:
         run = row.run
         row.done = True
         run.completions[row.index] = Completion(
-            text=row.stream.output, finish_reason=row.stream.finish_reason or "length",
-            prompt_tokens=row.unit.prompt.prompt_tokens, completion_tokens=row.stream.tokens,
-            first_token_at=row.unit.first_token_at, finished_at=now)
+            text=row.stream.output,
+            finish_reason=row.stream.finish_reason or "length",
+            prompt_tokens=row.unit.prompt.prompt_tokens,
+            completion_tokens=row.stream.tokens,
+            first_token_at=row.unit.first_token_at,
+            finished_at=now,
+        )
         if len(run.completions) < len(run.rows):
             return
         with self._lock:
@@ -214,21 +236,36 @@ class VllmWorker:
             self._finish_run(run)
         admitted = run.admitted_at if run.admitted_at is not None else now
         seconds = now - admitted
-        self._seconds_per_sequence = seconds if not self._seconds_per_sequence else (
-            0.8 * self._seconds_per_sequence + 0.2 * seconds)
-        _call(run.job.done, JobOutcome(outputs=[run.completions[i] for i in range(len(run.rows))],
-                                       queue_s=admitted - run.arrival, compute_s=seconds,
-                                       batch_units=len(run.rows)))
+        self._seconds_per_sequence = (
+            seconds if not self._seconds_per_sequence else (0.8 * self._seconds_per_sequence + 0.2 * seconds)
+        )
+        _call(
+            run.job.done,
+            JobOutcome(
+                outputs=[run.completions[i] for i in range(len(run.rows))],
+                queue_s=admitted - run.arrival,
+                compute_s=seconds,
+                batch_units=len(run.rows),
+            ),
+        )
 
     def _on_stats(self, stats: Any) -> None:
         """One vLLM step: the continuous-batching metrics, in vLLM's own figures."""
         now = self._clock()
         used = round(stats.kv_usage * self.client.info.kv_blocks)
         hits = stats.prefix_hit_tokens  # this step's (vLLM reports prefix-cache stats per update)
-        report = StepReport(running=stats.running, waiting=stats.waiting, kv_used=used,
-                            kv_free=self.client.info.kv_blocks - used, tokens=0, sampled=self._sampled,
-                            preempted=stats.preempted, seconds=now - self._last_stats, reused_tokens=hits,
-                            batch=stats.running)
+        report = StepReport(
+            running=stats.running,
+            waiting=stats.waiting,
+            kv_used=used,
+            kv_free=self.client.info.kv_blocks - used,
+            tokens=0,
+            sampled=self._sampled,
+            preempted=stats.preempted,
+            seconds=now - self._last_stats,
+            reused_tokens=hits,
+            batch=stats.running,
+        )
         self._sampled, self._last_stats = 0, now
         _call(self.hooks.on_step, report)
 
@@ -263,10 +300,17 @@ class VllmWorker:
             for run in runs:
                 if any(row.unit.cancelled for row in run.rows):
                     self._fail(run, ClientGone("the client went away"), "cancelled")
-                elif run.admitted_at is None and run.job.timeout_s is not None and now - run.arrival > run.job.timeout_s:
-                    self._fail(run, DeadlineExceeded(
-                        f"request waited {now - run.arrival:.1f} s in vLLM's queue, past its deadline of "
-                        f"{run.job.timeout_s:g} s; raise --request-timeout or send fewer requests at once"), "timeout")
+                elif (
+                    run.admitted_at is None and run.job.timeout_s is not None and now - run.arrival > run.job.timeout_s
+                ):
+                    self._fail(
+                        run,
+                        DeadlineExceeded(
+                            f"request waited {now - run.arrival:.1f} s in vLLM's queue, past its deadline of "
+                            f"{run.job.timeout_s:g} s; raise --request-timeout or send fewer requests at once"
+                        ),
+                        "timeout",
+                    )
 
 
 def submit_message(request_id: str, unit: GenUnit) -> W.Submit:
@@ -274,15 +318,27 @@ def submit_message(request_id: str, unit: GenUnit) -> W.Submit:
     of choice i of a request is seed + i, as on accelab's other engines."""
     p = unit.params
     seed = getattr(unit.sampler, "seed", p.seed)
-    return W.Submit(id=request_id, prompt_ids=list(unit.prompt.ids), max_tokens=p.max_tokens, min_tokens=p.min_tokens,
-                    temperature=p.temperature, top_p=p.top_p, seed=seed, ignore_eos=p.ignore_eos, top_k=p.top_k,
-                    min_p=p.min_p, repetition_penalty=p.repetition_penalty, presence_penalty=p.presence_penalty,
-                    frequency_penalty=p.frequency_penalty, logit_bias=[[t, b] for t, b in p.logit_bias],
-                    stop_token_ids=list(p.stop_token_ids))
+    return W.Submit(
+        id=request_id,
+        prompt_ids=list(unit.prompt.ids),
+        max_tokens=p.max_tokens,
+        min_tokens=p.min_tokens,
+        temperature=p.temperature,
+        top_p=p.top_p,
+        seed=seed,
+        ignore_eos=p.ignore_eos,
+        top_k=p.top_k,
+        min_p=p.min_p,
+        repetition_penalty=p.repetition_penalty,
+        presence_penalty=p.presence_penalty,
+        frequency_penalty=p.frequency_penalty,
+        logit_bias=[[t, b] for t, b in p.logit_bias],
+        stop_token_ids=list(p.stop_token_ids),
+    )
 
 
 def _call(callback: Callable[..., Any], *args: Any) -> None:
     try:
         callback(*args)
-    except Exception:  # noqa: BLE001 - one broken callback must not stop the reader
+    except Exception:
         log.exception("callback failed")
