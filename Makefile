@@ -83,10 +83,12 @@ monitoring:
 	   (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus tmux)) || \
 	  echo "note: could not install prometheus and tmux (apt-get install -y prometheus tmux, as root): the monitoring tests will fail"
 
-# ruff (lint) and mypy (types), configured in pyproject.toml; tests/test_import_graph.py (run by
-# pytest) checks the import graph
+# ruff (lint and format) and mypy (types), configured in pyproject.toml; tests/test_import_graph.py
+# (run by pytest) checks the import graph
+LINT_PATHS := src tools tests benchmarks
 lint: install
-	$(BIN)/ruff check src tools tests benchmarks
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/ruff format --check $(LINT_PATHS)
 	$(BIN)/mypy
 
 test: models browser vllm monitoring guidellm

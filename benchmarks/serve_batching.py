@@ -308,7 +308,8 @@ def against_litserve(opts: argparse.Namespace) -> bool:
         f"{opts.peer_batch}, wait {opts.peer_wait_ms:g} ms, {opts.peer_duration:g} s per level (closed loop):"
     )
     print(
-        "| server | users | req/s | p50 ms | p99 ms | req/s vs LitServe | target (>= 1.1x at 8, 1.2x at 32, p99 no worse) |"
+        "| server | users | req/s | p50 ms | p99 ms | req/s vs LitServe "
+        "| target (>= 1.1x at 8, 1.2x at 32, p99 no worse) |"
     )
     print("|---|---|---|---|---|---|---|")
     for label in rows:
@@ -426,8 +427,9 @@ def main() -> int:
     cost = model_ceiling(opts, max_batch)
     ceiling = cost[1] / cost[max_batch]
     print(
-        f"\nthe model alone (the server's engine, no HTTP, same sentences and plan): {cost[1] * 1000:.2f} ms per input "
-        f"at batch 1, {cost[max_batch] * 1000:.2f} ms at batch {max_batch}: batching can gain at most {ceiling:.2f}x here"
+        f"\nthe model alone (the server's engine, no HTTP, same sentences and plan): "
+        f"{cost[1] * 1000:.2f} ms per input at batch 1, {cost[max_batch] * 1000:.2f} ms at batch {max_batch}: "
+        f"batching can gain at most {ceiling:.2f}x here"
     )
     if base and batched:
         print(
@@ -436,7 +438,7 @@ def main() -> int:
             f"of its batch-{max_batch} pace"
         )
     print("\nreproduce one half by hand (then Ctrl+C the server):")
-    for label, batching in SERVERS.items():
+    for batching in SERVERS.values():
         serve = ["accelab", "serve", *server_args(opts, batching)[1:]]
         serve[serve.index("--port") + 1] = "8000"
         print(f"  {shlex.join(serve)} &\n  {shlex.join(loadtest_cli(opts, 'http://127.0.0.1:8000'))}")

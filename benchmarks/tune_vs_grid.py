@@ -155,7 +155,8 @@ def main() -> None:
         share = tune_s / grid_s
         ok = ratio >= 0.95 and share <= 0.40
         lines.append(
-            f"{name}: grid best {grid_best.candidate.key} {grid_best.throughput:.4g}/s in {grid_s:.0f} s ({grid_n} runs); "
+            f"{name}: grid best {grid_best.candidate.key} {grid_best.throughput:.4g}/s in {grid_s:.0f} s "
+            f"({grid_n} runs); "
             f"tune {tune_best.candidate.key} {tune_best.throughput:.4g}/s in {tune_s:.0f} s ({tune_n} runs); "
             f"tune's pick / grid's best {ratio:.3f} ({how}), time {share:.0%} -> {'OK' if ok else 'MISSED'}"
         )

@@ -79,10 +79,11 @@ def test_model_spec_takes_names_callables_and_objects(monkeypatch: pytest.Monkey
     monkeypatch.chdir(Path(__file__).parent)
     assert api.model_spec("minilm-l6").task == "feature-extraction"
     assert api.model_spec(custom_models.build).builder == "custom_models:build"  # importable: by name
-    by_value = api.model_spec(
-        lambda: custom_models.TinyConvNet(),
-        inputs=torch.randn(1, 3, 16, 16),
-    )
+
+    def build_here():  # defined in a function: not importable by name, so it is pickled
+        return custom_models.TinyConvNet()
+
+    by_value = api.model_spec(build_here, inputs=torch.randn(1, 3, 16, 16))
     assert by_value.builder.startswith("pickle:") and by_value.task == "image-classification"
     with pytest.raises(TypeError, match="pass a name, a path, a Hub id, a callable or an nn.Module"):
         api.model_spec(42)

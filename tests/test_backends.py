@@ -229,7 +229,7 @@ def test_compare_reuses_the_export(tiny_bert, tmp_path):
     ]
     stamps = []
     for _ in range(2):
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env, check=False)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         graphs = list((Path(env["ACCELAB_CACHE"]) / "exports").glob("*/model.onnx"))
         assert len(graphs) == 1
@@ -303,6 +303,7 @@ def test_compare_cli_gives_reasoned_rows(tmp_path):
         capture_output=True,
         text=True,
         timeout=600,
+        check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = {r["plan"]["name"]: r for r in _results(json.loads(out.read_text()))}

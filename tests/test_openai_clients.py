@@ -231,6 +231,7 @@ def test_lm_evaluation_harness_runs_a_loglikelihood_and_a_generate_task_to_the_e
         timeout=600,
         env={**os.environ, **OFFLINE},
         cwd=tmp_path,
+        check=False,
     )
     print(done.stdout[-4000:])  # the score tables
     assert done.returncode == 0, done.stderr[-4000:]
@@ -263,7 +264,9 @@ def test_guidellm_benchmarks_the_server_without_errors(url, tmp_path):
         f"kind=json,path={out}",
         "--disable-console-interactive",
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **OFFLINE}, cwd=tmp_path)
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **OFFLINE}, cwd=tmp_path, check=False
+    )
     print(done.stdout[-3000:])
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())

@@ -8,9 +8,10 @@
 
 The regress runs are derived from the real run by fixed arithmetic (its spread too, which sets
 regress's noise limit), each noted as such, so the verdicts are deterministic: they need no
-quiet machine (a real thread-count change on a shared 2-core box sometimes measured no slower). The store also gets SYNTHETIC Results
-(tests/test_report_helpers.py, each noted as such) for the kinds whose engines are not run here
-(train, loadtest, tune), so that every report section is drawn. About 40 s on a 2-core CPU.
+quiet machine (a real thread-count change on a shared 2-core box sometimes measured no slower).
+The store also gets SYNTHETIC Results (tests/test_report_helpers.py, each noted as such) for the
+kinds whose engines are not run here (train, loadtest, tune), so that every report section is
+drawn. About 40 s on a 2-core CPU.
 """
 
 from __future__ import annotations

@@ -130,7 +130,7 @@ def test_an_admitted_sequence_no_longer_has_a_deadline():
 def test_cancel_frees_the_slot_and_blocks_at_the_next_step():
     sched, _ = make(max_running=1, max_step_tokens=8, kv_blocks=4, block_size=4)
     a = sched.add("a", (1, 2, 3, 4, 5), max_tokens=4)
-    b = sched.add("b", (1, 2), max_tokens=4)
+    sched.add("b", (1, 2), max_tokens=4)
     run_step(sched)
     assert sched.used_blocks == 2
     assert sched.cancel(a) is False  # it ran: it leaves at the next step

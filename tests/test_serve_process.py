@@ -109,7 +109,11 @@ def test_grace_period_bounds_the_exit():
 @pytest.mark.parametrize("module", ["accelab.serve"])
 def test_cli_entry_rejects_a_bad_model_before_listening(module):
     proc = subprocess.run(
-        [sys.executable, "-m", module, "no-such-model", "--port", "0"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", module, "no-such-model", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode == 2
     assert "unknown model 'no-such-model'" in proc.stderr and "listening" not in proc.stderr

@@ -169,9 +169,8 @@ def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen:
     resumed one. Signalling only the child and relying on the parent-death signal alone (what
     predict did) left anything else in the group running."""
     # preexec_fn runs between fork and exec: it calls only prctl (looked up beforehand) and getppid, no lock
-    return subprocess.Popen(
-        command, env=env, start_new_session=True, preexec_fn=_die_with_parent(signal.SIGTERM, parent=os.getpid())
-    )
+    die_with_parent = _die_with_parent(signal.SIGTERM, parent=os.getpid())
+    return subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=die_with_parent)  # noqa: PLW1509 - see above
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -144,7 +144,8 @@ class Backend:
         if torch_only:
             raise Unsupported(
                 f"backend={self.name} runs its own graph: the torch fields {', '.join(torch_only)} of this plan "
-                "would not apply; drop them, or use the backend's options (e.g. ort_quant=int8-dynamic, ov_precision=bf16)"
+                "would not apply; drop them, or use the backend's options "
+                "(e.g. ort_quant=int8-dynamic, ov_precision=bf16)"
             )
 
     def load(self, spec: ModelSpec, plan: Plan, device: torch.device) -> Runnable:

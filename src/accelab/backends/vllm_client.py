@@ -132,5 +132,5 @@ class VllmClient:
 def _safely(callback: Callable[[Any], None], message: Any) -> None:
     try:
         callback(message)
-    except Exception:
+    except Exception:  # a broken handler must not stop the reader
         log.exception("a vLLM message handler failed")

@@ -267,9 +267,9 @@ def _hardware_figures(runnable: Any, batch: dict, workload: Workload, metrics: d
                 value = mfu(flops, seconds, peak) if peak else value
             if value > 1.0:
                 figures[K.MFU_UNKNOWN] = (
-                    f"MFU unknown: the forward ran at {flops / seconds / 1e9:.1f} GFLOP/s, above the {path} peak measured "
-                    f"twice here ({(peak or 0) / 1e9:.1f} GFLOP/s, {limits.kernels.get(path, 'kernel?')}): a kernel "
-                    "the model runs is faster than those measured, or the FLOP count is off"
+                    f"MFU unknown: the forward ran at {flops / seconds / 1e9:.1f} GFLOP/s, above the {path} peak "
+                    f"measured twice here ({(peak or 0) / 1e9:.1f} GFLOP/s, {limits.kernels.get(path, 'kernel?')}): "
+                    "a kernel the model runs is faster than those measured, or the FLOP count is off"
                 )
             else:
                 figures[K.MFU] = value

@@ -50,8 +50,14 @@ class Contract:
 
 
 def keys(table: str) -> tuple[Key, ...]:
-    """A table, one key a line: name, unit ("-": none), meaning, columns apart by two spaces or more."""
-    rows = [re.split(r"\s{2,}", line.strip(), maxsplit=2) for line in table.strip().splitlines()]
+    """A table, one key a line: name, unit ("-": none), meaning, columns apart by two spaces or more;
+    an indented line goes on with the meaning of the key above it."""
+    rows: list[list[str]] = []
+    for line in table.strip("\n").splitlines():
+        if line[:1].isspace():
+            rows[-1][2] += " " + line.strip()
+        elif line:
+            rows.append(re.split(r"\s{2,}", line.strip(), maxsplit=2))
     return tuple(Key(name, "" if unit == "-" else unit, meaning) for name, unit, meaning in rows)
 
 
@@ -177,9 +183,14 @@ device          -      the device the plan ran on, e.g. cpu, cuda:0
 placement       -      where a device map put the modules (device-map and offload plans only)
 hardware        -      {peak_flops, compute_path, bandwidth_bytes_per_s} the figures are against
 weight_bytes    bytes  the model's weights
-noise           -      what the machine did besides the run (accelab.measure.noise.summary): level quiet | noisy | unreliable, reason, steal, steal_max, others_cores, others_cores_max, throttled, load1, cv, rounds, rounds_used
-rounds          -      every timed round (accelab.bench.rounds.rounds_record): rate, seconds, calls, cv, used, steal, others_cores, throttled, level
-speedup         -      compare rows after the reference: the paired ratio over the reference's rounds (accelab.measure.paired.Ratio): value, low, high, rounds, dropped, verdict, reason, confidence, reference
+noise           -      what the machine did besides the run (accelab.measure.noise.summary): level quiet | noisy |
+                       unreliable, reason, steal, steal_max, others_cores, others_cores_max, throttled, load1, cv,
+                       rounds, rounds_used
+rounds          -      every timed round (accelab.bench.rounds.rounds_record): rate, seconds, calls, cv, used, steal,
+                       others_cores, throttled, level
+speedup         -      compare rows after the reference: the paired ratio over the reference's rounds
+                       (accelab.measure.paired.Ratio): value, low, high, rounds, dropped, verdict, reason, confidence,
+                       reference
 """)
 FORWARD: Final = Contract(
     producer="accelab.scenarios.forward.ForwardScenario + accelab.bench.child.BenchChild + accelab.bench.rounds",
@@ -212,7 +223,8 @@ decode_tokens_per_s       tokens/s     tokens after the first / the time spent p
 decode_step_s             s            mean time of one decoding step
 generated_tokens_checked  -            whether the output's length was checked to be exactly new_tokens
 sample_text               -            the first sequence's new text, decoded (None without a tokenizer)
-roofline                  -            {fraction, achieved_bandwidth, ...}: weight bytes per decoding step over bandwidth
+roofline                  -            {fraction, achieved_bandwidth, ...}: weight bytes per decoding step over
+                                       bandwidth
 roofline_unknown          -            why the roofline is not reported (it measured above 100% twice)
 """),
         *_TIMED_LOOP,

@@ -113,7 +113,8 @@ def bench_rows(result: Result) -> list[tuple[str, str]]:
                 (
                     "roofline",
                     f"{roof.get('fraction', 0) * 100:.1f}% of the memory-bandwidth bound "
-                    f"({fmt(roof.get('bound_steps_per_s'))} steps/s for {fmt((m.get('weight_bytes') or 0) / 1e6)} MB of weights)",
+                    f"({fmt(roof.get('bound_steps_per_s'))} steps/s for "
+                    f"{fmt((m.get('weight_bytes') or 0) / 1e6)} MB of weights)",
                 )
             )
     else:
@@ -129,7 +130,8 @@ def bench_rows(result: Result) -> list[tuple[str, str]]:
                 (
                     "MFU",
                     f"{m['mfu'] * 100:.1f}% ({fmt(m.get('achieved_flops', 0) / 1e9)} GFLOP/s of the "
-                    f"{fmt((hw.get('peak_flops') or 0) / 1e9)} GFLOP/s {hw.get('compute_path', 'fp32')} peak measured here)",
+                    f"{fmt((hw.get('peak_flops') or 0) / 1e9)} GFLOP/s {hw.get('compute_path', 'fp32')} peak "
+                    "measured here)",
                 )
             )
     rows += [

@@ -219,7 +219,7 @@ class ContinuousWorker:
                 self._busy = True
             try:
                 self._run(step)
-            except Exception:
+            except Exception:  # the worker thread must survive anything
                 log.exception("continuous worker step error")
             finally:
                 with self._cond:
@@ -244,8 +244,8 @@ class ContinuousWorker:
             self._fail(
                 seq.payload.run,
                 DeadlineExceeded(
-                    f"request waited {waited:.1f} s in the queue, past its deadline of {seq.payload.run.job.timeout_s:g} "
-                    "s; raise --request-timeout or send fewer requests at once"
+                    f"request waited {waited:.1f} s in the queue, past its deadline of "
+                    f"{seq.payload.run.job.timeout_s:g} s; raise --request-timeout or send fewer requests at once"
                 ),
                 "timeout",
             )
@@ -328,7 +328,7 @@ class ContinuousWorker:
         for item in inputs:
             try:
                 results.extend(_spread([item], self.engine.step([item])))
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:  # noqa: BLE001 - this sequence fails alone, the others go on
                 log.warning("a sequence failed: %r", err)
                 results.append(err)
         return results
@@ -457,5 +457,5 @@ def _spread(inputs: list[StepInput], tokens: list[Any]) -> list[SampledToken | N
 def _call(callback: Callable[..., Any], *args: Any) -> None:
     try:
         callback(*args)
-    except Exception:
+    except Exception:  # one broken callback must not stop the worker
         log.exception("callback failed")

@@ -83,8 +83,8 @@ def messages_without_tool_format(messages: list[dict[str, Any]], specs: list[dic
 def messages_for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Messages for a template with a tool format: arguments as objects (what templates expect)."""
     out = []
-    for m in messages:
-        m = dict(m)
+    for message in messages:
+        m = dict(message)
         if m.get("tool_calls"):
             m["tool_calls"] = [
                 {

@@ -178,7 +178,7 @@ class Worker:
                     self._expire(pending)
                 if batch.items:
                     self._run_batch(batch.items)
-            except Exception:
+            except Exception:  # the worker thread must survive anything
                 log.exception("worker loop error")
             finally:
                 with self._cond:
@@ -270,7 +270,7 @@ def _call_done(job: Job, outcome: JobOutcome) -> None:
 def _call(callback: Callable[..., None], *args: Any) -> None:
     try:
         callback(*args)
-    except Exception:
+    except Exception:  # one broken callback must not stop the worker
         log.exception("job callback failed")
 
 

@@ -23,7 +23,8 @@ def tune_command(
         None,
         "--batch-size",
         "-b",
-        help="Latency goal: the request batch (default 1). Throughput goal: the screening batch (default 8 forward, 4 generate).",
+        help="Latency goal: the request batch (default 1). "
+        "Throughput goal: the screening batch (default 8 forward, 4 generate).",
     ),
     max_batch: int | None = typer.Option(
         None, "--max-batch", help="Largest batch tried (default 256 forward, 64 generate)."

@@ -340,5 +340,5 @@ def submit_message(request_id: str, unit: GenUnit) -> W.Submit:
 def _call(callback: Callable[..., Any], *args: Any) -> None:
     try:
         callback(*args)
-    except Exception:
+    except Exception:  # one broken callback must not stop the reader
         log.exception("callback failed")
