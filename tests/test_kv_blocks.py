@@ -177,6 +177,7 @@ def test_a_fork_shares_the_prompt_blocks_and_copies_the_partial_one_on_write():
     child = sched.fork(parent, "child")
     assert child.prompt == parent.prompt and child.generated == [] and child.computed == 5
     assert child.block_table == [0, 1] and [sched.pool.refs(b) for b in (0, 1)] == [2, 2]
+    assert sched.reused_tokens == 5  # the shared positions are counted as not computed again
     step = run_step(sched, token=8)
     # parent decodes position 6, child recomputes position 5 (for its own first token): both write
     # into block 1; the parent, first, gets a copy, the child then holds block 1 alone

@@ -160,12 +160,31 @@ def test_streamed_logprobs_arrive_with_their_text(url):
     assert all(c["choices"][0]["logprobs"] for c in with_text)
 
 
+def test_streamed_completion_logprobs_are_the_unstreamed_ones(url):
+    full = complete(url, max_tokens=5, logprobs=2)["choices"][0]["logprobs"]
+    with httpx.stream(
+        "POST",
+        f"{url}/v1/completions",
+        timeout=300,
+        json={"model": MODEL, "prompt": PROMPT, "temperature": 0, "max_tokens": 5, "logprobs": 2, "stream": True},
+    ) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    parts = [c["choices"][0]["logprobs"] for c in chunks if c["choices"][0].get("logprobs")]
+    assert [t for p in parts for t in p["tokens"]] == full["tokens"] and len(full["tokens"]) == 5
+    streamed = [v for p in parts for v in p["token_logprobs"]]
+    assert all(math.isclose(a, b, abs_tol=1e-5) for a, b in zip(streamed, full["token_logprobs"], strict=True))
+    assert all(len(top) == 2 for p in parts for top in p["top_logprobs"])
+
+
 # -- n and the sampling controls ------------------------------------------------------------------
 def test_n_choices_greedy_alike_sampled_apart_and_seeded_repeatable(url):
     one = text(chat(url, max_tokens=8))
     three = chat(url, max_tokens=8, n=3)
     assert [c["index"] for c in three["choices"]] == [0, 1, 2] and {text(three, i) for i in range(3)} == {one}
-    assert three["usage"]["completion_tokens"] == 3 * chat(url, max_tokens=8)["usage"]["completion_tokens"]
+    single = chat(url, max_tokens=8)["usage"]
+    # OpenAI's usage: the prompt once, every choice's completion
+    assert three["usage"]["completion_tokens"] == 3 * single["completion_tokens"]
+    assert three["usage"]["prompt_tokens"] == single["prompt_tokens"]
     sampled = chat(url, max_tokens=12, n=4, temperature=1.0, seed=7)
     answers = [text(sampled, i) for i in range(4)]
     assert len(set(answers)) >= 3
@@ -177,6 +196,24 @@ def test_n_choices_greedy_alike_sampled_apart_and_seeded_repeatable(url):
     )
     assert [c["index"] for c in two_prompts["choices"]] == [0, 1, 2, 3]
     assert text(two_prompts, 0) == text(two_prompts, 1) != text(two_prompts, 2) == text(two_prompts, 3)
+
+
+def test_n_choices_prefill_the_prompt_once_on_the_continuous_scheduler(url, request):
+    """The other choices take the first one's prompt KV (a fork): the prefix-cache counter grows
+    by the prompt less its last token per extra choice, on a prompt no request sent before. The
+    per-batch scheduler runs each choice as a row of one generate call (README): nothing shared."""
+    prompt = "Name three rivers that flow through the city of Vienna, and say how long each one is"
+    before = prefix_cache_tokens(url)
+    reply = complete(url, prompt=prompt, max_tokens=4, n=3)
+    assert len(reply["choices"]) == 3
+    shared = 2 * (reply["usage"]["prompt_tokens"] - 1) if request.node.callspec.params["url"] == "continuous" else 0
+    assert prefix_cache_tokens(url) - before == shared
+
+
+def prefix_cache_tokens(url: str) -> float:
+    page = httpx.get(f"{url}/metrics", timeout=30).text
+    line = next(line for line in page.splitlines() if line.startswith("accelab_prefix_cache_tokens_total "))
+    return float(line.split()[1])
 
 
 def test_top_k_and_min_p_narrow_sampling_to_the_greedy_token(url):
@@ -302,6 +339,8 @@ def test_tool_choice_required_named_auto_and_none(url):
     assert none["choices"][0]["finish_reason"] != "tool_calls" and "tool_calls" not in none["choices"][0]["message"]
     auto = chat(url, messages=ask, max_tokens=40, tools=[WEATHER])  # the model's choice: either is valid
     message = auto["choices"][0]["message"]
+    # but the tools reach the model: the chat template writes them into the prompt
+    assert auto["usage"]["prompt_tokens"] > chat(url, messages=ask, max_tokens=1)["usage"]["prompt_tokens"] + 20
     assert bool(message.get("tool_calls")) == (auto["choices"][0]["finish_reason"] == "tool_calls")
     if not message.get("tool_calls"):
         assert message["content"] and not message["content"].startswith("<")

@@ -22,6 +22,7 @@ class Envelope:
     kind: str  # "chat" | "completions"
     model: str
     truncated: int = 0  # prompt tokens dropped to fit the context (the request asked to truncate)
+    n: int = 1  # choices per prompt: the completions come n to a prompt, whose tokens count once
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -30,8 +31,10 @@ class Envelope:
         return {"id": prefix + self.id, "object": obj, "created": self.created, "model": self.model}
 
 
-def usage(completions: Sequence[Completion], truncated: int = 0) -> dict[str, int]:
-    prompt = sum(c.prompt_tokens for c in completions)
+def usage(completions: Sequence[Completion], truncated: int = 0, n: int = 1) -> dict[str, int]:
+    """OpenAI's usage: each prompt's tokens once (the n choices of a prompt share it), every
+    choice's completion tokens."""
+    prompt = sum(c.prompt_tokens for c in completions[::n])
     generated = sum(c.completion_tokens for c in completions)
     counts = {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
     if truncated:
@@ -109,9 +112,9 @@ def full_response(env: Envelope, choices: Sequence[Choice]) -> dict[str, Any]:
                     "finish_reason": ch.finish_reason,
                 }
             )
-        return {**env.head("chat.completion"), "choices": body, "usage": usage(completions, env.truncated)}
+        return {**env.head("chat.completion"), "choices": body, "usage": usage(completions, env.truncated, env.n)}
     body = [_completion_choice(i, ch) for i, ch in enumerate(choices)]
-    return {**env.head("text_completion"), "choices": body, "usage": usage(completions, env.truncated)}
+    return {**env.head("text_completion"), "choices": body, "usage": usage(completions, env.truncated, env.n)}
 
 
 def chunk(
@@ -154,7 +157,7 @@ def chunk(
 def usage_chunk(env: Envelope, completions: Sequence[Completion]) -> dict[str, Any]:
     """The last chunk when stream_options.include_usage: no choices, the whole stream's usage."""
     obj = "chat.completion.chunk" if env.kind == "chat" else "text_completion"
-    return {**env.head(obj), "choices": [], "usage": usage(completions, env.truncated)}
+    return {**env.head(obj), "choices": [], "usage": usage(completions, env.truncated, env.n)}
 
 
 def sse(data: dict[str, Any] | str) -> str:

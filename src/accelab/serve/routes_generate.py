@@ -51,7 +51,7 @@ async def chat_completions(body: ChatRequest, request: Request) -> Any:
         lambda: _fit(engine, chat(), params, body.truncate), offload=has_images or long_text(texts) or bool(specs)
     )
     units = await _units(engine, [prompt], params, body.n)
-    env = fmt.Envelope(kind="chat", model=state.config.model_name, truncated=prompt.truncated)
+    env = fmt.Envelope(kind="chat", model=state.config.model_name, truncated=prompt.truncated, n=body.n)
     calls = specs is not None and body.tool_choice != "none"
     return await _generate(state, engine, units, body, env, arrival, request, tool_calls=calls)
 
@@ -72,7 +72,9 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
         lambda: [_fit(engine, engine.prepare_text(t), params, body.truncate) for t in texts], offload=long_text(texts)
     )
     units = await _units(engine, prompts, params, body.n)
-    env = fmt.Envelope(kind="completions", model=state.config.model_name, truncated=sum(p.truncated for p in prompts))
+    env = fmt.Envelope(
+        kind="completions", model=state.config.model_name, truncated=sum(p.truncated for p in prompts), n=body.n
+    )
     echoes = None
     if body.echo:
         echoes = [

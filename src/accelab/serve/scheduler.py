@@ -291,6 +291,7 @@ class Scheduler(Generic[T]):
             self.pool.release(child.block_table)
             raise QueueFull(f"the KV cache has no room for another choice of sequence {parent.id}") from None
         self._running.append(child)
+        self.reused_tokens += n  # the shared prompt positions are not computed again
         return child
 
     # -- the step -------------------------------------------------------------------------
