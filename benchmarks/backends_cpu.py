@@ -1,6 +1,6 @@
 """Alternative runtimes against fp32 eager torch on this CPU, each row with its quality verdict.
 
-In one run, every number measured by accelab's own bench children (`accelab.bench.engine.bench`,
+In one run, every number measured by accelab's own bench children (`accelab.benchmark.engine.bench`,
 what `accelab compare` runs per plan) with the quality guard against the fp32 eager reference:
 - minilm-l6 embeddings, seq 128, batch 1 and batch 32: torch eager vs ONNX Runtime (plain,
   transformer-fused, int8 dynamic), OpenVINO (f32, bf16);
@@ -34,7 +34,7 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
-from accelab.bench.engine import bench
+from accelab.benchmark.engine import bench
 from accelab.catalog.resolve import resolve
 from accelab.plan.plan import Plan
 from accelab.quality.collect import QualityConfig

@@ -43,7 +43,7 @@ def plain_loop(model_name: str, batch_size: int, seq_len: int, iters: int, threa
 
 
 def accelab_bench(model_name: str, batch_size: int, seq_len: int, iters: int, threads: int) -> float:
-    from accelab.bench.engine import bench
+    from accelab.benchmark.engine import bench
     from accelab.catalog.resolve import resolve
     from accelab.plan.plan import Plan
     from accelab.scenarios.workload import Workload

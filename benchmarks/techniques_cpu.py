@@ -16,7 +16,7 @@ import sys
 
 from rich.console import Console
 
-from accelab.bench.compare import run_compare
+from accelab.benchmark.compare import run_compare
 from accelab.catalog.resolve import resolve
 from accelab.plan.plan import load_plan
 from accelab.quality.collect import QualityConfig

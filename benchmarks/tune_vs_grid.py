@@ -32,9 +32,9 @@ from rich.console import Console
 from accelab.catalog.resolve import resolve
 from accelab.measure.hardware import hardware_limits
 from accelab.scenarios.workload import Workload
-from accelab.tune.measure import BenchMeasurer
-from accelab.tune.search import Candidate, Constraints, Search, score
-from accelab.tune.space import ladder, search_space
+from accelab.tuner.measure import BenchMeasurer
+from accelab.tuner.search import Candidate, Constraints, Search, score
+from accelab.tuner.space import ladder, search_space
 
 SPACES = {
     "minilm-l6": dict(

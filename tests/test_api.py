@@ -147,9 +147,11 @@ def test_apply_on_a_transformers_model_switches_attention_and_quantizes():
     assert any("int8-weight" in note for note in quantized.notes)
 
 
-def test_the_package_is_callable_and_still_a_package():
-    import accelab.bench.engine as engine
+def test_the_api_names_are_plain_functions_beside_the_command_packages():
+    import accelab.benchmark.engine as engine
+    import accelab.tuner.run  # importing the subpackage must not replace accelab.tune
 
     assert callable(accelab.bench) and callable(accelab.tune)
+    assert accelab.bench is api.bench and accelab.tune is api.tune and accelab.compare is api.compare
     assert engine.bench is not accelab.bench
     assert "workload" in str(__import__("inspect").signature(accelab.bench))

@@ -114,7 +114,7 @@ def test_torch_only_fields_are_refused_with_the_reason():
 # -- a missing backend is a reasoned row ---------------------------------------------------------
 def test_missing_backend_gives_an_unsupported_row_with_the_install_command(monkeypatch):
     import accelab.backends as backends
-    from accelab.bench.engine import BenchJob, measure_in_child
+    from accelab.benchmark.engine import BenchJob, measure_in_child
     from accelab.scenarios.workload import Workload
 
     real = backends.importlib.util.find_spec

@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from accelab.bench import commands as bench_commands
+from accelab.benchmark import commands as bench_commands
 from accelab.plan.plan import Plan
 from accelab.results.result import Result
 from accelab.scenarios.workload import resolve_batch_size
@@ -55,8 +55,8 @@ def seen(monkeypatch):
     def fake_measure_plans(spec, plans, workloads, **kwargs):
         return [fake_bench(spec, plan, workload, **kwargs) for plan, workload in zip(plans, workloads)]
 
-    monkeypatch.setattr("accelab.bench.engine.bench", fake_bench)
-    monkeypatch.setattr("accelab.bench.compare.measure_plans", fake_measure_plans)
+    monkeypatch.setattr("accelab.benchmark.engine.bench", fake_bench)
+    monkeypatch.setattr("accelab.benchmark.compare.measure_plans", fake_measure_plans)
     monkeypatch.setattr("accelab.measure.capabilities.slow_techniques", lambda device, measure=False: {})
     return runs
 

@@ -411,7 +411,7 @@ def test_bench_never_prints_an_mfu_or_roofline_above_100_percent(monkeypatch):
     100% is reported as unknown with the reason, never as an impossible number."""
     from types import SimpleNamespace
 
-    from accelab.bench import child as engine
+    from accelab.benchmark import child as engine
     from accelab.scenarios.workload import Workload
 
     layer = torch.nn.Linear(256, 256, bias=False)

@@ -42,7 +42,7 @@ def run(*args: str):
 
 
 def measure(threads: int, batch_size: int, tag: str):
-    from accelab.bench.engine import bench
+    from accelab.benchmark.engine import bench
     from accelab.catalog.resolve import resolve
     from accelab.plan.plan import Plan
     from accelab.scenarios.workload import Workload

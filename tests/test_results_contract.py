@@ -52,15 +52,15 @@ def test_every_key_name_is_in_a_contract_with_a_meaning():
 @pytest.mark.parametrize(
     "path",
     [
-        "bench/engine.py",
-        "bench/child.py",
-        "bench/rounds.py",
+        "benchmark/engine.py",
+        "benchmark/child.py",
+        "benchmark/rounds.py",
         "scenarios/forward.py",
         "scenarios/generate.py",
         "loadtest/summary.py",
         "loadtest/run.py",
         "train/report.py",
-        "tune/measure.py",
+        "tuner/measure.py",
     ],
 )
 def test_producers_write_metrics_only_through_the_contract_names(path):
@@ -154,8 +154,8 @@ def test_generate_writes_only_contract_keys_and_the_report_reads_them():
 
 # -- tune: BenchMeasurer around a fake bench --------------------------------------------------------
 def test_tune_trials_carry_the_tune_keys_and_make_a_pareto_set(monkeypatch):
-    from accelab.tune import measure
-    from accelab.tune.search import Candidate
+    from accelab.tuner import measure
+    from accelab.tuner.search import Candidate
 
     def fake_bench(spec, plan, workload, **kw):
         metrics = forward_metrics(workload.batch_size)

@@ -1,6 +1,6 @@
 """The tuner's search with a fake measure function: milliseconds, no models."""
 
-from accelab.tune.search import Candidate, Constraints, Measurement, Search
+from accelab.tuner.search import Candidate, Constraints, Measurement, Search
 
 # A fake machine: throughput per variant grows with batch and saturates; memory grows with batch.
 SPEED = {"baseline": 10.0, "fast": 14.0, "faster": 18.0, "broken": 30.0}

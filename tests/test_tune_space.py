@@ -6,8 +6,8 @@ import torch
 from accelab.catalog.resolve import resolve
 from accelab.measure.hardware import HardwareLimits
 from accelab.plan.presets import PRESETS
-from accelab.tune import space
-from accelab.tune.space import search_space, slow_here, techniques
+from accelab.tuner import space
+from accelab.tuner.space import search_space, slow_here, techniques
 
 
 def test_techniques_name_what_a_plan_changes():

@@ -192,7 +192,7 @@ def test_model_checks_say_what_vllm_runs(tmp_path):
 
 
 def test_tune_searches_vllm_and_prunes_bf16_where_bf16_is_slow():
-    from accelab.tune.space import VARIANTS, techniques
+    from accelab.tuner.space import VARIANTS, techniques
 
     assert {"vllm", "vllm-bf16"} <= set(VARIANTS["generate"])
     assert techniques(PRESETS["vllm"]) == ["vllm"]

@@ -34,8 +34,8 @@ LAYERS = [
     ["runtimes"],
     ["measure"],  # runs and times what plan/ and the runtimes build; probes techniques
     ["scenarios", "quality"],
-    ["bench", "launch"],
-    ["tune", "train", "predict", "serve", "loadtest", "monitor"],
+    ["benchmark", "launch"],
+    ["tuner", "train", "predict", "serve", "loadtest", "monitor"],
     ["report"],
     ["api", "cli", "__init__", "__main__"],  # the front doors: the Python API and the commands
 ]

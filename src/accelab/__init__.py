@@ -4,35 +4,17 @@ The Python API (typed, documented in `accelab.api`): `accelab.bench`, `compare`,
 `tune` measure in child processes and store their Results as the CLI does; `apply(model, plan)`
 puts a plan into your own code; `CustomModel` describes a custom nn.Module with its example
 inputs and task. `import accelab` stays cheap: nothing imports torch until a function runs.
+
+The commands' code lives in subpackages named apart from these functions (`accelab.benchmark`
+for bench, compare and verify; `accelab.tuner` for tune), so that importing one never replaces
+the function of the same name.
 """
 
-import inspect
-import types
-
-# api imports nothing heavy at module level; bench and tune are the commands' subpackages
-from accelab import api, bench, tune
-from accelab.api import apply, compare, verify
+# api imports nothing heavy at module level
+from accelab.api import apply, bench, compare, tune, verify
 from accelab.version import __version__
 
 __all__ = ["CustomModel", "Plan", "__version__", "apply", "bench", "compare", "tune", "verify"]
-
-
-class _CommandPackage(types.ModuleType):
-    """`accelab.bench` and `accelab.tune` are both a subpackage (the command's code) and the API
-    function: calling the package calls `accelab.api.<name>`, and `accelab.bench.engine` still
-    imports as before. (A plain function attribute would be replaced by the subpackage the first
-    time Python imports it.)"""
-
-    def __call__(self, *args, **kwargs):
-        return getattr(api, self.__name__.rsplit(".", 1)[1])(*args, **kwargs)
-
-    @property
-    def __signature__(self):  # help() and IDEs show the API function's parameters
-        return inspect.signature(getattr(api, self.__name__.rsplit(".", 1)[1]))
-
-
-for _package in (bench, tune):
-    _package.__class__ = _CommandPackage
 
 
 def __getattr__(name: str):

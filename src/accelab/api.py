@@ -62,8 +62,8 @@ def bench(
     image_size, inputs, min_seconds, ...); the scenario defaults to generate for generative
     models, else forward. `inputs`/`task`/`processor`: for model objects (see `model_spec`).
     With `quality`, the outputs are judged against the fp32 eager reference too."""
-    from accelab.bench.compare import quality_config_for
-    from accelab.bench.engine import bench as run_bench
+    from accelab.benchmark.compare import quality_config_for
+    from accelab.benchmark.engine import bench as run_bench
 
     spec = model_spec(model, inputs=inputs, task=task, processor=processor)
     plan_obj = _plan(plan)
@@ -102,8 +102,8 @@ def compare(
     and every row with the machine's noise (`metrics["noise"]`); `accelab.results.compare_table.
     render(results)` prints the CLI's table. A plan that cannot run here is a Result with status
     "unsupported" and the reason."""
-    from accelab.bench.compare import quality_config_for, run_compare
-    from accelab.bench.rounds import RoundsConfig
+    from accelab.benchmark.compare import quality_config_for, run_compare
+    from accelab.benchmark.rounds import RoundsConfig
     from accelab.measure.budget import PlanBudget
     from accelab.measure.capabilities import slow_techniques
     from accelab.plan.apply import resolve_device
@@ -194,7 +194,7 @@ def tune(
     `accelab tune` does (same search, same store, resumable); returns the winning Plan, with its
     batch size, and writes it as YAML to `out` when given. Raises ValueError when no plan meets
     the limits (the message says which limit ruled each out)."""
-    from accelab.tune.run import TuneRequest, tune as run_tune
+    from accelab.tuner.run import TuneRequest, tune as run_tune
 
     spec = model_spec(model, inputs=inputs, task=task, processor=processor)
     request = TuneRequest(
@@ -332,7 +332,7 @@ def _plan(plan: PlanLike) -> Plan:
 
 
 def _workload(spec: ModelSpec, workload: WorkloadLike, plan: Plan | None) -> Workload:
-    from accelab.bench.options import default_scenario, validate
+    from accelab.benchmark.options import default_scenario, validate
     from accelab.scenarios.workload import Workload, resolve_batch_size
 
     if isinstance(workload, Workload):

@@ -22,8 +22,8 @@ app = typer.Typer(
 COMMAND_MODULES = [
     "accelab.catalog.commands",  # models list / fetch
     "accelab.measure.commands",  # env
-    "accelab.bench.commands",  # bench, compare, verify
-    "accelab.tune.commands",  # tune
+    "accelab.benchmark.commands",  # bench, compare, verify
+    "accelab.tuner.commands",  # tune
     "accelab.predict.commands",  # predict
     "accelab.report.commands",  # history, report, regress
     "accelab.train.commands",  # train

@@ -8,7 +8,7 @@ autocast runs oneDNN's bf16 GEMM: the MFU came out at 1225%). So each compute pa
 - `F.conv2d` 3x3 and 1x1, in NCHW and channels_last,
 - a square matmul,
 and its peak is the best of them. A model's achieved FLOP/s is then below it by construction,
-up to shapes none of these cover; bench re-measures when one is not (see bench.engine).
+up to shapes none of these cover; bench re-measures when one is not (see benchmark.engine).
 
 Bandwidth is STREAM's idea over arrays of several times the last-level cache: a read (sum), a
 copy and a triad (a = b + s*c), at the run's thread count; the figure is the best of the three

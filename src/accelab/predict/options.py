@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accelab.bench.options import spec_max_sequence_length
+from accelab.benchmark.options import spec_max_sequence_length
 from accelab.catalog.spec import ModelSpec
 from accelab.launch import LaunchOptions
 from accelab.plan.plan import Plan, load_plan

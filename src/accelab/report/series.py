@@ -14,7 +14,7 @@ from typing import Any
 from accelab.report import metrics as M
 from accelab.results import contract as K
 from accelab.results.result import Result
-from accelab.tune.search import PHASE_RANK
+from accelab.tuner.search import PHASE_RANK
 
 # -- plan labels --------------------------------------------------------------------------------
 

@@ -38,7 +38,7 @@ def _status_note(result: Result, speedup: dict[str, Any], noise: dict[str, Any])
 
 
 def _speedup(result: Result, metrics: dict[str, Any], base_tp: float | None) -> dict[str, Any]:
-    """The row's paired speed-up record (bench.rounds.speedup_record); for the reference row and
+    """The row's paired speed-up record (benchmark.rounds.speedup_record); for the reference row and
     for Results stored before rounds were paired, the plain throughput ratio without a verdict."""
     if isinstance(metrics.get("speedup"), dict):
         return metrics["speedup"]

@@ -6,12 +6,12 @@ contract does not name.
 A latency distribution ("stats" below) is `accelab.measure.stats.Stats.to_dict()`: n, mean, stdev,
 cv, min, p50, p90, p99, max, in ms. Memory is MiB (2**20 bytes), named `_mb` as the store has it.
 
-| producer                                   | Result.kind              | contract              |
-|--------------------------------------------|--------------------------|-----------------------|
-| scenarios/forward.py + bench/child.py      | bench, compare, tune     | FORWARD (+ TUNE)      |
-| scenarios/generate.py + bench/child.py     | bench, compare, tune     | GENERATE (+ TUNE)     |
-| loadtest/summary.py + loadtest/run.py      | loadtest                 | LOADTEST, FIND_MAX    |
-| train/report.py (train/timing.py, loop.py) | train                    | TRAIN                 |
+| producer                                       | Result.kind              | contract              |
+|------------------------------------------------|--------------------------|-----------------------|
+| scenarios/forward.py + benchmark/child.py      | bench, compare, tune     | FORWARD (+ TUNE)      |
+| scenarios/generate.py + benchmark/child.py     | bench, compare, tune     | GENERATE (+ TUNE)     |
+| loadtest/summary.py + loadtest/run.py          | loadtest                 | LOADTEST, FIND_MAX    |
+| train/report.py (train/timing.py, loop.py)     | train                    | TRAIN                 |
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ DECODE_TOKENS_PER_S: Final = "decode_tokens_per_s"
 DECODE_STEP_S: Final = "decode_step_s"
 GENERATED_TOKENS_CHECKED: Final = "generated_tokens_checked"
 SAMPLE_TEXT: Final = "sample_text"
-# what bench/child.py and bench/rounds.py add around a scenario
+# what benchmark/child.py and benchmark/rounds.py add around a scenario
 LOAD_S: Final = "load_s"
 MEMORY: Final = "memory"
 PEAK_RSS_MB: Final = "peak_rss_mb"
@@ -186,14 +186,15 @@ weight_bytes    bytes  the model's weights
 noise           -      what the machine did besides the run (accelab.measure.noise.summary): level quiet | noisy |
                        unreliable, reason, steal, steal_max, others_cores, others_cores_max, throttled, load1, cv,
                        rounds, rounds_used
-rounds          -      every timed round (accelab.bench.rounds.rounds_record): rate, seconds, calls, cv, used, steal,
-                       others_cores, throttled, level
+rounds          -      every timed round (accelab.benchmark.rounds.rounds_record): rate, seconds, calls, cv, used,
+                       steal, others_cores, throttled, level
 speedup         -      compare rows after the reference: the paired ratio over the reference's rounds
                        (accelab.measure.paired.Ratio): value, low, high, rounds, dropped, verdict, reason, confidence,
                        reference
 """)
 FORWARD: Final = Contract(
-    producer="accelab.scenarios.forward.ForwardScenario + accelab.bench.child.BenchChild + accelab.bench.rounds",
+    producer="accelab.scenarios.forward.ForwardScenario"
+    " + accelab.benchmark.child.BenchChild + accelab.benchmark.rounds",
     keys=(
         *keys("""
 latency_ms      ms        stats of one forward call (the request latency)
@@ -208,7 +209,8 @@ mfu_unknown     -         why the MFU is not reported (it measured above 100% tw
     ),
 )
 GENERATE: Final = Contract(
-    producer="accelab.scenarios.generate.GenerateScenario + accelab.bench.child.BenchChild + accelab.bench.rounds",
+    producer="accelab.scenarios.generate.GenerateScenario"
+    " + accelab.benchmark.child.BenchChild + accelab.benchmark.rounds",
     keys=(
         *keys("""
 e2e_ms                    ms           stats of one generate call of exactly new_tokens tokens (the request latency)
@@ -233,13 +235,13 @@ roofline_unknown          -            why the roofline is not reported (it meas
 )
 _TUNE = keys("""
 tune_candidate  -  the candidate measured: '<preset>@<batch>'
-tune_phase      -  screen | grow | final (accelab.tune.search.Phase); later phases measure longer
+tune_phase      -  screen | grow | final (accelab.tuner.search.Phase); later phases measure longer
 tune_seq        -  the measurement's place in the tune, 0-based
 tune_cost_s     s  wall time the measurement cost, child start included
 tune_quality    -  the verdict of the candidate's technique: pass | warn | fail | None (not checked)
 """)
-TUNE_FORWARD: Final = FORWARD.extended("accelab.tune.measure.BenchMeasurer on a forward workload", *_TUNE)
-TUNE_GENERATE: Final = GENERATE.extended("accelab.tune.measure.BenchMeasurer on a generate workload", *_TUNE)
+TUNE_FORWARD: Final = FORWARD.extended("accelab.tuner.measure.BenchMeasurer on a forward workload", *_TUNE)
+TUNE_GENERATE: Final = GENERATE.extended("accelab.tuner.measure.BenchMeasurer on a generate workload", *_TUNE)
 
 # -- loadtest -------------------------------------------------------------------------------------
 LOADTEST: Final = Contract(

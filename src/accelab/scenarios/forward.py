@@ -1,7 +1,7 @@
 """The forward scenario: one batch through the model, timed in a loop. Its metric keys are
 `accelab.results.contract.FORWARD`.
 
-It runs in parts so that plans can take turns (`accelab.bench.rounds`): `warm` once, then
+It runs in parts so that plans can take turns (`accelab.benchmark.rounds`): `warm` once, then
 `round` as often as the driver asks (each a short timed loop), then `metrics` over the rounds
 the driver kept. `run_forward` is the one-round composition.
 """

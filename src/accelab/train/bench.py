@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accelab.bench.rounds import turn_order
+from accelab.benchmark.rounds import turn_order
 from accelab.launch import LaunchOptions
 from accelab.measure import noise
 from accelab.measure.budget import PlanBudget

@@ -1,6 +1,6 @@
 """`train --bench` rows taking turns: every row trains at once, but only one row's optimizer
 steps run at a time, in alternating rounds (A B C, C B A, ...), so a busy minute slows every
-row alike (the idea of `accelab.bench.rounds`, for runs that are whole torchrun launches).
+row alike (the idea of `accelab.benchmark.rounds`, for runs that are whole torchrun launches).
 
 The protocol is a directory of small files, because a row can be several processes (torchrun
 ranks) that the parent did not spawn itself:

@@ -49,8 +49,8 @@ def bench_command(
     store: bool = typer.Option(True, "--store/--no-store", help="Append the run to the results store."),
 ) -> None:
     """Measure one model under one plan and workload: latency, throughput, memory, roofline."""
-    from accelab.bench.engine import bench
-    from accelab.bench.options import build_request
+    from accelab.benchmark.engine import bench
+    from accelab.benchmark.options import build_request
     from accelab.results.store import keep
     from accelab.results.table import print_bench
 
@@ -138,9 +138,9 @@ def compare_command(
     store: bool = typer.Option(True, "--store/--no-store"),
 ) -> None:
     """Several plans side by side: latency, throughput, memory, speed-up and a quality verdict."""
-    from accelab.bench.compare import quality_config_for, run_compare
-    from accelab.bench.options import build_request, resolve_plan
-    from accelab.bench.rounds import RoundsConfig
+    from accelab.benchmark.compare import quality_config_for, run_compare
+    from accelab.benchmark.options import build_request, resolve_plan
+    from accelab.benchmark.rounds import RoundsConfig
     from accelab.measure.budget import PlanBudget
     from accelab.measure.capabilities import slow_techniques
     from accelab.plan.apply import resolve_device
@@ -237,7 +237,7 @@ def verify_command(
     store: bool = typer.Option(True, "--store/--no-store"),
 ) -> None:
     """Output fidelity of a plan against the fp32 eager reference on the same real inputs."""
-    from accelab.bench.options import resolve_plan
+    from accelab.benchmark.options import resolve_plan
     from accelab.catalog.resolve import resolve
     from accelab.quality.collect import QualityConfig
     from accelab.quality.verdict import rules_for

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, replace
 
 from rich.console import Console
 
-from accelab.bench.engine import bench
-from accelab.bench.rounds import measure_plans
+from accelab.benchmark.engine import bench
+from accelab.benchmark.rounds import measure_plans
 from accelab.catalog.spec import ModelSpec
 from accelab.plan.presets import PRESETS
 from accelab.quality.collect import QualityConfig
@@ -20,7 +20,7 @@ from accelab.results import contract as K
 from accelab.results.result import Result
 from accelab.results.store import Store
 from accelab.scenarios.workload import Workload
-from accelab.tune.search import Candidate, Measurement, Phase
+from accelab.tuner.search import Candidate, Measurement, Phase
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class BenchMeasurer:
         return m
 
     def together(self, candidates: list[Candidate], phase: Phase) -> list[Measurement]:
-        """The final: candidates side by side in alternating rounds (accelab.bench.rounds), each
+        """The final: candidates side by side in alternating rounds (accelab.benchmark.rounds), each
         in its own warm child, so the search decides on paired rounds (Search.measure_together)."""
         queues = [self.replay.get((c.key, phase)) for c in candidates]
         if all(queues):

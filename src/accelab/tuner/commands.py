@@ -52,7 +52,7 @@ def tune_command(
 ) -> None:
     """Search the plan space for a goal under memory, latency and quality limits; write the best Plan."""
     from accelab.catalog.resolve import resolve
-    from accelab.tune.run import TuneRequest, check_options, tune
+    from accelab.tuner.run import TuneRequest, check_options, tune
 
     check_options(goal=goal, percentile=percentile, quality=quality, max_memory=max_memory, budget=budget)
 

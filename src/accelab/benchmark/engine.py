@@ -1,7 +1,7 @@
 """One measurement: a (ModelSpec, Plan, Workload) in its own child process -> a Result.
 
-The child (`accelab.bench.child`) loads the plan and answers timed rounds; this side drives it
-through `accelab.bench.rounds` (the same driver as compare's alternating rounds, with one plan):
+The child (`accelab.benchmark.child`) loads the plan and answers timed rounds; this side drives it
+through `accelab.benchmark.rounds` (the same driver as compare's alternating rounds, with one plan):
 a few rounds, the machine's noise measured around each, unreliable rounds left out of the
 figures and the row marked when too few were quiet. The Result is returned, not stored (see
 `Store.add`). Its metric keys are `accelab.results.contract.FORWARD` and `GENERATE`.
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from accelab.bench.child import BenchJob, BenchOutput, measure_in_child
-from accelab.bench.rounds import RoundsConfig, measure_plans
+from accelab.benchmark.child import BenchJob, BenchOutput, measure_in_child
+from accelab.benchmark.rounds import RoundsConfig, measure_plans
 from accelab.catalog.spec import ModelSpec
 from accelab.plan.plan import Plan
 from accelab.quality.collect import QualityConfig

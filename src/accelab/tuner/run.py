@@ -13,7 +13,7 @@ from typing import Literal
 from rich.console import Console
 from rich.markup import escape
 
-from accelab.bench.options import default_scenario, validate
+from accelab.benchmark.options import default_scenario, validate
 from accelab.catalog.spec import ModelSpec
 from accelab.measure import noise
 from accelab.plan.plan import Plan
@@ -23,10 +23,10 @@ from accelab.quality.verdict import LEVELS, rules_for
 from accelab.results.store import Store, open_store
 from accelab.results.table import make_console
 from accelab.scenarios.workload import Workload, resolve_batch_size
-from accelab.tune import report
-from accelab.tune.measure import BenchMeasurer
-from accelab.tune.search import Constraints, Goal, Search, SearchLog
-from accelab.tune.space import Space, search_space
+from accelab.tuner import report
+from accelab.tuner.measure import BenchMeasurer
+from accelab.tuner.search import Constraints, Goal, Search, SearchLog
+from accelab.tuner.space import Space, search_space
 from accelab.units import parse_duration_s, parse_size_mib
 
 GOALS = ("throughput", "latency")

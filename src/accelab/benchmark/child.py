@@ -1,5 +1,5 @@
 """The measuring child: one (ModelSpec, Plan, Workload) loaded in its own process, answering
-the driver's requests (`accelab.bench.rounds`): Load, Round as often as asked, Finish.
+the driver's requests (`accelab.benchmark.rounds`): Load, Round as often as asked, Finish.
 
 Its recipe, one block per step: process settings and load (load_runnable), the inputs, the
 warm-up, the timed rounds under the memory sampler, then the hardware figures (FLOPs, MFU,

@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from accelab.results.table import fmt, make_console
-from accelab.tune.search import PHASE_RANK, Measurement, SearchLog
+from accelab.tuner.search import PHASE_RANK, Measurement, SearchLog
 
 
 def best_by_candidate(log: SearchLog) -> dict[str, Measurement]:

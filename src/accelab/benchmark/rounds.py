@@ -28,7 +28,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from accelab.bench.child import BenchJob, BenchOutput, Finish, Load, Loaded, Round, RoundDone
+from accelab.benchmark.child import BenchJob, BenchOutput, Finish, Load, Loaded, Round, RoundDone
 from accelab.catalog.spec import ModelSpec
 from accelab.measure import noise
 from accelab.measure.budget import PlanBudget
@@ -209,7 +209,7 @@ class Driver:
             f"[dim][{i}/{len(self.contenders)}] {escape(c.job.spec.name)}: plan {escape(c.plan.name)}: loading...[/]"
             + (f" [yellow]expected slow here ({why}){limit}[/]" if why else f"[dim]{limit}[/]" if limit else "")
         )
-        c.child = WarmChild("accelab.bench.child:BenchChild", c.job, env=self.env)
+        c.child = WarmChild("accelab.benchmark.child:BenchChild", c.job, env=self.env)
         started = c.child.start()
         if not started.ok:
             c.failure = started

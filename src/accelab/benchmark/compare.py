@@ -1,5 +1,5 @@
 """Several plans side by side: each in its own warm child, measured in alternating rounds
-(`accelab.bench.rounds`), one shared group id; each row after the reference carries its paired
+(`accelab.benchmark.rounds`), one shared group id; each row after the reference carries its paired
 speed-up with a confidence interval."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import logging
 
 from rich.console import Console
 
-from accelab.bench.rounds import RoundsConfig, measure_plans, with_rows
+from accelab.benchmark.rounds import RoundsConfig, measure_plans, with_rows
 from accelab.catalog.spec import ModelSpec
 from accelab.measure.budget import PlanBudget
 from accelab.plan.plan import Plan
