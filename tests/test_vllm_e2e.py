@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -160,10 +161,33 @@ def test_tune_measures_vllm_plans_and_says_why_each_lost_or_won(tmp_path):
         str(js),
         check=False,
     )
-    assert proc.returncode in (0, 3), proc.stdout + proc.stderr
+    assert proc.returncode in (0, 3), proc.stdout + proc.stderr  # 3: no plan beat the baseline
     report = json.loads(js.read_text())
     verdicts = report["verdicts"]
     vllm_keys = [k for k in verdicts if k.startswith("vllm")]
     assert any(k.startswith("vllm@") for k in vllm_keys), verdicts  # measured, not pruned
-    assert all(verdicts[k] for k in vllm_keys)  # each with its reason: winner, slower (x vs y), quality, ...
+    for key in vllm_keys:  # each says why it won or lost, in the search's own words, with its figures
+        why = verdicts[key]
+        assert re.fullmatch(REASONS, why), (key, why)
+        if m := re.match(r"slower \(([\d.e+]+) vs ([\d.e+]+) ", why):
+            assert float(m[1]) < float(m[2]), why  # slower means a smaller throughput than the winner's
+    assert ("winner" in verdicts.values()) and any(k.startswith("baseline@") for k in verdicts)
     assert "vllm" in proc.stdout
+
+
+# what the search says of a candidate that ran and passed its quality check (accelab.tuner.search):
+# it won, or lost on speed with the figures; an error, an unsupported plan or a failed quality
+# check would not match
+REASONS = (
+    r"winner|(runner-up|tie with the winner) \(.+\)|slower \(.+ vs .+\)|batch \d+ was faster \(.+\)"
+    r"|no gain over batch \d+ \(.+\)"
+)
+
+
+def test_the_default_generate_space_searches_vllm_plans():
+    from accelab.catalog.resolve import resolve
+    from accelab.tuner.space import search_space
+
+    space = search_space(resolve("smollm2-135m", fetch=False), "generate", "cpu", max_batch=4)
+    assert {"vllm", "vllm-bf16", "vllm-compiled"} <= set(space.variants) | set(space.pruned), space
+    assert "vllm" in space.variants, space.pruned.get("vllm")  # runnable here: .venv-vllm is installed
