@@ -34,6 +34,7 @@ CONTRACTS = [
     K.FIND_MAX,
     K.LOADTEST_WORKLOAD,
     K.TRAIN,
+    K.TRAIN_BENCH,
     K.EVAL,
 ]
 
@@ -338,6 +339,41 @@ def test_train_writes_only_contract_keys_and_the_report_reads_them():
     assert curve.eval_x == [3.0, 6.0] and curve.eval_accuracy == pytest.approx([0.5, 0.6])
     assert curve.eval_loss == pytest.approx([1.5, 1.3])
     assert {spec.label: spec.read(r) for spec in metric_specs(r)}["step p50"] == pytest.approx(200.0)
+
+
+def test_train_bench_rows_write_only_contract_keys():
+    """A `train --bench` row: its turns, their noise and its paired speed-up over the first row
+    (accelab.train.bench._add_rounds on rows with fixed step times and fake noise windows)."""
+    from accelab.launch import LaunchOptions
+    from accelab.measure.noise import Window
+    from accelab.train import bench
+    from accelab.train.config import TrainConfig
+    from accelab.train.report import metrics_of
+
+    quiet = Window(seconds=1.0, steal=0.0, others_cores=0.0, throttled=0.0, load1=0.1)
+
+    def running(name: str, step_s: float) -> bench._Running:
+        r = bench._Running(
+            row=bench.BenchRow(name=name),
+            slug=name,
+            config=TrainConfig(model="m", model_source="/m", output_dir="/out", batch_size=16),
+            launch=LaunchOptions(),
+            techniques=[],
+        )
+        r.rounds = [[step_s] * 4 for _ in range(4)]
+        r.windows = [quiet] * 4
+        return r
+
+    first, second = running("baseline (fp32)", 0.2), running("bf16", 0.1)
+    results = []
+    for r in (first, second):
+        result = Result(kind="train", status="ok", model={}, plan={}, workload={}, metrics=metrics_of(train_summary()))
+        bench._add_rounds(result, r, first)
+        assert K.TRAIN_BENCH.unnamed(result.metrics) == []
+        results.append(result)
+    assert K.SPEEDUP not in results[0].metrics and results[1].metrics[K.SPEEDUP]["value"] == pytest.approx(2.0)
+    assert [turn["rate"] for turn in results[1].metrics[K.ROUNDS]] == pytest.approx([160.0] * 4)
+    assert results[1].metrics[K.NOISE]["level"] == "quiet" and results[1].metrics[K.NOISE]["rounds_used"] == 4
 
 
 def test_train_on_a_gpu_reads_the_gpu_peak():

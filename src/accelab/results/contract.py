@@ -348,3 +348,13 @@ device                     -          the main process's device
 wall_s                     s          wall time of the whole launch, from the parent
 """),
 )
+TRAIN_BENCH: Final = TRAIN.extended(
+    "accelab.train.bench (a `train --bench` row: the rows take turns, each turn's noise recorded)",
+    *keys("""
+noise    -  what the machine did besides the row's turns (accelab.measure.noise.summary), as for bench
+rounds   -  every turn of the row: rate (samples/s), seconds, calls (optimizer steps), used, steal,
+            others_cores, level
+speedup  -  rows after the first: the paired ratio over the first row's turns (accelab.measure.paired.Ratio):
+            value, low, high, rounds, dropped, verdict, reason, confidence, reference
+"""),
+)
