@@ -35,6 +35,16 @@ def test_an_explicit_budget_applies_to_every_plan_and_must_be_positive():
         PlanBudget(explicit_s=0)
 
 
+def test_the_start_line_announces_a_budget_as_a_limit():
+    slow = PlanBudget(slow={"bf16-autocast": "measured 0.40x fp32 here"})
+    assert slow.announcement(["compile"]) is None
+    assert slow.announcement(["bf16-autocast"], "the first row's") == (
+        "expected slow here (bf16-autocast: measured 0.40x fp32 here); budget 3x the first row's time "
+        "(at least 60 s), then stopped"
+    )
+    assert PlanBudget(explicit_s=45.0).announcement([]) == "budget 45 s, then stopped"
+
+
 @pytest.mark.slow
 def test_compare_stops_a_plan_past_its_budget_and_says_so(tmp_path):
     """ViT-base at batch 64 takes seconds per call here, batch 1 a fraction: with a 25 s budget

@@ -39,6 +39,19 @@ class PlanBudget:
             return max(self.floor_s, self.factor * reference_s)
         return None
 
+    def announcement(self, techniques: Iterable[str], reference: str = "the first plan's") -> str | None:
+        """What a plan's start line says of its budget before it runs (a limit, not a time it
+        took), or None when it has none: "budget 90 s, then stopped", or for a plan expected slow
+        before the reference has run, "budget 3x the first plan's time (at least 60 s), then stopped"."""
+        why = self.expected_slow(techniques)
+        if self.explicit_s is not None:
+            limit = f"budget {self.explicit_s:.0f} s, then stopped"
+        elif why is not None:
+            limit = f"budget {self.factor:g}x {reference} time (at least {self.floor_s:.0f} s), then stopped"
+        else:
+            return None
+        return f"expected slow here ({why}); {limit}" if why else limit
+
     def stopped_reason(self, budget_s: float, ran_s: float, techniques: Iterable[str]) -> str:
         """What a stopped row says: its budget and how long it had run (loading included)."""
         why = self.expected_slow(techniques)

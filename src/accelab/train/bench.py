@@ -69,7 +69,7 @@ def bench_rows(
     return rows
 
 
-def _techniques(row: BenchRow) -> list[str]:
+def row_techniques(row: BenchRow) -> list[str]:
     """The capability-report names of what a row changes (mixed precision is autocast)."""
     precision = row.changes.get("mixed_precision")
     return [f"{precision}-autocast"] if precision in ("bf16", "fp16") else []
@@ -204,7 +204,7 @@ def _start_row(
         turns_dir=str(table.dir), turns_row=slug, seconds_per_turn=seconds_per_turn
     )
     return _Running(
-        row=row, slug=slug, config=row_config, launch=LaunchOptions(nproc=row.nproc), techniques=_techniques(row)
+        row=row, slug=slug, config=row_config, launch=LaunchOptions(nproc=row.nproc), techniques=row_techniques(row)
     )
 
 

@@ -285,7 +285,7 @@ def _bench(
     import torch
 
     from accelab.results.store import open_store
-    from accelab.train.bench import bench_rows, rows_json, run_bench
+    from accelab.train.bench import bench_rows, row_techniques, rows_json, run_bench
     from accelab.train.report import bench_table
 
     config = request.config
@@ -306,9 +306,14 @@ def _bench(
 
     from accelab.measure.budget import PlanBudget
     from accelab.measure.capabilities import slow_techniques
+    from accelab.measure.noise import warn_if_busy
 
     device = torch.device("cuda" if cuda else "cpu")
     budget = PlanBudget(explicit_s=max_seconds_per_plan, slow=slow_techniques(device, measure=not cuda))
+    warn_if_busy(lambda text: typer.secho(f"warning: {text}", fg=typer.colors.YELLOW, err=True))
+    for row in rows:
+        if row.unsupported is None and (line := budget.announcement(row_techniques(row), "the first row's")):
+            typer.secho(f"bench row {row.name}: {line}", err=True)
     results = run_bench(
         config, request.spec, rows, timeout_s=timeout, idle=_idle_cpus(config), tag=tag, on_row=say, budget=budget
     )
