@@ -11,14 +11,6 @@ import import_graph  # noqa: E402 - tools/ is not a package: it is put on sys.pa
 
 SRC = ROOT / "src"
 
-# Issue 25, phase 2: the two arrows that still close a file cycle live in files other people were
-# editing in phase 1. Each goes when its file is fixed, and the test fails while a listed arrow is
-# gone (so this list can only shrink).
-PHASE_2_ARROWS = {
-    ("accelab.backends.vllm_launch", "accelab"),  # `from accelab import __version__`: use accelab.version
-    ("accelab.backends.llamacpp", "accelab.backends"),  # backends/__init__.py <-> backends/llamacpp.py
-}
-
 
 def test_no_package_imports_a_layer_above_it_and_no_package_cycle():
     found = import_graph.edges(SRC)
@@ -28,9 +20,7 @@ def test_no_package_imports_a_layer_above_it_and_no_package_cycle():
 
 
 def test_no_file_cycle():
-    arrows = set(import_graph.file_edges(SRC))
-    assert PHASE_2_ARROWS <= arrows, f"fixed, remove from PHASE_2_ARROWS: {sorted(PHASE_2_ARROWS - arrows)}"
-    assert import_graph.cycles(import_graph.graph_of(arrows - PHASE_2_ARROWS)) == []
+    assert import_graph.cycles(import_graph.graph_of(import_graph.file_edges(SRC))) == []
 
 
 def test_the_file_graph_sees_lazy_imports_and_leaves_out_type_checking_ones(tmp_path):
@@ -54,34 +44,9 @@ def test_the_file_graph_sees_lazy_imports_and_leaves_out_type_checking_ones(tmp_
     assert import_graph.cycles(import_graph.graph_of(arrows)) == [["accelab.a.one", "accelab.a.two"]]
 
 
-# Issue 25, phase 2: modules other people were editing in phase 1 that still import, inside a
-# function, something that defers nothing heavy (it belongs at the top). The test fails while a
-# listed module has none left (so this list can only shrink).
-PHASE_2_LAZY = {
-    "accelab.backends",
-    "accelab.backends.llamacpp",
-    "accelab.backends.vllm",
-    "accelab.backends.vllm_cli",
-    "accelab.backends.vllm_launch",
-    "accelab.serve.engines",
-    "accelab.serve.engines.encoders",
-    "accelab.serve.engines.generation",
-    "accelab.serve.engines.vllm",
-    "accelab.serve.images",
-    "accelab.serve.metrics",
-    "accelab.serve.replicas",
-    "accelab.serve.server",
-    "accelab.serve.state",
-}
-
-
 def test_an_import_inside_a_function_defers_something_heavy():
     without_reason = [lazy for lazy in import_graph.lazy_imports(SRC) if lazy.reason is None]
-    modules = {lazy.source for lazy in without_reason}
-    assert PHASE_2_LAZY <= modules, f"fixed, remove from PHASE_2_LAZY: {sorted(PHASE_2_LAZY - modules)}"
-    assert [
-        f"{lazy.source}:{lazy.line} {lazy.name}" for lazy in without_reason if lazy.source not in PHASE_2_LAZY
-    ] == []
+    assert [f"{lazy.source}:{lazy.line} {lazy.name}" for lazy in without_reason] == []
 
 
 def test_lazy_reasons_follow_the_importers_own_imports(tmp_path):

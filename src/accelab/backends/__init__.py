@@ -26,13 +26,15 @@ from typing import Literal
 
 import torch
 
+from accelab.backends import export, vllm
 from accelab.catalog.spec import ModelSpec
 from accelab.plan.plan import Plan
 from accelab.plan.runtime import Runnable, Unsupported
+from accelab.plan.techniques.system import threads_for
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BACKENDS", "INSTALL", "is_installed", "load_backend", "threads_for"]
+__all__ = ["BACKENDS", "INSTALL", "is_installed", "load_backend"]
 
 BackendName = Literal["onnxruntime", "openvino", "llamacpp", "vllm"]
 
@@ -53,17 +55,8 @@ def is_installed(backend: BackendName) -> bool:
     return importlib.util.find_spec(INSTALL[backend][0]) is not None
 
 
-def threads_for(plan: Plan) -> int:
-    """The plan's threads, else every CPU this process may use (what torch uses by default)."""
-    from accelab.plan.techniques.system import available_cpus
-
-    return plan.threads or available_cpus()
-
-
 def _graph_check(spec: ModelSpec, plan: Plan, device: torch.device) -> None:
-    from accelab.backends.export import check_task
-
-    check_task(spec)
+    export.check_task(spec)
 
 
 def _openvino_check(spec: ModelSpec, plan: Plan, device: torch.device) -> None:
@@ -80,20 +73,14 @@ def _llamacpp_check(spec: ModelSpec, plan: Plan, device: torch.device) -> None:
 
 
 def _vllm_check(spec: ModelSpec, plan: Plan, device: torch.device) -> None:
-    from accelab.backends.vllm import check_model
-
-    check_model(spec, device)
+    vllm.check_model(spec, device)
 
 
 def _vllm_installed(spec: ModelSpec, plan: Plan, device: torch.device) -> None:
-    from accelab.backends.vllm import check_install
-
-    check_install(device)
+    vllm.check_install(device)
 
 
 def _vllm(spec: ModelSpec, plan: Plan, device: torch.device) -> Runnable:
-    from accelab.backends import vllm
-
     return vllm.load(spec, plan, device)
 
 

@@ -22,12 +22,18 @@ from typing import Any
 
 import numpy as np
 import torch
+from transformers import AutoConfig, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 from transformers.modeling_outputs import CausalLMOutput
 
+from accelab.backends.export import build_atomically, digest, exports_dir
+from accelab.catalog.facts import text_config
+from accelab.catalog.load import load_processor
 from accelab.catalog.spec import ModelSpec
+from accelab.catalog.store import read_meta
 from accelab.plan.backend_options import LlamaOptions
 from accelab.plan.plan import Plan
 from accelab.plan.runtime import Runnable, Unsupported
+from accelab.plan.techniques.system import threads_for
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +51,6 @@ def check_model(spec: ModelSpec) -> Path:
 
 def gguf_path(spec: ModelSpec) -> Path:
     """The GGUF of `spec`: its `gguf_file`, else the one its accelab.json keeps beside the weights."""
-    from accelab.catalog.store import read_meta
-
     name = spec.gguf_file or (read_meta(Path(spec.source)) or {}).get("gguf_file")
     if not name:
         raise Unsupported(
@@ -73,9 +77,6 @@ def check_gguf(path: Path) -> None:
 
 # -- the Runnable ----------------------------------------------------------------------------------
 def load(spec: ModelSpec, plan: Plan, device: torch.device) -> Runnable:
-    from accelab.backends import threads_for
-    from accelab.catalog.load import load_processor
-
     options = LlamaOptions.parse(plan.option)
     path = check_model(spec)
     gpu_layers = _gpu_layers(device)
@@ -123,8 +124,6 @@ GGML_TYPE_Q8_0 = 8  # ggml.h enum ggml_type
 def requantized(path: Path, quant: str, threads: int) -> Path:
     """The GGUF requantised by llama.cpp to `quant`, built once and cached in the exports dir."""
     import llama_cpp
-
-    from accelab.backends.export import build_atomically, digest, exports_dir
 
     stat = path.stat()
     key = digest(
@@ -180,15 +179,11 @@ def _gpu_layers(device: torch.device) -> int:
 
 
 def _config(spec: ModelSpec) -> Any:
-    from transformers import AutoConfig
-
     gguf = {"gguf_file": spec.gguf_file} if spec.gguf_file else {}
     return AutoConfig.from_pretrained(spec.source, **gguf)
 
 
 def _check_vocab(engine: LlamaEngine, config: Any, spec: ModelSpec) -> None:
-    from accelab.catalog.facts import text_config
-
     size = getattr(text_config(config), "vocab_size", None)
     if size is not None and size != engine.n_vocab:
         raise Unsupported(
@@ -377,7 +372,6 @@ def token_picker(
     """Greedy argmax, or sampling through generate's processors and warpers (the same classes)."""
     if not do_sample:
         return lambda logits, ids: torch.from_numpy(logits.argmax(axis=1)).long()
-    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
     steps = list(logits_processor or [])
     if temperature is not None and temperature != 1.0:

@@ -18,6 +18,7 @@ The options are `Plan.backend_options` vllm_* (`accelab.plan.backend_options.Vll
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import time
@@ -27,6 +28,9 @@ from typing import Any
 import torch
 
 from accelab.backends import vllm_wire as W
+from accelab.backends.vllm_client import VllmClient
+from accelab.backends.vllm_launch import connect_engine, find_vllm, keep_seconds
+from accelab.catalog.load import load_processor
 from accelab.catalog.spec import ModelSpec
 from accelab.plan.backend_options import VllmOptions
 from accelab.plan.plan import Plan
@@ -61,8 +65,6 @@ def check_model(spec: ModelSpec, device: torch.device) -> None:
 
 
 def check_install(device: torch.device) -> None:
-    from accelab.backends.vllm_launch import find_vllm
-
     install, reason = find_vllm()
     if install is None:
         raise Unsupported(reason)
@@ -100,9 +102,6 @@ def connect(
     spec: ModelSpec, plan: Plan, device: torch.device, *, keep_s: float, max_num_seqs: int | None = None
 ) -> Any:
     """A VllmClient to the engine for this plan (started now, or the one already running)."""
-    from accelab.backends.vllm_client import VllmClient
-    from accelab.backends.vllm_launch import connect_engine
-
     options = VllmOptions.parse(plan.option)
     config = engine_config(spec, options, device, keep_s=keep_s, max_num_seqs=max_num_seqs)
     kv_gib = options.kv_cache_gib if device.type == "cpu" else None
@@ -114,9 +113,6 @@ def load(spec: ModelSpec, plan: Plan, device: torch.device, *, keep_s: float | N
     """The Runnable on vLLM's engine; `keep_s`: how long the engine outlives its last client
     (None: ACCELAB_VLLM_KEEP_S, default 600 s, so the next measurement of this plan reuses it)."""
     from transformers import AutoConfig, GenerationConfig
-
-    from accelab.backends.vllm_launch import find_vllm, keep_seconds
-    from accelab.catalog.load import load_processor
 
     # 1. the engine: connect to a running one for this plan, else start it (minutes on CPU)
     started = time.perf_counter()
@@ -161,8 +157,6 @@ def load(spec: ModelSpec, plan: Plan, device: torch.device, *, keep_s: float | N
 
 def _weight_bytes(spec: ModelSpec, dtype: str) -> int | None:
     """The checkpoint's weights at the engine's dtype (the roofline's bytes per decoded token)."""
-    import json
-
     source = Path(spec.source)
     try:
         stored = json.loads((source / "config.json").read_text()).get("dtype") or "float32"

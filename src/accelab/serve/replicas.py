@@ -14,15 +14,18 @@ Two deployments:
   series labelled with its `replica`; `/readyz` is 200 while one replica or more is ready.
 
 Ray is an optional dependency (`pip install accelab[ray]`); nothing here imports it at module
-level, so the rest of the server never needs it.
+level, so the rest of the server never needs it: its errors are recognised by their classes,
+imported where Ray is (`lost_replica_errors`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -30,9 +33,16 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import Request  # module level: the routes' annotations are resolved here
+# the routes' annotations (Request) are resolved in this module's globals
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from accelab.serve.config import ServeConfig
+from accelab.serve.errors import error_body
+from accelab.serve.metrics import CONTENT_TYPE_LATEST, FrontMetrics
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +50,6 @@ APP_NAME = "accelab"
 BOARD_NAME = "accelab-metrics-board"
 POST_EVERY_S = 1.0  # how often a replica posts its metrics
 STALE_AFTER_S = 10.0  # a replica silent this long (dead) leaves /metrics
-RETRYABLE = ("RayActorError", "ActorDiedError", "ActorUnavailableError", "ActorUnschedulableError")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +69,22 @@ class Head:
 
     status: int
     headers: tuple[tuple[bytes, bytes], ...]
+
+
+def lost_replica_errors() -> tuple[type[BaseException], ...]:
+    """Ray's errors that say the replica is gone (its actor, worker process or node died, or it
+    cannot be placed): a request that got no answer from it may go to another. A RayTaskError
+    that wraps one of them is an instance of it too (Ray makes it a subclass of its cause)."""
+    from ray import exceptions
+
+    return (
+        exceptions.RayActorError,  # ActorDiedError, ActorUnavailableError
+        exceptions.ActorUnschedulableError,
+        exceptions.WorkerCrashedError,
+        exceptions.NodeDiedError,
+        exceptions.LocalRayletDiedError,
+        exceptions.OwnerDiedError,
+    )
 
 
 def require_ray() -> Any:
@@ -205,10 +230,6 @@ class MetricsBoard:
 def merge_metrics(posts: dict[str, tuple[str, int]], front: Any = None) -> bytes:
     """Every replica's series under one schema, each with a `replica` label (and the replica's
     process id in `accelab_replica_info`), then the front's own (`FrontMetrics`: retries)."""
-    from prometheus_client import CollectorRegistry, generate_latest
-    from prometheus_client.core import GaugeMetricFamily, Metric
-    from prometheus_client.parser import text_string_to_metric_families
-
     families: dict[str, Metric] = {}
     for replica, (text, _pid) in sorted(posts.items()):
         for family in text_string_to_metric_families(text):
@@ -245,16 +266,12 @@ class Front:
 
 def build_front() -> Any:
     """The ingress app: /livez itself, /metrics merged, everything else forwarded."""
-    from fastapi import FastAPI
-    from fastapi.responses import Response, StreamingResponse
     from ray import serve
-
-    from accelab.serve.errors import error_body
-    from accelab.serve.metrics import CONTENT_TYPE_LATEST, FrontMetrics
 
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     counts = FrontMetrics()
     replicas = serve.get_deployment_handle("ModelReplica", app_name=APP_NAME)
+    lost = lost_replica_errors()
 
     @app.get("/livez")
     async def livez() -> dict[str, str]:
@@ -291,9 +308,7 @@ def build_front() -> Any:
             try:
                 head = await stream.__anext__()
                 first = await _next_or_none(stream)
-            except Exception as err:
-                if type(err).__name__ not in RETRYABLE and "died" not in str(err).lower():
-                    raise
+            except lost as err:
                 log.warning(
                     "a replica died before answering (%s); %s",
                     type(err).__name__,
@@ -307,7 +322,7 @@ def build_front() -> Any:
                 for k, v in head.headers
                 if k.lower() not in (b"content-length", b"transfer-encoding")
             }
-            return StreamingResponse(_rest(first, stream, counts), status_code=head.status, headers=headers)
+            return StreamingResponse(_rest(first, stream, counts, lost), status_code=head.status, headers=headers)
         counts.replica_lost.labels(when="before_answer").inc()
         return Response(
             _json(
@@ -332,18 +347,17 @@ async def _next_or_none(stream: Any) -> bytes | None:
         return None
 
 
-async def _rest(first: bytes | None, stream: Any, counts: Any) -> AsyncIterator[bytes]:
-    """The body after its first chunk; a replica that dies mid-stream ends it with a 503 event."""
-    from accelab.serve.errors import error_body
-
+async def _rest(
+    first: bytes | None, stream: Any, counts: FrontMetrics, lost: tuple[type[BaseException], ...]
+) -> AsyncIterator[bytes]:
+    """The body after its first chunk; a replica that dies mid-stream (`lost`: Ray's errors that
+    say so) ends it with a 503 event."""
     if first is not None:
         yield first
     try:
         async for chunk in stream:
             yield chunk
-    except Exception as err:
-        if type(err).__name__ not in RETRYABLE and "died" not in str(err).lower():
-            raise
+    except lost:
         counts.replica_lost.labels(when="mid_stream").inc()
         body = error_body(
             503, "the replica serving this stream died mid-answer; send the request again", code="replica_died"
@@ -352,8 +366,6 @@ async def _rest(first: bytes | None, stream: Any, counts: Any) -> AsyncIterator[
 
 
 def _json(doc: dict[str, Any]) -> str:
-    import json
-
     return json.dumps(doc)
 
 
@@ -421,8 +433,6 @@ def _wait_for_signal() -> None:
 
 
 def _free_port(host: str) -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]

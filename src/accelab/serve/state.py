@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from accelab.catalog.facts import GENERATE_TASKS
+from accelab.plan.runtime import Unsupported
 from accelab.serve.config import ServeConfig
 from accelab.serve.continuous import ContinuousHooks, ContinuousWorker, StepReport
 from accelab.serve.engines.base import ROUTES_OF_TASK, Engine
@@ -98,7 +99,6 @@ class ServerState:
         if self.config.scheduler == "static":
             log.info("generation: per-batch scheduler (--scheduler static): one generate call per batch")
             return None
-        from accelab.plan.runtime import Unsupported
 
         limits = self.config.scheduler_config(max_context=getattr(engine, "max_context", None))
         try:

@@ -30,6 +30,11 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def threads_for(plan: Plan) -> int:
+    """The plan's threads, else every CPU this process may use (what torch uses by default)."""
+    return plan.threads or available_cpus()
+
+
 def check(plan: Plan, spec: ModelSpec, device: torch.device) -> None:
     if (plan.tf32 or plan.cudnn_benchmark) and device.type != "cuda":
         raise Unsupported("TF32 and cudnn.benchmark are GPU settings; this run is on CPU")

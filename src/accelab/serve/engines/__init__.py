@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from accelab.catalog.facts import GENERATE_TASKS
 from accelab.serve.engines.base import ROUTES_OF_TASK, Engine
 
 
 def build_engine(runnable: Any, *, name: str) -> Engine:
-    from accelab.catalog.facts import GENERATE_TASKS
     from accelab.serve.engines.encoders import HFClassificationEngine, HFEmbeddingEngine
     from accelab.serve.engines.generation import HFGenerationEngine
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from PIL import Image
 
+from accelab.catalog.embedding import embed
 from accelab.catalog.facts import max_sequence_length
 from accelab.plan.runtime import input_device, to_device
 from accelab.serve.engines.base import ContextTooLong, ImageInput, Label, TextInput, check_token_ids
-from accelab.serve.images import decode_image
+from accelab.serve.images import decode_image, encode_png
 
 SUB_BATCH = 16
 
@@ -67,8 +69,6 @@ class HFEmbeddingEngine:
         return vectors
 
     def _embed_padded(self, units: list[TextInput]) -> list[list[float]]:
-        from accelab.catalog.embedding import embed
-
         width = max(u.tokens for u in units)
         ids = torch.full((len(units), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(units), width), dtype=torch.long)
@@ -120,10 +120,6 @@ class HFClassificationEngine:
         ]
 
     def warmup(self) -> None:
-        from PIL import Image
-
-        from accelab.serve.images import encode_png
-
         self.classify([self.prepare_image(encode_png(Image.new("RGB", (32, 32))), top_k=1)])
 
     def close(self) -> None:

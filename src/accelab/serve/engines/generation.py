@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from accelab.catalog.facts import max_sequence_length, text_config
-from accelab.plan.runtime import input_device, to_device
+from accelab.plan.runtime import Unsupported, input_device, to_device
 from accelab.serve.engines.base import (
     Completion,
     GenUnit,
@@ -31,6 +31,7 @@ from accelab.serve.engines.base import (
     check_token_ids,
     fit_prompt,
 )
+from accelab.serve.engines.ragged import RaggedTorchEngine
 from accelab.serve.engines.sampling import SampledToken, SequenceSampler, describe, prompt_logprobs, sample
 from accelab.serve.images import decode_image
 from accelab.serve.textstream import TextStream, stream_for
@@ -200,8 +201,6 @@ class HFGenerationEngine:
     def step_engine(self, limits: Any) -> Any:
         """The StepEngine that runs this model for the continuous scheduler (`limits`: its
         SchedulerConfig); Unsupported, with the reason, where the model must run per batch."""
-        from accelab.plan.runtime import Unsupported
-
         if self.processor is not None:
             raise Unsupported(
                 "continuous batching does not take images yet: vision-language models run one generate call per batch"
@@ -215,7 +214,6 @@ class HFGenerationEngine:
                 kv_tokens=limits.kv_tokens,
                 max_step_tokens=limits.max_step_tokens,
             )
-        from accelab.serve.engines.ragged import RaggedTorchEngine
 
         engine = RaggedTorchEngine(self.runnable, limits)
         problem = engine.self_check(list(self.prepare_chat([{"role": "user", "content": "Hello"}]).ids))

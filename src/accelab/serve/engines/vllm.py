@@ -16,7 +16,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from accelab.backends import vllm
 from accelab.plan.runtime import Unsupported
+from accelab.runtimes import check_supported
 from accelab.serve.engines.generation import HFGenerationEngine
 from accelab.serve.engines.vllm_worker import VllmWorker
 
@@ -29,9 +33,6 @@ class VllmSampling:
 
 
 def build_vllm_engine(spec: Any, plan: Any, device: Any, *, name: str) -> VllmServeEngine:
-    from accelab.backends import vllm
-    from accelab.runtimes import check_supported
-
     check_supported(plan, spec, device)
     return VllmServeEngine(vllm.load(spec, plan, device, keep_s=0.0), name=name)
 
@@ -45,8 +46,6 @@ class VllmServeEngine(HFGenerationEngine):
         super().__init__(runnable, name=name, max_context=self.client.info.max_model_len)
 
     def warmup(self) -> None:
-        import torch
-
         ids = list(self.prepare_chat([{"role": "user", "content": "Hello"}]).ids)
         self.runnable.generate({"input_ids": torch.tensor([ids])}, max_new_tokens=2)
 
