@@ -3,10 +3,11 @@
 The batch arrives tokenized by the Hugging Face tokenizer; its ids go to llama.cpp as they are
 (the GGUF's vocabulary is the one the tokenizer was built from; `load` checks the sizes agree).
 A batch of B prompts decodes as B sequences of one llama.cpp context, one `llama_decode` per
-step for all of them, so a "step" means the same as in transformers' generate: every stopping
-criterion is called once per step, right after the step's tokens exist, which is what the
-bench's TokenClock times (TTFT, TPOT, ITL). End-of-sequence is ignored until min_new_tokens,
-so min_new_tokens == max_new_tokens decodes exactly that many tokens.
+step for all of them (a prompt that several rows repeat is decoded once, its cells shared), so
+a "step" means the same as in transformers' generate: every stopping criterion is called once
+per step, right after the step's tokens exist, which is what the bench's TokenClock times
+(TTFT, TPOT, ITL). End-of-sequence is ignored until min_new_tokens, so min_new_tokens ==
+max_new_tokens decodes exactly that many tokens.
 
 `model(input_ids=...)` returns the logits of every position (the quality guard's perplexity).
 """
@@ -273,22 +274,44 @@ class LlamaEngine:
 
         return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, index), shape=(self.n_vocab,))
 
-    def prefill(self, ctx: Any, prompts: list[list[int]], *, all_logits: bool = False) -> list[np.ndarray]:
-        """Decode every prompt (prompt i as sequence i), n_batch tokens per call. Returns the
-        last position's logits per prompt, or with all_logits every position's ([len, V] each)."""
+    def prefill(
+        self, ctx: Any, prompts: list[list[int]], *, all_logits: bool = False, seqs: list[int] | None = None
+    ) -> list[np.ndarray]:
+        """Decode every prompt (prompt i as sequence seqs[i], by default i), n_batch tokens per
+        call. Returns the last position's logits per prompt, or with all_logits every
+        position's ([len, V] each)."""
+        seqs = list(range(len(prompts))) if seqs is None else seqs
         entries = [
-            (tok, pos, seq, all_logits or pos == len(p) - 1)
-            for seq, p in enumerate(prompts)
-            for pos, tok in enumerate(p)
+            (tok, pos, i, all_logits or pos == len(p) - 1) for i, p in enumerate(prompts) for pos, tok in enumerate(p)
         ]
         out: list[list[np.ndarray]] = [[] for _ in prompts]
         for start in range(0, len(entries), self.n_batch):
             chunk = entries[start : start + self.n_batch]
-            self.decode(ctx, chunk)
-            for i, (_, _, seq, wants) in enumerate(chunk):
+            self.decode(ctx, [(tok, pos, seqs[i], wants) for tok, pos, i, wants in chunk])
+            for j, (_, _, i, wants) in enumerate(chunk):
                 if wants:
-                    out[seq].append(self.logits(ctx, i).copy())
+                    out[i].append(self.logits(ctx, j).copy())
         return [np.stack(rows) if all_logits else rows[-1] for rows in out]
+
+    def prefill_shared(self, ctx: Any, prompts: list[list[int]]) -> list[np.ndarray]:
+        """The last position's logits of every prompt (prompt i as sequence i), a prompt that
+        several rows repeat decoded once, as the sequence of its first row, and its cells shared
+        with the others (`llama_memory_seq_cp`: no copy, a cell belongs to several sequences).
+        Why: the server's n > 1 choices are rows of one prompt; decoded as copies side by side,
+        they would not even get the same logits (ggml's CPU flash attention takes another
+        kernel, rounding otherwise, from 64 tokens a decode on) and greedy choices would differ."""
+        import llama_cpp
+
+        first: dict[tuple[int, ...], int] = {}  # prompt -> the first row that has it
+        for row, p in enumerate(prompts):
+            first.setdefault(tuple(p), row)
+        rows = list(first.values())
+        logits = dict(zip(rows, self.prefill(ctx, [prompts[r] for r in rows], seqs=rows)))
+        memory = llama_cpp.llama_get_memory(ctx)
+        for row, p in enumerate(prompts):
+            if first[tuple(p)] != row:
+                llama_cpp.llama_memory_seq_cp(memory, first[tuple(p)], row, 0, len(p))
+        return [logits[first[tuple(p)]] for p in prompts]
 
     # the Runnable's generate_fn
     def generate(
@@ -317,8 +340,8 @@ class LlamaEngine:
         finished = torch.zeros(b, dtype=torch.bool)
 
         ctx = self.context(b, sum(lengths) + b * max_new_tokens)
-        # prefill: one decode of every prompt; note: TTFT covers it and the first pick
-        tokens = pick(np.stack(self.prefill(ctx, prompts)), out[:, :width])  # [B]
+        # prefill: one decode of every distinct prompt; note: TTFT covers it and the first pick
+        tokens = pick(np.stack(self.prefill_shared(ctx, prompts)), out[:, :width])  # [B]
         for step in range(max_new_tokens):
             end = width + step + 1
             out[:, end - 1] = torch.where(finished, pad, tokens)
