@@ -1,224 +1,111 @@
-"""LLM serving side by side: the same model (SmolLM2-135M), the same closed-loop streaming chat
-load, the same machine, in one run, served by
-- accelab's continuous scheduler on torch (requests join and leave the batch at every step),
-- accelab's per-batch scheduler on torch (`--scheduler static`: one generate call per batch),
-- `transformers serve --continuous-batching` on the same model directory (the stock peer),
-- accelab's continuous scheduler on llama.cpp (the catalog's Q4_1 GGUF).
+"""LLM serving against the field's servers, in one run on one machine: the same model
+(SmolLM2-135M-Instruct), the same closed-loop streaming chat load, every server up at once.
 
-Every server starts at once and idles while another is measured; the levels (1, 8, 16 users by
-default) are measured level by level, the servers taking turns within a level, so a machine
-shared with other work slows all alike. Users send greedy chat requests one after another,
-each asking for max_tokens from a mix of short and long answers (16, 128, 32, 96, 64, 128, 24,
-80), as real chat traffic does. Throughput counts completion tokens over the measured window;
-inter-token latency is per token (from the usage counts).
+- `accelab serve` on torch (fp32, continuous batching over the paged KV cache);
+- the same server at an earlier commit (`--before`, default: the last commit before the paged
+  engine), for "at 1 user no slower than before";
+- `accelab serve --plan llamacpp` (the catalog's Q4_1 GGUF);
+- `vllm serve` from vLLM CPU (fp32, eager, .venv-vllm: `make vllm`);
+- llama.cpp's own `llama-server` on the same GGUF (benchmarks/peers/build_llama_server.sh);
+- `transformers serve --continuous-batching` (fp32).
 
-Then `accelab bench --plan llamacpp` gives llama.cpp's own decode rate at batch 1 here, the
-bound for the 1-user llama.cpp row, and each step engine alone (no HTTP, no scheduler)
-decodes 1 and 8 sequences: the most that 8 users can gain over one on this machine. Prints the table, the targets of issue 12 with a verdict
-each, and the commands that reproduce every row; saves the printout and a JSON beside it.
+For each level of users the servers take turns in rounds, A B C ... then ... C B A, so a busy
+minute of this shared machine hits every server alike; each window records the CPU steal and the
+CPU other processes took (`benchmarks/llm_servers.py`). Reported per server: the median round
+and the quietest round (the round whose windows saw the least steal and other work), and
+accelab's ratio to vLLM paired round by round. Then each step engine alone (no HTTP), llama.cpp's
+own `llama-batched-bench`, and guidellm (an independent client) on the main servers at 8 users.
 
-    python benchmarks/serve_llm.py                         # about 15 minutes on 2 CPU cores
-    python benchmarks/serve_llm.py --duration 90 --users 1,8
+    python benchmarks/serve_llm.py                                # ~40 min on 2 cores
+    python benchmarks/serve_llm.py --users 8 --rounds 2 --duration 15 --only torch,vllm
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+import llm_servers as S
 
-from accelab.catalog import inputs
 from accelab.catalog.store import model_dir
-from accelab.loadtest.client import LoadConfig, run_load
-from accelab.loadtest.summary import SLO, summarize_run
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' server harness, one copy
-from serving import ServerProcess
-
-MIX = (16, 128, 32, 96, 64, 128, 24, 80)
+MODEL = "smollm2-135m"
+GGUF = "gguf/SmolLM2-135M-Instruct.Q4_1.gguf"
+BEFORE = "e7af23b"  # the last commit that landed before this work (the paged KV cache, the packed steps)
 RESULTS = Path(__file__).parent / "results"
+GUIDELLM = S.ROOT / ".venv-guidellm" / "bin" / "guidellm"
+BATCHED_BENCH = S.LLAMA_SERVER.parent / "llama-batched-bench"
 
 
-@dataclass
-class Server:
-    label: str
-    kind: str  # "accelab" | "transformers"
-    args: list[str]
-    model: str = ""  # the id requests name
-    url: str = ""
-    process: Any = None
-    rows: dict[int, dict[str, Any]] = field(default_factory=dict)
-
-    def command(self, port: str = "8000") -> str:
-        if self.kind == "accelab":
-            args = ["accelab", "serve", *self.args[1:]]
-            args[args.index("--port") + 1] = port
-        else:
-            args = [*self.args]
-            args[args.index("--port") + 1] = port
-        return shlex.join(args)
-
-
-def servers(opts: argparse.Namespace) -> list[Server]:
-    name = "smollm2-135m"
-    common = [
-        "--port",
-        "0",
-        "--max-batch-size",
-        str(max(opts.users)),
-        "--max-queue",
-        "256",
-        "--request-timeout",
-        "600",
-        "--max-tokens",
-        str(max(MIX)),
-    ]
-    return [
-        Server("accelab continuous (torch)", "accelab", ["accelab.serve", name, *common], model=name),
-        Server(
-            "accelab static (torch)", "accelab", ["accelab.serve", name, *common, "--scheduler", "static"], model=name
-        ),
-        Server(
-            "transformers serve --continuous-batching",
-            "transformers",
-            [
-                "transformers",
-                "serve",
-                str(model_dir(name)),
-                "--continuous-batching",
-                "--device",
-                "cpu",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-            ],
-            model=str(model_dir(name)),
-        ),
-        Server(
-            "accelab continuous (llama.cpp)",
-            "accelab",
-            ["accelab.serve", name, *common, "--plan", "llamacpp"],
-            model=name,
-        ),
-    ]
-
-
-def start(server: Server) -> None:
-    if server.kind == "accelab":
-        server.process = ServerProcess("-m", *server.args, timeout_s=300)
-        server.url = server.process.url
-        return
-    port = _free_port()
-    args = list(server.args)
-    args[args.index("--port") + 1] = str(port)
-    server.args = args
-    beside = Path(sys.executable).parent / args[0]  # the CLI of this environment's transformers
-    args = [str(beside) if beside.exists() else args[0], *args[1:]]
-    log = open(Path(tempfile.gettempdir()) / f"transformers-serve-{port}.log", "w")
-    server.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-    server.url = f"http://127.0.0.1:{port}"
-
-
-def wait_ready(server: Server) -> None:
-    if server.kind == "accelab":
-        server.process.wait_ready(timeout_s=300)
-        return
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise RuntimeError(f"{server.label} exited with {server.process.returncode}")
-        with contextlib.suppress(httpx.TransportError):
-            if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
-                return
-        time.sleep(0.5)
-    raise RuntimeError(f"{server.label} not ready after 300 s")
-
-
-def stop(server: Server) -> None:
-    if server.process is None:
-        return
-    if server.kind == "accelab":
-        server.process.stop()
-    else:
-        server.process.terminate()
-        try:
-            server.process.wait(30)
-        except subprocess.TimeoutExpired:
-            server.process.kill()
-
-
-def measure(server: Server, users: int, opts: argparse.Namespace) -> dict[str, Any]:
-    config = LoadConfig(
-        url=server.url,
-        endpoint="chat",
-        inputs=tuple(inputs.prompts(52)),
-        model=server.model,
-        concurrency=users,
-        duration_s=opts.duration,
-        warmup=users,
-        max_tokens=MIX,
-        stream=True,
-        timeout_s=600,
-    )
-    records = run_load(config, server.model)
-    summary = summarize_run(records, SLO())
-    return {
-        "users": users,
-        "requests": summary["requests"],
-        "errors": summary["errors_by_status"],
-        "tokens_per_s": summary["output_token_throughput"],
-        "ttft_p50_ms": (summary["ttft_ms"] or {}).get("p50"),
-        "ttft_p99_ms": (summary["ttft_ms"] or {}).get("p99"),
-        "itl_p50_ms": (summary["itl_ms"] or {}).get("p50"),
-        "e2e_p50_ms": (summary["e2e_ms"] or {}).get("p50"),
-        "decode_tokens_per_s": 1000 / summary["itl_ms"]["p50"] if summary["itl_ms"] else None,
-        "empty_answers": sum(1 for r in records if r.ok and r.output_tokens == 0),
+def contenders(opts: argparse.Namespace, before_src: Path | None) -> dict[str, S.Server]:
+    path = model_dir(MODEL)
+    users = max(opts.users)
+    common = ["--max-batch-size", str(max(users, 8)), "--max-queue", "256", "--request-timeout", "600"]
+    common += ["--max-tokens", str(max(S.MIX))]
+    out = {
+        "torch": S.accelab("accelab serve (torch fp32)", MODEL, *common),
+        "llamacpp": S.accelab("accelab serve --plan llamacpp (Q4_1)", MODEL, *common, "--plan", "llamacpp"),
+        "vllm": S.vllm_serve(path, MODEL, max_num_seqs=max(users, 8)),
+        "llama-server": S.llama_server(path / GGUF, MODEL, slots=max(users, 8), threads=opts.llama_threads),
+        "transformers": S.transformers_serve(path),
     }
+    if before_src is not None:
+        out["before"] = S.accelab(
+            f"accelab serve (torch fp32) at {opts.before}", MODEL, *common, pythonpath=str(before_src)
+        )
+    wanted = opts.only.split(",") if opts.only else list(out)
+    missing = [k for k in wanted if k not in out]
+    if missing:
+        raise SystemExit(f"--only names {missing}; choose from {sorted(out)}")
+    if "llama-server" in wanted and not S.LLAMA_SERVER.exists():
+        raise SystemExit(f"no {S.LLAMA_SERVER}: run `bash benchmarks/peers/build_llama_server.sh` (10-25 min)")
+    if "vllm" in wanted and not S.VLLM_PYTHON.exists():
+        raise SystemExit("no .venv-vllm: run `make vllm`")
+    return {k: out[k] for k in wanted}
 
 
-def llamacpp_bench_decode() -> float | None:
-    """`accelab bench --plan llamacpp`: decode tokens/s at batch 1."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "bench.json"
-        cmd = [
-            sys.executable,
-            "-m",
-            "accelab",
-            "bench",
-            "smollm2-135m",
-            "--plan",
-            "llamacpp",
-            "--scenario",
-            "generate",
-            "--new-tokens",
-            "64",
-            "--json",
-            str(out),
-            "--no-store",
-        ]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0 or not out.exists():
-            print(f"  bench failed ({done.returncode}): {done.stderr[-500:]}")
-            return None
-        return json.loads(out.read_text())["metrics"].get("decode_tokens_per_s")
+def checkout(rev: str, into: Path) -> Path:
+    """The source tree of `rev` (a detached worktree), for the server as it was then."""
+    subprocess.run(
+        ["git", "-C", str(S.ROOT), "worktree", "add", "--detach", "-f", str(into), rev], check=True, capture_output=True
+    )
+    return into / "src"
 
 
-def engine_ceiling(plan: str, sizes: tuple[int, ...] = (1, 8), steps: int = 40) -> dict[int, float]:
+# -- the rounds ------------------------------------------------------------------------------------
+def measure(servers: dict[str, S.Server], opts: argparse.Namespace) -> None:
+    for users in opts.users:
+        for r, order in enumerate(S.rotation(list(servers.values()), opts.rounds)):
+            for server in order:
+                row = S.window(server, users, opts.duration)
+                row["round"] = r
+                server.windows.setdefault(users, []).append(row)
+                print(
+                    f"  round {r + 1} {users:>2} users  {server.label:<44} {row['tokens_per_s']:7.1f} tok/s  "
+                    f"TTFT p50 {fmt(row['ttft_p50_ms'])} p99 {fmt(row['ttft_p99_ms'])} ms  "
+                    f"steal {pct(row['steal'])}  others {fmt(row['others_cores'], 2)} cores  "
+                    f"errors {row['errors']}",
+                    flush=True,
+                )
+
+
+def quietest_round(servers: dict[str, S.Server], users: int) -> int:
+    rounds = len(next(iter(servers.values())).windows[users])
+    return min(range(rounds), key=lambda r: sum(S.loudness(s.windows[users][r]) for s in servers.values()))
+
+
+# -- what the engines do alone ---------------------------------------------------------------------
+def engine_alone(plan: str, sizes: tuple[int, ...] = (1, 8, 16), steps: int = 40) -> dict[int, float]:
     """Decode tokens/s of the server's step engine alone (no HTTP, no scheduler), at each batch
-    size: what the engine can give 8 users at most, against one."""
+    size: the most its users can get."""
     import torch
 
     from accelab.catalog.resolve import resolve
@@ -228,26 +115,30 @@ def engine_ceiling(plan: str, sizes: tuple[int, ...] = (1, 8), steps: int = 40) 
     from accelab.serve.engines.base import SamplingParams, StepInput
     from accelab.serve.scheduler import SchedulerConfig
 
-    engine = build_engine(load_runnable(resolve("smollm2-135m"), load_plan(plan), torch.device("cpu")), name="ceiling")
-    limits = SchedulerConfig(max_running=max(sizes), max_step_tokens=4096, kv_blocks=4096, block_size=16)
+    engine = build_engine(load_runnable(resolve(MODEL), load_plan(plan), torch.device("cpu")), name="alone")
+    limits = SchedulerConfig(max_running=max(sizes), max_step_tokens=4096, kv_blocks=256, block_size=16)
     stepper = engine.step_engine(limits)
     greedy = SamplingParams(max_tokens=steps + 1, temperature=0)
     prompt = tuple(engine.prepare_chat([{"role": "user", "content": "Tell me a story."}]).ids)
+    per = -(-(len(prompt) + steps + 1) // limits.block_size)
     rates = {}
     try:
         for size in sizes:
-            ids = range(1000 * size, 1000 * size + size)
-            tokens = stepper.step(
-                [StepInput(seq_id=i, start=0, tokens=prompt, sample=True, params=greedy) for i in ids]
-            )
+            ids = range(size)
+            blocks = {i: tuple(range(i * per, (i + 1) * per)) for i in ids}
+            fed = [
+                StepInput(seq_id=i, start=0, tokens=prompt, sample=True, params=greedy, blocks=blocks[i]) for i in ids
+            ]
+            tokens = [t.token for t in stepper.step(fed)]
             started = time.perf_counter()
             for k in range(steps):
-                tokens = stepper.step(
-                    [
-                        StepInput(seq_id=i, start=len(prompt) + k, tokens=(t,), sample=True, params=greedy)
-                        for i, t in zip(ids, tokens)
-                    ]
-                )
+                fed = [
+                    StepInput(
+                        seq_id=i, start=len(prompt) + k, tokens=(t,), sample=True, params=greedy, blocks=blocks[i]
+                    )
+                    for i, t in zip(ids, tokens)
+                ]
+                tokens = [t.token for t in stepper.step(fed)]
             rates[size] = size * steps / (time.perf_counter() - started)
             for i in ids:
                 stepper.release(i)
@@ -257,163 +148,274 @@ def engine_ceiling(plan: str, sizes: tuple[int, ...] = (1, 8), steps: int = 40) 
     return rates
 
 
+def batched_bench(threads: int) -> dict[int, float] | None:
+    """llama.cpp's own batched decoding on the GGUF (llama-batched-bench): text-generation
+    tokens/s of 1, 8 and 16 parallel sequences."""
+    if not BATCHED_BENCH.exists():
+        return None
+    cmd = [
+        str(BATCHED_BENCH),
+        "-m",
+        str(model_dir(MODEL) / GGUF),
+        "-c",
+        "8192",
+        "-b",
+        "2048",
+        "-ub",
+        "512",
+        "-npp",
+        "64",
+        "-ntg",
+        "64",
+        "-npl",
+        "1,8,16",
+        "-t",
+        str(threads),
+        "-tb",
+        str(threads),
+        "--output-format",
+        "jsonl",
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+    rates = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("{"):
+            row = json.loads(line)
+            rates[int(row["pl"])] = float(row["speed_tg"])
+    return rates or None
+
+
+def guidellm(server: S.Server, streams: int, seconds: float, tmp: Path) -> dict[str, Any] | None:
+    """guidellm's own measurement of the server at `streams` concurrent streams."""
+    if not GUIDELLM.exists():
+        return None
+    out = tmp / f"guidellm-{server.port}.json"
+    cmd = [
+        str(GUIDELLM),
+        "run",
+        "--backend",
+        f"kind=openai_http,target={server.url},model={server.model}",
+        "--profile",
+        f"kind=concurrent,streams={streams}",
+        "--data",
+        "kind=synthetic_text,prompt_tokens=64,output_tokens=64",
+        "--tokenizer",
+        f"kind=huggingface_auto,model={model_dir(MODEL)}",
+        "--constraint",
+        f"kind=max_duration,seconds={seconds:g}",
+        "--output",
+        f"kind=json,path={out}",
+        "--disable-console-interactive",
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=tmp, check=False)
+    if done.returncode != 0 or not out.exists():
+        print(f"  guidellm against {server.label} failed ({done.returncode}): {done.stdout[-800:]}")
+        return None
+    return _guidellm_rates(json.loads(out.read_text()))
+
+
+def _guidellm_rates(report: dict[str, Any]) -> dict[str, Any]:
+    bench = report["benchmarks"][0]
+    metrics = bench["metrics"]
+
+    def med(name: str) -> float | None:
+        stats = metrics.get(name) or {}
+        stats = stats.get("successful", stats)
+        return stats.get("median") if isinstance(stats, dict) else None
+
+    totals = bench.get("request_totals") or {}
+    return {
+        "output_tokens_per_s": med("output_tokens_per_second"),
+        "ttft_ms_p50": med("time_to_first_token_ms"),
+        "itl_ms_p50": med("inter_token_latency_ms"),
+        "successful": totals.get("successful"),
+        "errored": totals.get("errored"),
+    }
+
+
+# -- the report ----------------------------------------------------------------------------------
 def fmt(value: Any, digits: int = 0) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def report(
-    all_servers: list[Server], bench_tps: float | None, ceilings: dict[str, dict[int, float]], opts: argparse.Namespace
-) -> str:
+def pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def report(servers: dict[str, S.Server], extra: dict[str, Any], opts: argparse.Namespace) -> str:
     lines = [
-        f"SmolLM2-135M, closed-loop streaming chat, greedy, max_tokens cycling {','.join(map(str, MIX))}, "
-        f"{opts.duration:g} s per level after a warm-up request per user, {os.cpu_count()} CPU cores",
+        f"{MODEL}, closed-loop streaming chat, greedy, max_tokens cycling {','.join(map(str, S.MIX))}; "
+        f"{opts.rounds} rounds of {opts.duration:g} s windows per level, servers in turn (A B C ... C B A); "
+        f"{os.cpu_count()} CPU cores; every server up throughout",
         "",
     ]
-    lines.append("| server | users | tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | e2e p50 ms | requests | errors |")
-    lines.append("|---|---|---|---|---|---|---|---|---|")
-    for server in all_servers:
-        for users, row in sorted(server.rows.items()):
-            errors = row["errors"] or {}
-            if row["empty_answers"]:
-                errors = {**errors, "empty": row["empty_answers"]}
+    for users in opts.users:
+        quiet = quietest_round(servers, users)
+        lines.append(f"{users} user{'s' if users > 1 else ''}:")
+        lines.append(
+            "| server | tok/s median | tok/s quietest round | TTFT p50 / p99 ms (median round) | "
+            "ITL p50 ms | requests | errors | steal, other cores (median round) | tok/s per round |"
+        )
+        lines.append("|---|---|---|---|---|---|---|---|---|")
+        for server in servers.values():
+            rows = server.windows[users]
+            mid = S.median_row(rows)
             lines.append(
-                f"| {server.label} | {users} | {fmt(row['tokens_per_s'], 1)} | {fmt(row['ttft_p50_ms'])} | "
-                f"{fmt(row['ttft_p99_ms'])} | {fmt(row['itl_p50_ms'], 1)} | {fmt(row['e2e_p50_ms'])} | "
-                f"{row['requests']} | {errors or 0} |"
+                f"| {server.label} | {fmt(mid['tokens_per_s'], 1)} | {fmt(rows[quiet]['tokens_per_s'], 1)} | "
+                f"{fmt(mid['ttft_p50_ms'])} / {fmt(mid['ttft_p99_ms'])} | {fmt(mid['itl_p50_ms'], 1)} | "
+                f"{mid['requests']} | {mid['errors'] + mid['empty_answers']} | {pct(mid['steal'])}, "
+                f"{fmt(mid['others_cores'], 2)} | {', '.join(fmt(r['tokens_per_s'], 1) for r in rows)} |"
             )
-    lines.append("")
-    lines.append(f"accelab bench --plan llamacpp (decode, batch 1): {fmt(bench_tps, 1)} tok/s")
-    for label, rates in ceilings.items():
+        lines.append(f"(quietest round: {quiet + 1})")
+        lines.append("")
+    alone = extra.get("engine_alone") or {}
+    for label, rates in alone.items():
         lines.append(
             f"{label} step engine alone, decode tok/s: "
-            + ", ".join(f"{rate:.1f} at {size} sequence{'s' if size > 1 else ''}" for size, rate in rates.items())
-            + f" ({rates[max(rates)] / rates[1]:.2f}x: the most {max(rates)} users can get over 1)"
+            + ", ".join(f"{rate:.1f} at {size}" for size, rate in rates.items())
+            + f" ({rates[8] / rates[1]:.2f}x at 8 over 1)"
         )
+    if extra.get("batched_bench"):
+        rates = extra["batched_bench"]
+        lines.append(
+            "llama.cpp's own llama-batched-bench (same GGUF), decode tok/s: "
+            + ", ".join(f"{rate:.1f} at {size}" for size, rate in rates.items())
+            + (f" ({rates[8] / rates[1]:.2f}x at 8 over 1)" if 1 in rates and 8 in rates else "")
+        )
+    for label, row in (extra.get("guidellm") or {}).items():
+        if row:
+            lines.append(
+                f"guidellm, 8 streams, 64 in / 64 out, against {label}: {fmt(row['output_tokens_per_s'], 1)} "
+                f"output tok/s, TTFT p50 {fmt(row['ttft_ms_p50'])} ms, ITL p50 {fmt(row['itl_ms_p50'], 1)} ms, "
+                f"{row['successful']} ok / {row['errored']} errors"
+            )
     lines.append("")
-    lines += verdicts(all_servers, bench_tps)
+    lines += verdicts(servers, opts)
     lines.append("")
-    lines.append("reproduce a row by hand (one server, then the load):")
-    for server in all_servers:
-        lines.append(f"  {server.command()} &")
+    lines.append("each server by hand:")
+    lines += [
+        f"  {s.shell()} &".replace(s.env.get("PYTHONPATH", "\0"), f"<a checkout of {opts.before}>/src")
+        for s in servers.values()
+    ]
     lines.append(
-        f"  accelab loadtest http://127.0.0.1:8000 --endpoint chat --concurrency 8 --duration {opts.duration:g} "
-        f"--max-tokens {','.join(map(str, MIX))} --warmup 8"
+        f"  accelab loadtest URL --endpoint chat --concurrency 8 --duration {opts.duration:g} "
+        f"--max-tokens {','.join(map(str, S.MIX))} --warmup 8"
     )
-    lines.append(f"reproduce all of it: python {shlex.join(sys.argv)}")
+    lines.append(f"reproduce: python {shlex.join(sys.argv)}")
     return "\n".join(lines)
 
 
-def verdicts(all_servers: list[Server], bench_tps: float | None) -> list[str]:
-    by = {s.label: s.rows for s in all_servers}
-    cont, static = by["accelab continuous (torch)"], by["accelab static (torch)"]
-    peer, llama = by["transformers serve --continuous-batching"], by["accelab continuous (llama.cpp)"]
-    out = ["targets (issue 12):"]
+def paired(servers: dict[str, S.Server], a: str, b: str, users: int) -> tuple[float, list[float]] | None:
+    """accelab's tokens/s over a peer's, round by round (the same minute of the machine): the median and each."""
+    if a not in servers or b not in servers or users not in servers[a].windows:
+        return None
+    ratios = [
+        x["tokens_per_s"] / y["tokens_per_s"]
+        for x, y in zip(servers[a].windows[users], servers[b].windows[users])
+        if x["tokens_per_s"] and y["tokens_per_s"]
+    ]
+    return (S.median(ratios), ratios) if ratios else None
 
-    def check(text: str, ok: bool | None) -> None:
-        out.append(f"  [{'n/a' if ok is None else 'OK' if ok else 'MISSED'}] {text}")
 
-    if 8 in cont and 8 in peer:
-        ratio = cont[8]["tokens_per_s"] / peer[8]["tokens_per_s"]
-        check(f"torch, 8 users: {ratio:.2f}x transformers serve's tok/s (target >= 1.2x)", ratio >= 1.2)
+def verdicts(servers: dict[str, S.Server], opts: argparse.Namespace) -> list[str]:
+    out = ["targets (issue 21):"]
+
+    def check(text: str, ok: bool) -> None:
+        out.append(f"  [{'OK' if ok else 'MISSED'}] {text}")
+
+    def ratio_line(a: str, b: str, users: int, target: float, what: str) -> None:
+        got = paired(servers, a, b, users)
+        if got:
+            check(
+                f"{what}: {got[0]:.2f}x (rounds: {', '.join(f'{r:.2f}' for r in got[1])}; target >= {target}x)",
+                got[0] >= target,
+            )
+
+    ratio_line("torch", "vllm", 8, 1.0, "torch engine, 8 users, tokens/s over vLLM CPU's")
+    if "torch" in servers and "vllm" in servers and 8 in servers["torch"].windows:
+        mine, theirs = S.median_row(servers["torch"].windows[8]), S.median_row(servers["vllm"].windows[8])
         check(
-            f"torch, 8 users: TTFT p99 {fmt(cont[8]['ttft_p99_ms'])} ms vs the peer's {fmt(peer[8]['ttft_p99_ms'])} "
-            "ms (target: no worse)",
-            cont[8]["ttft_p99_ms"] <= peer[8]["ttft_p99_ms"],
+            f"torch engine, 8 users, TTFT p99 {fmt(mine['ttft_p99_ms'])} ms vs vLLM's {fmt(theirs['ttft_p99_ms'])} ms "
+            "(median rounds; target: no worse)",
+            (mine["ttft_p99_ms"] or 0) <= (theirs["ttft_p99_ms"] or 0),
         )
-    if 1 in cont and 1 in static:
-        ratio = cont[1]["tokens_per_s"] / static[1]["tokens_per_s"]
-        check(
-            f"torch, 1 user: {ratio:.2f}x the per-batch server's tok/s (target: no slower, >= 0.95 within noise)",
-            ratio >= 0.95,
-        )
-    if 8 in llama and 1 in llama:
-        ratio = llama[8]["tokens_per_s"] / llama[1]["tokens_per_s"]
-        check(f"llama.cpp, 8 users: {ratio:.2f}x its own 1-user tok/s (target >= 2x)", ratio >= 2)
-        check(
-            f"llama.cpp, 8 users: TTFT p99 {fmt(llama[8]['ttft_p99_ms'])} ms (target <= 1000 ms)",
-            llama[8]["ttft_p99_ms"] <= 1000,
-        )
-    if 1 in llama:
-        share = llama[1]["tokens_per_s"] / bench_tps if bench_tps else None
-        check(
-            f"llama.cpp, 1 user: {fmt(share and share * 100)}% of bench's decode tok/s (target >= 90%)",
-            None if share is None else share >= 0.9,
-        )
-        streaming = (
-            llama[1]["decode_tokens_per_s"] / bench_tps if bench_tps and llama[1]["decode_tokens_per_s"] else None
-        )
-        out.append(
-            f"         (within a stream, 1 / ITL p50 = {fmt(llama[1]['decode_tokens_per_s'], 1)} tok/s = "
-            f"{fmt(streaming and streaming * 100)}% of bench's decode rate; the served tok/s also pays each "
-            "request's prefill and round trip, which bench's decode rate leaves out)"
-        )
+    ratio_line("torch", "before", 1, 0.95, f"torch engine, 1 user, tokens/s over the server at {opts.before}")
+    ratio_line("llamacpp", "vllm", 8, 1.3, "llama.cpp engine, 8 users, tokens/s over vLLM CPU's")
+    if "llamacpp" in servers and {1, 8} <= set(servers["llamacpp"].windows):
+        one = S.median([r["tokens_per_s"] for r in servers["llamacpp"].windows[1]])
+        eight = S.median([r["tokens_per_s"] for r in servers["llamacpp"].windows[8]])
+        check(f"llama.cpp engine, 8 users over 1: {eight / one:.2f}x (target >= 2x)", eight / one >= 2)
+    ratio_line("llamacpp", "llama-server", 8, 1.0, "llama.cpp engine, 8 users, tokens/s over llama-server's")
     return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--users", default="1,8,16", help="closed-loop levels, comma-separated")
-    parser.add_argument("--duration", type=float, default=30.0, help="seconds measured per server and level")
+    parser.add_argument("--users", default="1,8", help="closed-loop levels, comma-separated")
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds per window")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds per level (each server once per round)")
     parser.add_argument(
-        "--rounds",
-        type=int,
-        default=1,
-        help="measure each level this many times, the servers in a new order each round; the median round is reported",
+        "--only",
+        default="",
+        help="servers, comma-separated: torch,before,llamacpp,vllm,llama-server,transformers (default: all)",
     )
+    parser.add_argument("--before", default=BEFORE, help="the earlier commit whose server runs beside ('' : none)")
+    parser.add_argument("--llama-threads", type=int, default=2, help="llama-server's threads")
+    parser.add_argument("--no-extras", action="store_true", help="skip the engines alone, batched-bench, guidellm")
     parser.add_argument("--out", default=str(RESULTS / "serve_llm.txt"))
     opts = parser.parse_args()
     opts.users = [int(u) for u in opts.users.split(",")]
-    chosen = servers(opts)
-    try:
-        for server in chosen:
-            print(f"starting {server.label}: {shlex.join(server.args)}", flush=True)
-            start(server)
-        for server in chosen:
-            wait_ready(server)
-        for users in opts.users:
-            runs: dict[str, list[dict[str, Any]]] = {s.label: [] for s in chosen}
-            for round_ in range(opts.rounds):
-                order = chosen[round_ % len(chosen) :] + chosen[: round_ % len(chosen)]  # a new order each round
-                for server in order:
-                    row = measure(server, users, opts)
-                    runs[server.label].append(row)
-                    print(
-                        f"  {server.label:<42} {users:>2} users: {row['tokens_per_s']:6.1f} tok/s, TTFT p50 "
-                        f"{fmt(row['ttft_p50_ms'])} / p99 {fmt(row['ttft_p99_ms'])} ms, errors {row['errors'] or 0}",
-                        flush=True,
-                    )
-            for server in chosen:  # the round with the median throughput stands for the level
-                ranked = sorted(runs[server.label], key=lambda r: r["tokens_per_s"])
-                server.rows[users] = ranked[len(ranked) // 2]
-    finally:
-        for server in chosen:
-            stop(server)
-    bench_tps = llamacpp_bench_decode()
-    ceilings = {"torch": engine_ceiling("baseline"), "llama.cpp": engine_ceiling("llamacpp")}
-    text = report(chosen, bench_tps, ceilings, opts)
-    print("\n" + text)
-    Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(opts.out).write_text(text + "\n")
-    Path(opts.out).with_suffix(".json").write_text(
-        json.dumps(
-            {
-                "servers": {s.label: s.rows for s in chosen},
-                "bench_llamacpp_decode_tokens_per_s": bench_tps,
-                "engine_alone_decode_tokens_per_s": ceilings,
-                "duration_s": opts.duration,
-                "max_tokens_mix": MIX,
-            },
-            indent=2,
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="serve_llm-") as tmp:
+        before_src = (
+            checkout(opts.before, Path(tmp) / "before")
+            if opts.before and (not opts.only or "before" in opts.only)
+            else None
         )
-        + "\n"
-    )
+        servers = contenders(opts, before_src)
+        extra: dict[str, Any] = {}
+        try:
+            for server in servers.values():
+                print(f"starting {server.label}: {server.shell()}", flush=True)
+                S.start(server, Path(tmp))
+            for server in servers.values():
+                S.wait_ready(server)
+                print(f"ready: {server.label}", flush=True)
+            measure(servers, opts)
+            if not opts.no_extras:
+                extra["guidellm"] = {
+                    s.label: guidellm(s, 8, 30, Path(tmp))
+                    for k, s in servers.items()
+                    if k in ("torch", "llamacpp", "vllm")
+                }
+        finally:
+            for server in servers.values():
+                S.stop(server)
+            if before_src is not None:
+                subprocess.run(
+                    ["git", "-C", str(S.ROOT), "worktree", "remove", "--force", str(before_src.parent)],
+                    check=False,
+                    capture_output=True,
+                )
+        if not opts.no_extras:
+            extra["engine_alone"] = {"torch": engine_alone("baseline"), "llama.cpp": engine_alone("llamacpp")}
+            extra["batched_bench"] = batched_bench(opts.llama_threads)
+    text = report(servers, extra, opts) + f"\ntook {(time.monotonic() - started) / 60:.1f} min"
+    print("\n" + text)
+    out = Path(opts.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text + "\n")
+    payload = {
+        "servers": {s.label: {str(u): rows for u, rows in s.windows.items()} for s in servers.values()},
+        "commands": {s.label: s.shell() for s in servers.values()},
+        **extra,
+        "duration_s": opts.duration,
+        "rounds": opts.rounds,
+        "max_tokens_mix": S.MIX,
+    }
+    out.with_suffix(".json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
     return 0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 if __name__ == "__main__":
