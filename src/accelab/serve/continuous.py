@@ -31,11 +31,21 @@ from collections.abc import Callable, Sequence as Seq
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from accelab.serve.engines.base import Completion, GenUnit, PayloadTooLarge, StepEngine, StepInput
+from accelab.serve.engines.base import (
+    Completion,
+    GenUnit,
+    PagedKV,
+    PayloadTooLarge,
+    StepEngine,
+    StepInput,
+    SupportsFork,
+    SupportsPrefixReuse,
+    SupportsScore,
+)
 from accelab.serve.engines.sampling import SampledToken, describe, prompt_logprobs
 from accelab.serve.scheduler import Chunk, NeverFits, QueueFull, Scheduler, SchedulerConfig, Sequence, Step
 from accelab.serve.textstream import TextStream, stream_for
-from accelab.serve.worker import DeadlineExceeded, Job, JobOutcome, ShuttingDown, is_out_of_memory
+from accelab.serve.worker import DeadlineExceeded, ErrorKind, Job, JobOutcome, ShuttingDown, is_out_of_memory
 
 log = logging.getLogger(__name__)
 
@@ -109,15 +119,17 @@ class ContinuousWorker:
         self._decode = decode
         self._eos_ids = tuple(eos_ids)
         self._clock = clock
-        self._reuse = getattr(engine, "reuse_prefix", None)  # engines that keep finished sequences' prefixes
-        self._fork = getattr(engine, "fork", None)
-        if getattr(engine, "paged", False):  # its KV lives in the pool's blocks: the pool's prefix cache is real
+        # what the engine can do besides stepping (engines.base): asked once, here
+        self._reuse = engine if isinstance(engine, SupportsPrefixReuse) else None
+        self._fork = engine if isinstance(engine, SupportsFork) else None
+        self._paged = engine if isinstance(engine, PagedKV) else None
+        if self._paged is not None:  # its KV lives in the pool's blocks: the pool's prefix cache is real
             config = replace(config, prefix_caching=True)
             self.config = config
         self._forked_from: dict[int, Sequence[_Row]] = {}  # a queued choice -> the choice whose KV it shares
-        wants_reuse = (self._reuse or self._fork) and not getattr(config, "prefix_caching", False)
+        wants_reuse = (self._reuse or self._fork) and not config.prefix_caching
         self._scheduler: Scheduler[_Row] = Scheduler(config, clock, reuse=self._reused if wants_reuse else None)
-        self._block_bytes = getattr(engine, "kv_bytes_per_token", 0) * config.block_size
+        self._block_bytes = engine.kv_bytes_per_token * config.block_size
         self._cond = threading.Condition()
         self._stopping = False
         self._busy = False
@@ -265,7 +277,8 @@ class ContinuousWorker:
                 self._fail(run, err, "oom" if is_out_of_memory(err) else "model_error")
         started = self._clock()
         if step.copies:  # copy-on-write of shared blocks, before any chunk writes into them
-            self.engine.copy_blocks(step.copies)  # type: ignore[attr-defined]
+            assert self._paged is not None, "only a paged engine's blocks are shared"
+            self._paged.copy_blocks(step.copies)
         results = self._compute(step.chunks) if step.chunks else []
         now = self._clock()
         sampled = 0
@@ -301,7 +314,7 @@ class ContinuousWorker:
             )
         _call(self.hooks.on_step, report)
 
-    def _compute(self, chunks: list[Chunk[_Row]]) -> list[SampledToken | None | BaseException]:
+    def _compute(self, chunks: list[Chunk[_Row]]) -> Seq[SampledToken | None | BaseException]:
         """The engine's step over `chunks`: a token (sampling chunks), None (the others) or the
         error of a chunk that failed alone."""
         inputs = [
@@ -416,22 +429,21 @@ class ContinuousWorker:
         if parent is not None and parent.state == "running" and self._fork is not None:
             n = len(seq.prompt) - 1  # the last prompt token is fed again: its logits pick this choice's first
             if n > 0:
-                self._fork(parent.id, seq.id, n)
+                self._fork.fork(parent.id, seq.id, n)
                 return n
-        return self._reuse(seq.id, seq.token_slice(0, seq.length)) if self._reuse is not None else 0
+        return self._reuse.reuse_prefix(seq.id, seq.token_slice(0, seq.length)) if self._reuse is not None else 0
 
     def _score_prompt(self, row: _Row) -> None:
         """Echo: the log-probability of every prompt token, from one forward of the prompt."""
         top = row.unit.params.prompt_logprobs
         if top is None or row.unit.prompt_sampled is not None:
             return
-        score = getattr(self.engine, "score", None)
-        if score is None:
+        if not isinstance(self.engine, SupportsScore):
             raise RuntimeError(f"{self.engine.name} cannot score prompts (echo with logprobs)")
         ids = row.unit.prompt.ids
-        row.unit.prompt_sampled = prompt_logprobs(score(ids), ids, top)
+        row.unit.prompt_sampled = prompt_logprobs(self.engine.score(ids), ids, top)
 
-    def _fail(self, run: _JobRun, error: BaseException, kind: str) -> None:
+    def _fail(self, run: _JobRun, error: BaseException, kind: ErrorKind) -> None:
         """Answer a job with `error` once; its other sequences stop at the next step."""
         if run.done:
             return
@@ -442,7 +454,7 @@ class ContinuousWorker:
                 with self._cond:
                     self._scheduler.cancel(row.seq)
         queue_s = (run.admitted_at or self._clock()) - run.arrival
-        _call(run.job.done, JobOutcome(error=error, error_kind=kind, queue_s=queue_s))  # type: ignore[arg-type]
+        _call(run.job.done, JobOutcome(error=error, error_kind=kind, queue_s=queue_s))
 
 
 def _spread(inputs: list[StepInput], tokens: list[Any]) -> list[SampledToken | None]:

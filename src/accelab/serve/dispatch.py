@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, MutableMapping
 from typing import Any, TypeVar
+
+from starlette.types import Receive
 
 from accelab.serve.engines.base import ContextTooLong, PayloadTooLarge
 from accelab.serve.errors import ApiError
@@ -63,7 +65,7 @@ class Submission:
         units: list[Any],
         run: Callable[[list[Any]], list[Any]],
         arrival: float | None = None,
-        scope: dict[str, Any] | None = None,
+        scope: MutableMapping[str, Any] | None = None,
     ):
         self.state = state
         self.arrival = arrival if arrival is not None else time.monotonic()
@@ -108,7 +110,7 @@ class Submission:
         if self.outcome.done():
             self._raise_for(self.outcome.result())
 
-    async def result(self, receive: Callable[[], Awaitable[dict]] | None = None) -> JobOutcome:
+    async def result(self, receive: Receive | None = None) -> JobOutcome:
         """The outcome. With `receive` (the ASGI channel, body already read) a client that hangs
         up stops the wait, and its job is dropped if still queued: an overloaded server sheds
         the work of clients that timed out instead of running it for nobody. (Not for streams:
@@ -171,7 +173,7 @@ class Submission:
         m.compute_time.observe(outcome.compute_s)
 
 
-async def _disconnect(receive: Callable[[], Awaitable[dict]]) -> None:
+async def _disconnect(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
 

@@ -70,12 +70,15 @@ def validation_message(err: RequestValidationError) -> tuple[str, str | None]:
     return "invalid request: " + "; ".join(unique[:5]) + ("; ..." if len(unique) > 5 else ""), first
 
 
-async def api_error_handler(request: Request, exc: ApiError) -> JSONResponse:
+# Starlette hands a handler the exception it was registered for, typed as any Exception
+async def api_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError), "registered for ApiError"
     request.state.error_kind = exc.kind
     return exc.response()
 
 
-async def validation_error_handler(request: Request, exc: RequestValidationError) -> JSONResponse:
+async def validation_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError), "registered for RequestValidationError"
     message, param = validation_message(exc)
     request.state.error_kind = "invalid"
     return ApiError(422, message, param=param).response()

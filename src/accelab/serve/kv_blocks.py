@@ -75,6 +75,12 @@ class BlockPool:
     def key(self, block: int) -> int | None:
         return self._keys[block]
 
+    def committed_key(self, block: int) -> int:
+        """The prefix-cache key of a committed block (one that `match` returned)."""
+        key = self._keys[block]
+        assert key is not None, f"block {block} holds no committed prefix"
+        return key
+
     # -- handing blocks out and back ------------------------------------------------------------
     def allocate(self) -> int:
         """A fresh block (refcount 1), least recently freed first; its cached prefix is forgotten."""

@@ -22,7 +22,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -317,7 +317,7 @@ class TokenRate:
 
     WINDOW_S = 10.0
 
-    def __init__(self, clock=time.monotonic):
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._events: deque[tuple[float, int]] = deque()
         self._lock = threading.Lock()
@@ -417,8 +417,8 @@ class VllmAliases:
             labels["model_name"] = self._model_name
             key = (alias.name + sample.name[len(source.name) :], tuple(sorted(labels.items())))
             summed[key] = summed.get(key, 0.0) + sample.value
-        for (name, labels), value in summed.items():
-            out.add_sample(name, dict(labels), value)
+        for (name, pairs), value in summed.items():
+            out.add_sample(name, dict(pairs), value)
         return out
 
 
@@ -451,7 +451,11 @@ def _gpu_gauges(registry: CollectorRegistry, cuda: Any = None) -> Gauge | None:
         "accelab_gpu_memory_peak_bytes", "torch.cuda.max_memory_allocated per device.", ["device"], registry=registry
     )
     for index in range(cuda.device_count()):
-        allocated.labels(device=str(index)).set_function(lambda i=index: cuda.memory_allocated(i))
-        reserved.labels(device=str(index)).set_function(lambda i=index: cuda.memory_reserved(i))
-        peak.labels(device=str(index)).set_function(lambda i=index: cuda.max_memory_allocated(i))
+        allocated.labels(device=str(index)).set_function(_of_device(cuda.memory_allocated, index))
+        reserved.labels(device=str(index)).set_function(_of_device(cuda.memory_reserved, index))
+        peak.labels(device=str(index)).set_function(_of_device(cuda.max_memory_allocated, index))
     return allocated
+
+
+def _of_device(read: Callable[[int], float], index: int) -> Callable[[], float]:
+    return lambda: read(index)

@@ -56,10 +56,11 @@ class Choice:
         return "tool_calls" if self.tool_calls else self.completion.finish_reason
 
 
-def chat_logprobs(entries: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
+def chat_logprobs(entries: Sequence[TokenLogprob | None] | None) -> dict[str, Any] | None:
+    """Chat's shape: every entry is an output token's (only a prompt's first token has none)."""
     if entries is None:
         return None
-    return {"content": [_chat_entry(e) for e in entries], "refusal": None}
+    return {"content": [_chat_entry(e) for e in entries if e is not None], "refusal": None}
 
 
 def _chat_entry(e: TokenLogprob) -> dict[str, Any]:
@@ -73,11 +74,16 @@ def _chat_entry(e: TokenLogprob) -> dict[str, Any]:
 
 def completion_logprobs(entries: Sequence[TokenLogprob | None], offset: int = 0) -> dict[str, Any]:
     """The legacy shape: parallel lists; a None entry (the first prompt token) has nulls."""
-    tokens, values, tops, offsets = [], [], [], []
+    tokens: list[str] = []
+    values: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    offsets: list[int] = []
     for e in entries:
         offsets.append(offset)
         if e is None:
-            tokens.append(""), values.append(None), tops.append(None)
+            tokens.append("")
+            values.append(None)
+            tops.append(None)
             continue
         tokens.append(e.token)
         values.append(e.logprob)
@@ -137,7 +143,7 @@ def chunk(
         choice = {
             "index": index,
             "delta": delta,
-            "logprobs": chat_logprobs(logprobs),  # type: ignore[arg-type]
+            "logprobs": chat_logprobs(logprobs),
             "finish_reason": finish_reason,
         }
         body = {**env.head("chat.completion.chunk"), "choices": [choice]}

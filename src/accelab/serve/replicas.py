@@ -29,7 +29,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,7 +123,7 @@ class ModelReplica:
 
     async def forward(self, request: Forwarded) -> AsyncIterator[Head | bytes]:
         """The answer: a Head, then the body in chunks (several for a stream)."""
-        messages: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        messages: asyncio.Queue[MutableMapping[str, Any]] = asyncio.Queue()
         gone = asyncio.Event()
         body_sent = False
 
@@ -135,7 +135,7 @@ class ModelReplica:
             await gone.wait()  # the front's client went away (the call was cancelled)
             return {"type": "http.disconnect"}
 
-        async def send(message: dict[str, Any]) -> None:
+        async def send(message: MutableMapping[str, Any]) -> None:
             await messages.put(message)
 
         scope = {
@@ -267,6 +267,7 @@ class Front:
 def build_front() -> Any:
     """The ingress app: /livez itself, /metrics merged, everything else forwarded."""
     from ray import serve
+    from ray.serve.handle import DeploymentResponseGenerator
 
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
     counts = FrontMetrics()
@@ -305,6 +306,7 @@ def build_front() -> Any:
         )
         for attempt in (1, 2):
             stream = replicas.options(stream=True).forward.remote(forwarded)
+            assert isinstance(stream, DeploymentResponseGenerator), "a streaming handle's call streams"
             try:
                 head = await stream.__anext__()
                 first = await _next_or_none(stream)
@@ -389,11 +391,12 @@ def run_replicas(
         namespace=APP_NAME,
         include_dashboard=False,
         log_to_driver=False,
-        **({} if ray_address else {"object_store_memory": 256 * 1024 * 1024}),
+        object_store_memory=None if ray_address else 256 * 1024 * 1024,  # None: the cluster's own
     )
     try:
         serve.start(http_options={"host": config.host, "port": port})
         board = ray.remote(MetricsBoard).options(name=BOARD_NAME, get_if_exists=True, num_cpus=0).remote(replicas)
+        assert isinstance(board, ray.actor.ActorHandle), "an actor class's remote() starts an actor"
         model = serve.deployment(
             ModelReplica,
             name="ModelReplica",

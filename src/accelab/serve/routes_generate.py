@@ -164,8 +164,8 @@ def _chat_grammar(body: ChatRequest, specs: list[dict[str, Any]] | None) -> str 
     schema = None
     if fmt_ is not None and fmt_.type == "json_object":
         schema = {"type": "object"}
-    elif fmt_ is not None and fmt_.type == "json_schema":
-        schema = fmt_.json_schema.schema_  # type: ignore[union-attr]
+    elif fmt_ is not None and fmt_.type == "json_schema" and fmt_.json_schema is not None:  # (its validator)
+        schema = fmt_.json_schema.schema_
     try:
         if specs:
             choice = body.tool_choice

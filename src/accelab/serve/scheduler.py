@@ -352,7 +352,7 @@ class Scheduler(Generic[T]):
         if chunk.sample and token is None:
             raise ValueError(f"chunk of sequence {seq.id} ends at its last token: it needs the sampled token")
         seq.computed += len(chunk.tokens)
-        if chunk.sample:
+        if chunk.sample and token is not None:
             seq.generated.append(token)
         self._commit(seq)
 
@@ -404,7 +404,7 @@ class Scheduler(Generic[T]):
         seq.block_table = hits + [self.pool.allocate() for _ in range(fresh)]
         if hits:  # at least the last token is fed: its logits pick the next
             seq.computed = min(len(hits) * size, seq.length - 1)
-            seq.block_keys = [self.pool.key(b) for b in hits[: seq.computed // size]]
+            seq.block_keys = [self.pool.committed_key(b) for b in hits[: seq.computed // size]]
             self.pool.hits += len(hits)
         elif self._reuse is not None:
             seq.computed = max(0, min(self._reuse(seq), seq.length - 1))

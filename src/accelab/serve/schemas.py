@@ -262,11 +262,7 @@ class CompletionRequest(_Sampling):
 
     @property
     def prompts(self) -> list[str | list[int]]:
-        if isinstance(self.prompt, str):
-            return [self.prompt]
-        if all(isinstance(p, int) for p in self.prompt):
-            return [list(self.prompt)]  # one prompt given as token ids
-        return list(self.prompt)
+        return _one_per_item(self.prompt)
 
     @property
     def requested_tokens(self) -> int | None:
@@ -290,9 +286,17 @@ class EmbeddingRequest(_Body):
             return [self.input]
         if not self.input:
             raise ValueError("input is an empty list; send a string or a list of strings")
-        if all(isinstance(i, int) for i in self.input):
-            return [list(self.input)]
-        return list(self.input)
+        return _one_per_item(self.input)
+
+
+def _one_per_item(value: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
+    """A string, a list of strings, one list of token ids or a list of them: one item each (the
+    lists are of one kind: the request's validation took one member of the union)."""
+    if isinstance(value, str):
+        return [value]
+    if all(isinstance(item, int) for item in value):
+        return [[item for item in value if isinstance(item, int)]]  # one prompt given as token ids
+    return [item for item in value if not isinstance(item, int)]
 
 
 class ClassifyRequest(_Body):
@@ -313,4 +317,7 @@ class ClassifyRequest(_Body):
 
     @property
     def all_images(self) -> list[str]:
-        return self.images if self.images is not None else [self.image]  # type: ignore[list-item]
+        if self.images is not None:
+            return self.images
+        assert self.image is not None, "the validator takes exactly one of image and images"
+        return [self.image]

@@ -109,7 +109,8 @@ def run_server(
         log_config=None,
         access_log=access_log,
         lifespan="on",
-        timeout_graceful_shutdown=max(0.1, SHUTDOWN_RESERVE_S / 2),
+        # uvicorn annotates whole seconds but waits with asyncio.wait_for, which takes half of one
+        timeout_graceful_shutdown=max(0.1, SHUTDOWN_RESERVE_S / 2),  # type: ignore[arg-type]
         timeout_keep_alive=5,
     )
     server = DrainingServer(uv_config, state=state, grace_s=config.grace_period_s)

@@ -9,17 +9,16 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from typing import Any, Literal
 
-from accelab.catalog.facts import GENERATE_TASKS
 from accelab.plan.runtime import Unsupported
 from accelab.serve.config import ServeConfig
 from accelab.serve.continuous import ContinuousHooks, ContinuousWorker, StepReport
-from accelab.serve.engines.base import ROUTES_OF_TASK, Engine
+from accelab.serve.engines.base import ROUTES_OF_TASK, Engine, SchedulesItself, generates
 from accelab.serve.errors import ApiError
 from accelab.serve.metrics import ServeMetrics
-from accelab.serve.worker import Worker, WorkerHooks
+from accelab.serve.worker import Executor, GenerationWorker, Worker, WorkerHooks
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +37,7 @@ class ServerState:
         self.on_load_failure: Callable[[str], None] = lambda reason: None  # the runner stops the server
         self.arriving = 0  # requests received and not yet submitted (parsing, tokenising): event loop only
         self.worker = Worker(config.batch_policy, hooks=self._worker_hooks(), quiet=lambda: self.arriving == 0)
-        self.continuous: ContinuousWorker | None = None  # generation, once loaded, unless it falls back
+        self.continuous: GenerationWorker | None = None  # generation, once loaded, unless it falls back
         self._in_flight = 0
         self._idle: asyncio.Event | None = None
         self._loader: threading.Thread | None = None
@@ -66,10 +65,9 @@ class ServerState:
                 self.status = "ready"
             self.metrics.ready.set(1)
             self.metrics.batch_limit.set(self.worker.batch_limit)
-            device = getattr(getattr(engine, "runnable", None), "device", "n/a")
-            self.metrics.info.labels(model=self.config.model_name, plan=self.config.plan_name, device=str(device)).set(
-                1
-            )
+            self.metrics.info.labels(
+                model=self.config.model_name, plan=self.config.plan_name, device=engine.device
+            ).set(1)
             log.info("ready: %s (%s) after %.1f s", self.config.model_name, engine.task, time.perf_counter() - started)
         except Exception as err:  # noqa: BLE001 - reported on /readyz, in the log, and the server stops
             self.load_error = f"{type(err).__name__}: {err}"
@@ -77,32 +75,30 @@ class ServerState:
             log.error("loading %s failed:\n%s", self.config.model_name, traceback.format_exc())
             self.on_load_failure(self.load_error)
 
-    def _start_continuous(self, engine: Engine) -> ContinuousWorker | None:
+    def _start_continuous(self, engine: Engine) -> GenerationWorker | None:
         """The continuous worker for a generation engine that can step sequences, else None
         (the static worker runs its batches); the log says which and why."""
-        if engine.task not in GENERATE_TASKS:
+        if not generates(engine):
             return None
         name = self.config.model_name
-        own_scheduler = getattr(engine, "continuous_worker", None)  # an engine that schedules itself (vLLM)
-        if own_scheduler is not None:
-            worker = own_scheduler(self.config, self._continuous_hooks())
-            worker.start()
-            self.metrics.kv_blocks.labels(state="free").set(worker.kv_blocks)
+        if isinstance(engine, SchedulesItself):  # vLLM
+            own = engine.continuous_worker(self.config, self._continuous_hooks())
+            own.start()
+            self.metrics.kv_blocks.labels(state="free").set(own.kv_blocks)
             self.metrics.kv_blocks.labels(state="used").set(0)
             log.info(
                 "continuous batching: %s's own scheduler (up to %d sequences, KV cache of %d tokens)",
                 engine.name,
-                worker.batch_limit,
-                worker.kv_tokens,
+                own.batch_limit,
+                own.kv_tokens,
             )
-            return worker
+            return own
         if self.config.scheduler == "static":
             log.info("generation: per-batch scheduler (--scheduler static): one generate call per batch")
             return None
-
-        limits = self.config.scheduler_config(max_context=getattr(engine, "max_context", None))
+        limits = self.config.scheduler_config(max_context=engine.max_context)
         try:
-            stepper = engine.step_engine(limits)  # type: ignore[attr-defined]
+            stepper = engine.step_engine(limits)
         except Unsupported as reason:
             log.warning("continuous batching is off for %s: %s; it falls back to the per-batch scheduler", name, reason)
             return None
@@ -110,7 +106,7 @@ class ServerState:
             stepper,
             limits,
             decode=engine.decode,
-            eos_ids=engine.eos_ids,  # type: ignore
+            eos_ids=engine.eos_ids,
             hooks=self._continuous_hooks(),
         )
         worker.start()
@@ -132,7 +128,7 @@ class ServerState:
         )
         return worker
 
-    def executor(self, key: str) -> Worker | ContinuousWorker:
+    def executor(self, key: str) -> Executor:
         """Who runs a job of `key`: the continuous worker for text generation, when there is one."""
         return self.continuous if self.continuous is not None and key == "generate" else self.worker
 
@@ -175,12 +171,12 @@ class ServerState:
         if self._idle is not None:
             self._idle.clear()
 
-    def arrive(self, scope: dict[str, Any]) -> None:
+    def arrive(self, scope: MutableMapping[str, Any]) -> None:
         """An API request came in; it counts as on its way to a queue until `submitted`."""
         self.arriving += 1
         scope.setdefault("state", {})["arriving"] = True
 
-    def submitted(self, scope: dict[str, Any]) -> None:
+    def submitted(self, scope: MutableMapping[str, Any]) -> None:
         """The request reached a queue (or failed before): it is no longer on its way."""
         state = scope.get("state", {})
         if state.pop("arriving", False):

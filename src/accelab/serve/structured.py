@@ -17,14 +17,17 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # the TypedDict of llguidance's stub
+
 log = logging.getLogger(__name__)
 
-JSON_OPTIONS = {"whitespace_flexible": False}
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
 
 _tokenizers: dict[int, Any] = {}
 _lock = threading.Lock()

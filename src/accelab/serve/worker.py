@@ -16,14 +16,24 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, Protocol
 
 from accelab.serve.batcher import Batcher, BatchPolicy, Pending, QueueFull
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ErrorKind", "Job", "JobOutcome", "QueueFull", "Worker", "WorkerHooks", "is_out_of_memory"]
+__all__ = [
+    "ErrorKind",
+    "Executor",
+    "GenerationWorker",
+    "Job",
+    "JobOutcome",
+    "QueueFull",
+    "Worker",
+    "WorkerHooks",
+    "is_out_of_memory",
+]
 
 ErrorKind = Literal["oom", "model_error", "timeout", "shutdown", "cancelled"]
 
@@ -43,7 +53,7 @@ class Job:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class JobOutcome:
-    outputs: list[Any] | None = None
+    outputs: list[Any] = field(default_factory=list)  # one per unit (none when it failed)
     error: BaseException | None = None
     error_kind: ErrorKind | None = None
     queue_s: float = 0.0  # arrival to the start of its batch
@@ -86,6 +96,53 @@ class WorkerHooks:
     on_retry: Callable[[str], None] = lambda reason: None
     on_depth: Callable[[int], None] = lambda depth: None
     on_limit: Callable[[int], None] = lambda limit: None
+
+
+class Executor(Protocol):
+    """What runs jobs: this module's Worker (batches), the continuous worker, vLLM's worker.
+    `submit` hands back a handle of the executor's own kind, which only goes back to its
+    `cancel`."""
+
+    def submit(self, job: Job) -> Any: ...  # QueueFull (429), ShuttingDown (503)
+
+    def cancel(self, handle: Any) -> bool: ...  # False once the job runs
+
+    @property
+    def depth(self) -> int: ...  # jobs queued
+
+    def retry_after_s(self) -> int: ...
+
+
+class Closeable(Protocol):
+    def close(self) -> None: ...
+
+
+class GenerationWorker(Executor, Protocol):
+    """A worker that runs generation jobs a step at a time (ContinuousWorker, VllmWorker)."""
+
+    @property
+    def engine(self) -> Closeable: ...  # what it steps: the server closes it after `stop`
+
+    @property
+    def batch_limit(self) -> int: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    def start(self) -> None: ...
+
+    def stop(self, *, timeout_s: float | None = None) -> bool: ...  # True: it ended in time
+
+
+class SelfSchedulingWorker(GenerationWorker, Protocol):
+    """The worker of an engine whose runtime schedules every step itself (vLLM): the KV cache
+    is the runtime's, and the worker says how large it is."""
+
+    @property
+    def kv_blocks(self) -> int: ...
+
+    @property
+    def kv_tokens(self) -> int: ...
 
 
 class Worker:
@@ -208,11 +265,11 @@ class Worker:
             mine = results[offset : offset + len(job.units)]
             offset += len(job.units)
             failed = next((r for r in mine if r.error is not None), None)
-            common = dict(queue_s=start - pending.arrival, compute_s=seconds, batch_units=len(units))
+            outcome = JobOutcome(queue_s=start - pending.arrival, compute_s=seconds, batch_units=len(units))
             if failed is None:
-                outcome = JobOutcome(outputs=[r.value for r in mine], **common)
+                outcome = replace(outcome, outputs=[r.value for r in mine])
             else:
-                outcome = JobOutcome(error=failed.error, error_kind=failed.kind, **common)
+                outcome = replace(outcome, error=failed.error, error_kind=failed.kind)
             _call_done(job, outcome)
 
     def _run_chunks(self, run: Callable[[list[Any]], list[Any]], units: list[Any]) -> list[_UnitResult]:

@@ -7,7 +7,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard, runtime_checkable
+
+from accelab.catalog.facts import GENERATE_TASKS
+
+if TYPE_CHECKING:
+    from accelab.serve.config import ServeConfig
+    from accelab.serve.continuous import ContinuousHooks
+    from accelab.serve.scheduler import SchedulerConfig
+    from accelab.serve.worker import SelfSchedulingWorker
 
 Route = Literal["chat", "completions", "embeddings", "classify"]
 
@@ -182,16 +190,42 @@ class StepEngine(Protocol):
 
     def release(self, seq_id: int) -> None: ...  # the sequence ended: free its cache entries
 
-    # optional: reuse_prefix(seq_id, tokens) -> n: a new sequence takes the KV of its first n
-    # tokens from a finished sequence that began the same way (a prefix cache)
-
-    # optional: fork(parent_seq_id, child_seq_id, n_tokens): the new sequence child starts with
-    # the KV of the parent's first n_tokens positions (n > 1 choices of one prompt: the prompt is
-    # prefilled once). The parent is running; the child's next chunk starts at n_tokens.
-
-    # optional: score(tokens) -> logits [len(tokens), V] of every position (prompt logprobs)
-
     def close(self) -> None: ...
+
+
+# What a StepEngine may do besides stepping, each a protocol of its own: the continuous worker
+# asks `isinstance(engine, SupportsFork)` and so on once, when it starts.
+@runtime_checkable
+class SupportsPrefixReuse(Protocol):
+    """A prefix cache of the engine's own: a new sequence takes the KV of its first n tokens
+    from a finished sequence that began the same way; returns n."""
+
+    def reuse_prefix(self, seq_id: int, tokens: Sequence[int]) -> int: ...
+
+
+@runtime_checkable
+class SupportsFork(Protocol):
+    """n > 1 choices of one prompt prefill it once: the new sequence child starts with the KV of
+    the parent's first n_tokens positions. The parent is running; the child's next chunk starts
+    at n_tokens."""
+
+    def fork(self, parent_seq_id: int, child_seq_id: int, n_tokens: int) -> None: ...
+
+
+@runtime_checkable
+class SupportsScore(Protocol):
+    """Prompt log-probabilities (completions' echo): the logits [len(tokens), V] of every position."""
+
+    def score(self, tokens: Sequence[int]) -> Any: ...
+
+
+@runtime_checkable
+class PagedKV(Protocol):
+    """Its KV lives in the scheduler's blocks (StepInput.blocks): the scheduler runs the prefix
+    cache and forks by block ids (so the pool's prefix cache is real), and the engine copies a
+    shared block before a chunk writes into it (`Step.copies`, before the step's chunks run)."""
+
+    def copy_blocks(self, copies: Sequence[Any]) -> None: ...
 
 
 def fit_prompt(prompt: Prompt, max_tokens: int, max_context: int | None, *, truncate: bool, name: str) -> Prompt:
@@ -247,17 +281,45 @@ class Engine(Protocol):
     name: str
     task: str
 
+    @property
+    def device(self) -> str: ...  # where the model runs, for the info metric ("n/a": no model)
+
     def warmup(self) -> None: ...
 
     def close(self) -> None: ...
 
 
 class GenerationEngine(Engine, Protocol):
+    @property
+    def eos_ids(self) -> Sequence[int]: ...
+
+    @property
+    def max_context(self) -> int | None: ...  # prompt + output tokens the model takes (None: no limit known)
+
     def prepare_chat(self, messages: list[dict[str, Any]]) -> Prompt: ...
 
     def prepare_text(self, prompt: str | list[int]) -> Prompt: ...
 
     def generate(self, units: list[GenUnit]) -> list[Completion]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    # the StepEngine that runs this model for the continuous scheduler; Unsupported, with the
+    # reason, where the model must run one generate call per batch
+    def step_engine(self, limits: SchedulerConfig) -> StepEngine: ...
+
+
+@runtime_checkable
+class SchedulesItself(Protocol):
+    """A generation engine whose runtime schedules every step itself (vLLM): it brings its own
+    worker in place of the continuous one."""
+
+    def continuous_worker(self, config: ServeConfig, hooks: ContinuousHooks) -> SelfSchedulingWorker: ...
+
+
+def generates(engine: Engine) -> TypeGuard[GenerationEngine]:
+    """Whether `engine` generates text (its task is one of GENERATE_TASKS)."""
+    return engine.task in GENERATE_TASKS
 
 
 class EmbeddingEngine(Engine, Protocol):

@@ -31,6 +31,10 @@ class HFEmbeddingEngine:
         self.vocab_size = getattr(config, "vocab_size", None)
         self.pad_id = self.tokenizer.pad_token_id or 0
 
+    @property
+    def device(self) -> str:
+        return str(self.runnable.device)
+
     def prepare_text(self, text: str | list[int], *, truncate: bool = False, where: str = "input") -> TextInput:
         """Token ids for one input. Longer than the model's window: ContextTooLong (400), or with
         `truncate` its first window's worth of tokens (the tokenizer keeps the closing token)."""
@@ -100,6 +104,10 @@ class HFClassificationEngine:
         self.image_processor = runnable.processor
         config = getattr(runnable.model, "config", None)
         self.labels: dict[int, str] = dict(getattr(config, "id2label", None) or {})
+
+    @property
+    def device(self) -> str:
+        return str(self.runnable.device)
 
     def prepare_image(self, data: str, *, top_k: int = 5, where: str = "image") -> ImageInput:
         image = decode_image(data, where=where)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -28,12 +29,14 @@ from accelab.serve.engines.base import (
     GenUnit,
     Prompt,
     SamplingParams,
+    StepEngine,
     check_token_ids,
     fit_prompt,
 )
 from accelab.serve.engines.ragged import RaggedTorchEngine
 from accelab.serve.engines.sampling import SampledToken, SequenceSampler, describe, prompt_logprobs, sample
 from accelab.serve.images import decode_image
+from accelab.serve.scheduler import SchedulerConfig
 from accelab.serve.textstream import TextStream, stream_for
 
 log = logging.getLogger(__name__)
@@ -56,6 +59,10 @@ class HFGenerationEngine:
         self.max_context = max_context or max_sequence_length(runnable.model)
         self.vocab_size = _vocab_size(runnable.model)
         self._template_tools: bool | None = None  # the chat template writes tools itself (probed once)
+
+    @property
+    def device(self) -> str:
+        return str(self.runnable.device)
 
     # -- preparing (thread pool) ----------------------------------------------------------
     def prepare_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> Prompt:
@@ -111,6 +118,7 @@ class HFGenerationEngine:
         return self._checked(Prompt(ids=tuple(ids), prompt_tokens=len(ids)))
 
     def _prepare_vision(self, messages: list[dict[str, Any]], urls: list[str]) -> Prompt:
+        assert self.processor is not None, "images reach a vision-language model only"
         images = tuple(decode_image(url, where=f"image {i}") for i, url in enumerate(urls))
         template = [{"role": m["role"], "content": _template_parts(m["content"])} for m in messages]
         text = self.processor.apply_chat_template(template, add_generation_prompt=True, tokenize=False)
@@ -130,7 +138,7 @@ class HFGenerationEngine:
     def generate(self, units: list[GenUnit]) -> list[Completion]:
         batch = self._collate(units)
         streams = [stream_for(u.params, self.decode, self.eos_ids) for u in units]
-        samplers = [u.sampler or self.sampler(u.params, u.prompt) for u in units]
+        samplers = [u.sampler or self._sequence_sampler(u.params, u.prompt) for u in units]
         for unit in units:
             if unit.prompt_sampled is None:
                 unit.prompt_sampled = self._prompt_logprobs(unit)
@@ -147,10 +155,14 @@ class HFGenerationEngine:
         )
         return tracker.completions()
 
-    def sampler(
+    def sampler(self, params: SamplingParams, prompt: Prompt, *, grammar: Any = None, seed_offset: int = 0) -> object:
+        """What the routes attach to a unit (GenUnit.sampler) for this engine's steps to sample
+        with: here the sequence's SequenceSampler (`grammar`: a structured.Matcher)."""
+        return self._sequence_sampler(params, prompt, grammar=grammar, seed_offset=seed_offset)
+
+    def _sequence_sampler(
         self, params: SamplingParams, prompt: Prompt, *, grammar: Any = None, seed_offset: int = 0
     ) -> SequenceSampler:
-        """The sampling state of one sequence of this model (`grammar`: a structured.Matcher)."""
         return SequenceSampler(
             params, prompt=prompt.ids, eos_ids=self.eos_ids, grammar=grammar, seed_offset=seed_offset
         )
@@ -177,6 +189,7 @@ class HFGenerationEngine:
     def _collate(self, units: list[GenUnit]) -> dict[str, torch.Tensor]:
         prompts = [u.prompt for u in units]
         if prompts[0].images:  # the batcher keys keep image and text-only prompts apart
+            assert self.processor is not None, "images reach a vision-language model only"
             encoded = self.processor(
                 text=[p.text for p in prompts],
                 images=[im for p in prompts for im in p.images],
@@ -194,13 +207,13 @@ class HFGenerationEngine:
             mask[row, width - len(p.ids) :] = 1
         return {"input_ids": ids, "attention_mask": mask}  # [B, S]
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     # -- continuous batching --------------------------------------------------------------------
-    def step_engine(self, limits: Any) -> Any:
-        """The StepEngine that runs this model for the continuous scheduler (`limits`: its
-        SchedulerConfig); Unsupported, with the reason, where the model must run per batch."""
+    def step_engine(self, limits: SchedulerConfig) -> StepEngine:
+        """The StepEngine that runs this model for the continuous scheduler; Unsupported, with
+        the reason, where the model must run per batch."""
         if self.processor is not None:
             raise Unsupported(
                 "continuous batching does not take images yet: vision-language models run one generate call per batch"

@@ -38,7 +38,7 @@ class LlamaStepEngine:
         import llama_cpp
 
         self.engine = engine
-        model = engine.llm.model
+        model = engine.model
         params = llama_cpp.llama_context_default_params()
         params.n_ctx, params.n_seq_max, params.kv_unified = kv_tokens + max_sequences * PREFIX_KEEP, max_sequences, True
         params.n_batch = params.n_ubatch = max_step_tokens
@@ -66,8 +66,7 @@ class LlamaStepEngine:
         )
 
     def step(self, inputs: list[Any]) -> list[SampledToken]:
-
-        entries = []
+        entries: list[tuple[int, int, int, bool]] = []  # (token, position, slot, wants logits)
         for item in inputs:
             slot = self._slot(item.seq_id)
             self._truncate(slot, item.start)  # a chunk run again (a failed step's retry) overwrites

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import torch
 
@@ -188,6 +188,16 @@ def prompt_logprobs(logits: torch.Tensor, tokens: Sequence[int], top: int) -> li
         alternatives = () if best is None else tuple(zip(best.indices[i].tolist(), best.values[i].tolist()))
         out.append(SampledToken(token=token, logprob=value, top=alternatives))
     return out
+
+
+@overload
+def describe(tokens: Sequence[SampledToken], decode: Callable[[list[int]], str]) -> tuple[TokenLogprob, ...]: ...
+
+
+@overload  # a prompt's: its first token has none (nothing before it to predict it)
+def describe(
+    tokens: Sequence[SampledToken | None], decode: Callable[[list[int]], str]
+) -> tuple[TokenLogprob | None, ...]: ...
 
 
 def describe(

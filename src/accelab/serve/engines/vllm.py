@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +23,12 @@ from accelab.plan.runtime import Unsupported
 from accelab.runtimes import check_supported
 from accelab.serve.engines.generation import HFGenerationEngine
 from accelab.serve.engines.vllm_worker import VllmWorker
+
+if TYPE_CHECKING:
+    from accelab.serve.config import ServeConfig
+    from accelab.serve.continuous import ContinuousHooks
+    from accelab.serve.engines.base import StepEngine
+    from accelab.serve.scheduler import SchedulerConfig
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +55,7 @@ class VllmServeEngine(HFGenerationEngine):
         ids = list(self.prepare_chat([{"role": "user", "content": "Hello"}]).ids)
         self.runnable.generate({"input_ids": torch.tensor([ids])}, max_new_tokens=2)
 
-    def continuous_worker(self, config: Any, hooks: Any) -> VllmWorker:
+    def continuous_worker(self, config: ServeConfig, hooks: ContinuousHooks) -> VllmWorker:
         if config.scheduler == "static":
             log.warning("--scheduler static does not apply to --plan vllm: vLLM schedules every step itself")
         info = self.client.info
@@ -76,5 +82,5 @@ class VllmServeEngine(HFGenerationEngine):
             )
         return VllmSampling(seed=None if params.seed is None else params.seed + seed_offset)
 
-    def step_engine(self, limits: Any) -> Any:
+    def step_engine(self, limits: SchedulerConfig) -> StepEngine:
         raise Unsupported("vLLM schedules its own steps (continuous_worker)")

@@ -29,7 +29,7 @@ from accelab.serve.continuous import ClientGone, ContinuousHooks, StepReport
 from accelab.serve.engines.base import Completion, GenUnit, PayloadTooLarge
 from accelab.serve.scheduler import QueueFull
 from accelab.serve.textstream import TextStream, stream_for
-from accelab.serve.worker import DeadlineExceeded, Job, JobOutcome, ShuttingDown
+from accelab.serve.worker import DeadlineExceeded, ErrorKind, Job, JobOutcome, ShuttingDown
 
 log = logging.getLogger(__name__)
 
@@ -282,14 +282,14 @@ class VllmWorker:
         for row in run.rows:
             self.client.abort(row.request_id)
 
-    def _fail(self, run: _Run, error: BaseException, kind: str) -> None:
+    def _fail(self, run: _Run, error: BaseException, kind: ErrorKind) -> None:
         with self._lock:
             if run.done:
                 return
             self._finish_run(run)
         self._abort(run)
         queue_s = (run.admitted_at or self._clock()) - run.arrival
-        _call(run.job.done, JobOutcome(error=error, error_kind=kind, queue_s=queue_s))  # type: ignore[arg-type]
+        _call(run.job.done, JobOutcome(error=error, error_kind=kind, queue_s=queue_s))
 
     def _sweep(self) -> None:
         while True:
