@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LAYERS = [
-    ["paths", "units", "quiet", "entry", "version", "__version__"],  # `from accelab import __version__`: a constant
+    # `from accelab import __version__` names a constant; options: a command's options into its configs
+    ["paths", "units", "options", "quiet", "entry", "version", "__version__"],
     ["results"],
     ["catalog"],
     ["plan"],
@@ -252,10 +253,12 @@ def startup_modules(src: Path) -> frozenset[str]:
     cli = ast.parse((src / "accelab" / "cli.py").read_text())
     roots = ["accelab.cli"]
     for node in ast.walk(cli):
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "COMMAND_MODULES" for t in node.targets
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.List)
+            and any(isinstance(t, ast.Name) and t.id == "COMMAND_MODULES" for t in node.targets)
         ):
-            roots += [e.value for e in node.value.elts if isinstance(e, ast.Constant)]  # type: ignore[attr-defined]
+            roots += [e.value for e in node.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
     found = statements(src)
     known = {module_name(p, src) for p in (src / "accelab").rglob("*.py")}
     links: dict[str, set[str]] = defaultdict(set)

@@ -24,10 +24,12 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, NoReturn
+
+from accelab.options import fields_of
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,11 @@ class LaunchOptions:
                 f"--nnodes {self.nnodes} needs --master-addr HOST (and --node-rank on every node), "
                 "or --rdzv-endpoint HOST:PORT with --rdzv-backend c10d"
             )
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> LaunchOptions:
+        """From a command's options by name (`accelab train` and `predict` name them like the fields)."""
+        return cls(**fields_of(cls, options))
 
     @property
     def world_size(self) -> int:
@@ -215,21 +222,19 @@ def _die_with_parent(sig: signal.Signals, parent: int) -> Callable[[], None] | N
 
 
 def _outcome(summary_path: Path, returncode: int, command: list[str], wall: float, kept: str | None) -> Outcome:
-    doc = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    doc: dict[str, Any] | None = json.loads(summary_path.read_text()) if summary_path.is_file() else None
     status = (doc or {}).get("status")
-    done = {"returncode": returncode, "wall_s": wall, "command": command}
+    ended = Outcome(status="crashed", summary=None, reason=None, returncode=returncode, wall_s=wall, command=command)
     if returncode == 0 and status == "ok":
-        return Outcome(status="ok", summary=doc, reason=None, **done)
+        return replace(ended, status="ok", summary=doc)
     if returncode == 0 and doc is None:  # a node without global rank 0: the summary is written on node 0
-        return Outcome(status="ok", summary=None, reason=ELSEWHERE, **done)
-    if status in ("error", "unsupported"):
-        return Outcome(status=status, summary=None, reason=doc.get("reason"), **done)
+        return replace(ended, status="ok", reason=ELSEWHERE)
+    if doc is not None and status in ("error", "unsupported"):
+        return replace(ended, status=status, reason=doc.get("reason"))
     torchrun = command[1:3] == ["-m", "torch.distributed.run"]
     who, output = ("torchrun", "the ranks' output") if torchrun else ("worker", "its output")
     why = f"{who} exited with code {returncode}" if returncode >= 0 else f"{who} killed by signal {-returncode}"
-    return Outcome(
-        status="crashed", summary=None, reason=f"{why} without a result; see {output} above{_kept(kept)}", **done
-    )
+    return replace(ended, reason=f"{why} without a result; see {output} above{_kept(kept)}")
 
 
 def _kept(kept: str | None) -> str:

@@ -23,6 +23,7 @@ def register(app: typer.Typer) -> None:
 
 
 def bench_command(
+    ctx: typer.Context,
     model: str = typer.Argument(
         ..., help="Catalog name, local directory, .gguf file, Hub id, or your own model as package.module:callable."
     ),
@@ -50,26 +51,11 @@ def bench_command(
 ) -> None:
     """Measure one model under one plan and workload: latency, throughput, memory, roofline."""
     from accelab.benchmark.engine import bench
-    from accelab.benchmark.options import build_request
+    from accelab.benchmark.options import request_from
     from accelab.results.store import keep
     from accelab.results.table import print_bench
 
-    request = build_request(
-        model=model,
-        task=task,
-        plan=plan,
-        overrides=set_,
-        threads=threads,
-        scenario=scenario,
-        batch_size=batch_size,
-        seq_len=seq_len,
-        new_tokens=new_tokens,
-        image_size=image_size,
-        inputs=inputs,
-        warmup=warmup,
-        min_iters=min_iters,
-        min_seconds=min_seconds,
-    )
+    request = request_from(ctx.params, plan=plan)
     _warn_if_busy()
     result = bench(request.spec, request.plan, request.workload, device=device, timeout_s=timeout, tag=tag)
     print_bench(result)
@@ -81,6 +67,7 @@ def bench_command(
 
 
 def compare_command(
+    ctx: typer.Context,
     model: str = typer.Argument(
         ..., help="Catalog name, local directory, .gguf file, Hub id, or your own model as package.module:callable."
     ),
@@ -139,10 +126,11 @@ def compare_command(
 ) -> None:
     """Several plans side by side: latency, throughput, memory, speed-up and a quality verdict."""
     from accelab.benchmark.compare import quality_config_for, run_compare
-    from accelab.benchmark.options import build_request, resolve_plan
+    from accelab.benchmark.options import request_from, resolve_plan
     from accelab.benchmark.rounds import RoundsConfig
     from accelab.measure.budget import PlanBudget
     from accelab.measure.capabilities import slow_techniques
+    from accelab.options import fields_of
     from accelab.plan.apply import resolve_device
     from accelab.quality.verdict import rules_for
     from accelab.results import compare_table
@@ -153,22 +141,7 @@ def compare_command(
         raise ValueError("--plans is empty; give e.g. --plans baseline,compile")
     plan_objs = [resolve_plan(name, set_, threads) for name in names]
     # --batch-size is the rows' shared batch: run_compare lets a plan's own batch_size win
-    request = build_request(
-        model=model,
-        task=task,
-        plan=names[0],
-        overrides=set_,
-        threads=threads,
-        scenario=scenario,
-        batch_size=batch_size,
-        seq_len=seq_len,
-        new_tokens=new_tokens,
-        image_size=image_size,
-        inputs=inputs,
-        warmup=warmup,
-        min_iters=min_iters,
-        min_seconds=min_seconds,
-    )
+    request = request_from(ctx.params, plan=names[0])
     rules_for(request.spec.task, tolerance)  # a bad --tolerance fails now, not after the runs
     qconfig = quality_config_for(request.workload, samples, batch_size) if quality else None
     budget = PlanBudget(
@@ -185,7 +158,7 @@ def compare_command(
         timeout_s=timeout,
         tag=tag,
         budget=budget,
-        rounds=RoundsConfig(rounds=rounds, sequential=sequential),
+        rounds=RoundsConfig(**fields_of(RoundsConfig, ctx.params)),
     )
     wl = request.workload
     shape = f"batch {wl.batch_size}" + (f", {wl.new_tokens} new tokens" if wl.scenario == "generate" else "")

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Literal
 
 from accelab.catalog.facts import GENERATE_TASKS, max_sequence_length
 from accelab.catalog.spec import ModelSpec
+from accelab.options import fields_of
 from accelab.plan.plan import Plan, load_plan
 from accelab.scenarios.workload import Workload, resolve_batch_size
 
@@ -21,13 +24,29 @@ class Request:
     workload: Workload
 
 
-def default_scenario(task: str) -> str:
+def default_scenario(task: str) -> Literal["forward", "generate"]:
     return "generate" if task in GENERATE_TASKS else "forward"
 
 
 def resolve_plan(plan: str, overrides: list[str], threads: int | None) -> Plan:
     extra = [*overrides, *([f"threads={threads}"] if threads is not None else [])]
     return load_plan(plan, extra)
+
+
+def request_from(options: Mapping[str, Any], *, plan: str) -> Request:
+    """`build_request` from `accelab bench`'s or `compare`'s options (their parameters by name):
+    each Workload field from the option of its name. `plan`: the one whose batch_size the
+    workload takes when --batch-size is not given (compare: the first)."""
+    return build_request(
+        model=options["model"],
+        task=options["task"],
+        plan=plan,
+        overrides=options["set_"],
+        threads=options["threads"],
+        scenario=options["scenario"],
+        batch_size=options["batch_size"],
+        **fields_of(Workload, options, skip={"scenario", "batch_size"}),
+    )
 
 
 def build_request(
@@ -39,14 +58,14 @@ def build_request(
     threads: int | None,
     scenario: str,
     batch_size: int | None = None,
-    **workload_fields: object,
+    **workload_fields: Any,
 ) -> Request:
     """`batch_size`: the --batch-size flag, None when not given (see `resolve_batch_size`)."""
     from accelab.catalog.resolve import resolve
 
     plan_obj = resolve_plan(plan, overrides, threads)  # cheap checks first: no model is fetched for a typo
     batch = resolve_batch_size(batch_size, plan_obj, DEFAULT_BATCH)
-    workload = Workload(scenario="forward", batch_size=batch, **workload_fields)  # type: ignore[arg-type]
+    workload = Workload(scenario="forward", batch_size=batch, **workload_fields)
     spec = resolve(model, task)
     chosen = default_scenario(spec.task) if scenario == "auto" else scenario
     workload = Workload.from_dict({**workload.to_dict(), "scenario": chosen})

@@ -16,7 +16,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import aiohttp
 import httpx
@@ -27,6 +27,10 @@ from accelab.loadtest.summary import RequestRecord
 log = logging.getLogger(__name__)
 
 Endpoint = Literal["chat", "completions", "embeddings"]
+# `accelab loadtest` options named apart from the LoadConfig field they set; the other options
+# named like a field set it (LoadTestRequest.from_options; tests/test_command_options.py checks them)
+OPTION_FIELDS: Final = {"duration": "duration_s", "timeout": "timeout_s"}
+FROM_OTHER_OPTIONS: Final = frozenset({"inputs", "rate", "concurrency", "max_tokens"})  # see from_options
 MIN_REQUESTS = 10  # an open-loop run sends at least this many (or --requests), whatever the duration
 ENDPOINTS: dict[str, str] = {
     "chat": "/v1/chat/completions",

@@ -13,6 +13,7 @@ def register(app: typer.Typer) -> None:
 
 
 def loadtest_command(
+    ctx: typer.Context,
     url: str = typer.Argument(..., help="Server base URL, e.g. http://127.0.0.1:8000 (a trailing /v1 is fine)."),
     endpoint: str = typer.Option("chat", help="chat | completions | embeddings."),
     model: str | None = typer.Option(None, help="Model id to send (default: the first of /v1/models)."),
@@ -69,41 +70,8 @@ def loadtest_command(
     store: bool = typer.Option(True, "--store/--no-store", help="Append the run to the results store."),
 ) -> None:
     """Load-test a server: TTFT, TPOT, ITL and end-to-end percentiles, throughput, goodput."""
-    from accelab.loadtest.client import LoadConfig, parse_max_tokens
-    from accelab.loadtest.run import LoadTestRequest, load_inputs, loop_of, run_loadtest
-    from accelab.loadtest.summary import parse_slo
+    from accelab.loadtest.run import LoadTestRequest, run_loadtest
     from accelab.results.store import keep
 
-    objectives = parse_slo(slo)
-    rate, concurrency = loop_of(rate, concurrency, find_max=find_max_, slo=objectives)
-    config = LoadConfig(
-        url=url,
-        endpoint=endpoint,
-        inputs=tuple(load_inputs(endpoint, prompts_file)),
-        model=model,
-        rate=rate,
-        concurrency=concurrency,
-        burstiness=burstiness,
-        duration_s=duration,
-        requests=requests,
-        warmup=warmup,
-        max_tokens=parse_max_tokens(max_tokens),
-        stream=stream,
-        timeout_s=timeout,
-        api_key=api_key,
-        seed=seed,
-        max_in_flight=max_in_flight,
-    )
-    result = run_loadtest(
-        LoadTestRequest(
-            config=config,
-            slo=objectives,
-            find_max=find_max_,
-            goodput_target=goodput_target,
-            max_steps=max_steps,
-            cooldown_s=cooldown,
-            plot=plot,
-            tag=tag,
-        )
-    )
+    result = run_loadtest(LoadTestRequest.from_options(ctx.params))
     keep(result, json_out=json_out, store=store, db=db)

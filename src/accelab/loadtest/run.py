@@ -8,18 +8,20 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import httpx
 from rich.table import Table
 
-from accelab.loadtest.client import LoadConfig, discover_model, run_load
+from accelab.loadtest import client
+from accelab.loadtest.client import LoadConfig, discover_model, parse_max_tokens, run_load
 from accelab.loadtest.findmax import FindMax, find_max, goodput_at_least
 from accelab.loadtest.plot import plot_cdf, plot_find_max
-from accelab.loadtest.summary import SLO, summarize_run
+from accelab.loadtest.summary import SLO, parse_slo, summarize_run
+from accelab.options import fields_of
 from accelab.results import contract as K
 from accelab.results.result import Result, command_line
 from accelab.results.table import make_console
@@ -131,6 +133,10 @@ def _probe_numbers(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- the whole load test --------------------------------------------------------------------------
+# `accelab loadtest` options named apart from the LoadTestRequest field they set
+OPTION_FIELDS: Final = {"find_max_": "find_max", "cooldown": "cooldown_s"}
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LoadTestRequest:
     config: LoadConfig
@@ -141,6 +147,21 @@ class LoadTestRequest:
     cooldown_s: float = 2.0  # quiet between the runs of a search
     plot: Path | None = None  # PNG: latency CDF (one run) or latency and goodput against load (find-max)
     tag: str | None = None
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> LoadTestRequest:
+        """What `accelab loadtest`'s options (its parameters by name) ask for: the SLO, the loop
+        (`loop_of`), the inputs and the max_tokens list are made from the options of those names."""
+        slo = parse_slo(options["slo"])
+        rate, concurrency = loop_of(options["rate"], options["concurrency"], find_max=options["find_max_"], slo=slo)
+        config = LoadConfig(
+            **fields_of(LoadConfig, options, renamed=client.OPTION_FIELDS, skip=client.FROM_OTHER_OPTIONS),
+            inputs=tuple(load_inputs(options["endpoint"], options["prompts_file"])),
+            rate=rate,
+            concurrency=concurrency,
+            max_tokens=parse_max_tokens(options["max_tokens"]),
+        )
+        return cls(config=config, slo=slo, **fields_of(cls, options, renamed=OPTION_FIELDS, skip={"config", "slo"}))
 
 
 def loop_of(

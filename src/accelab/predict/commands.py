@@ -15,6 +15,7 @@ def register(app: typer.Typer) -> None:
 
 
 def predict_command(
+    ctx: typer.Context,
     model: str = typer.Argument(..., help="Catalog name, user model, local directory, .gguf file or Hub id."),
     inputs: str = typer.Option(
         ...,
@@ -97,47 +98,13 @@ def predict_command(
     from accelab.plan.runtime import Unsupported
     from accelab.plan.techniques.system import available_cpus
     from accelab.predict import launch as launcher
-    from accelab.predict.options import build_request
+    from accelab.predict.options import build_request, request_options
     from accelab.predict.report import print_run, result_of
     from accelab.results.store import keep
 
-    launch = LaunchOptions(
-        nproc=nproc,
-        nnodes=nnodes,
-        node_rank=node_rank,
-        master_addr=master_addr,
-        master_port=master_port,
-        rdzv_backend=rdzv_backend,
-        rdzv_endpoint=rdzv_endpoint,
-        rdzv_id=rdzv_id,
-        rdzv_conf=rdzv_conf,
-    )
+    launch = LaunchOptions.from_options(ctx.params)
     try:
-        request = build_request(
-            model=model,
-            task=task,
-            plan=plan,
-            overrides=set_,
-            inputs=inputs,
-            out=str(out),
-            launch=launch,
-            cpus=available_cpus(),
-            overwrite=overwrite,
-            threads=threads,
-            device=device,
-            batch_size=batch_size,
-            chunk_size=chunk_size,
-            workers=workers,
-            text_field=text_field,
-            split=split,
-            limit=limit,
-            top_k=top_k,
-            max_length=max_length,
-            max_new_tokens=max_new_tokens,
-            prompt=prompt,
-            progress=progress,
-            timeout_s=timeout,
-        )
+        request = build_request(**request_options(ctx.params), launch=launch, cpus=available_cpus())
     except Unsupported as err:  # a plan technique that cannot run here: said before any model loads
         typer.secho(f"unsupported: {err}", fg=typer.colors.RED, err=True)
         raise typer.Exit(3) from None

@@ -12,9 +12,10 @@ from __future__ import annotations
 import importlib.util
 import logging
 import shutil
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from accelab.benchmark.options import spec_max_sequence_length
 from accelab.catalog.spec import ModelSpec
@@ -30,12 +31,18 @@ from accelab.predict.config import (
 )
 from accelab.predict.launch import threads_per_process
 from accelab.predict.parts import Parts, parts_path, sidecar_path
-from accelab.predict.sources import open_source
+from accelab.predict.sources import ItemKind, open_source
 from accelab.scenarios.workload import resolve_batch_size
 
 log = logging.getLogger(__name__)
 
 IMAGE_TASKS = ("image-classification", "image-text-to-text")
+# `accelab predict`'s options: each passes to `build_request` as the parameter (or the
+# PredictConfig field, through its **options) of its name, but for those named apart, and those
+# build_request does not take: the launch's (LaunchOptions.from_options) and where the Result goes.
+# tests/test_command_options.py checks them against each other.
+OPTION_NAMES: Final = {"set_": "overrides", "timeout": "timeout_s"}
+NOT_FOR_THE_REQUEST: Final = frozenset({f.name for f in fields(LaunchOptions)} | {"json_out", "db", "tag", "store"})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,6 +55,13 @@ class PredictRequest:
     source_format: str
     resuming: int  # items already done by an interrupted run
     notes: list[str] = field(default_factory=list)
+
+
+def request_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """`build_request`'s arguments from `accelab predict`'s options (its parameters by name),
+    all but `launch` and `cpus`."""
+    out = {OPTION_NAMES.get(k, k): v for k, v in options.items() if k not in NOT_FOR_THE_REQUEST}
+    return {**out, "out": str(out["out"])}
 
 
 def build_request(
@@ -82,11 +96,11 @@ def build_request(
             f"--out {out}: .npy holds embeddings, but {spec.name} is {spec.task}; write .jsonl or .parquet"
         )
     _check_max_length(spec, options.get("max_length"))
-    want = "image" if spec.task in IMAGE_TASKS else "text"
+    want: ItemKind = "image" if spec.task in IMAGE_TASKS else "text"
     source = open_source(
         inputs,
         want=want,
-        text_field=options.get("text_field"),  # type: ignore[arg-type]
+        text_field=options.get("text_field"),
         split=options.get("split"),
         limit=options.get("limit"),
         taker=f"{spec.name} ({spec.task})",

@@ -18,6 +18,7 @@ def register(app: typer.Typer) -> None:
 
 
 def serve_command(
+    ctx: typer.Context,
     model: str = typer.Argument(
         ..., help="Catalog name, local directory, .gguf file, Hub id, or your own model as package.module:callable."
     ),
@@ -116,26 +117,7 @@ def serve_command(
     the_plan = load_plan(plan, set_)
     the_device = resolve_device(the_plan, device)
     name = served_name or model
-    config = ServeConfig(
-        model_name=name,
-        plan_name=the_plan.name,
-        host=host,
-        port=port,
-        max_batch_size=max_batch_size,
-        max_wait_ms=max_wait_ms,
-        max_queue=max_queue,
-        request_timeout_s=request_timeout,
-        grace_period_s=grace_period,
-        max_body_bytes=max_body_bytes,
-        max_tokens=max_tokens,
-        default_max_tokens=default_max_tokens,
-        max_inputs=max_inputs,
-        api_key=api_key,
-        scheduler=scheduler,
-        max_step_tokens=max_step_tokens,
-        kv_cache_tokens=kv_cache_tokens,
-        metric_aliases=metric_aliases,
-    )
+    config = ServeConfig.from_options(ctx.params, model_name=name, plan_name=the_plan.name)
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         typer.secho(
             f"warning: listening on {host} without --api-key: anyone who reaches it can use it",

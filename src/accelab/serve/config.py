@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Final, Literal
 
+from accelab.options import fields_of
 from accelab.serve.batcher import BatchPolicy
 from accelab.serve.metrics import METRIC_ALIASES, MetricAliases
 from accelab.serve.scheduler import SchedulerConfig
@@ -13,6 +15,9 @@ Scheduling = Literal["continuous", "static"]
 SCHEDULINGS: tuple[Scheduling, ...] = ("continuous", "static")
 KV_TOKENS_PER_SEQUENCE = 2048  # the default KV cache: this many tokens for each running sequence
 BLOCK_SIZE = 16  # tokens per KV-cache block
+# `accelab serve` options named apart from the ServeConfig field they set; every other option
+# named like a field sets that field (tests/test_command_options.py checks them against each other)
+OPTION_FIELDS: Final = {"request_timeout": "request_timeout_s", "grace_period": "grace_period_s"}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -69,6 +74,12 @@ class ServeConfig:
             if value is not None and value < 1:
                 raise ValueError(f"{name}={value} must be 1 or more")
         self.scheduler_config(max_context=None)  # its own checks (e.g. step tokens > batch size), now
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], *, model_name: str, plan_name: str) -> ServeConfig:
+        """The config of `accelab serve`'s options (its parameters by name), for the model and
+        plan it serves."""
+        return cls(model_name=model_name, plan_name=plan_name, **fields_of(cls, options, renamed=OPTION_FIELDS))
 
     def scheduler_config(self, *, max_context: int | None) -> SchedulerConfig:
         """The continuous scheduler's limits; `max_context` (the model's) sizes the default KV cache."""

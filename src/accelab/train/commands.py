@@ -34,6 +34,7 @@ def register(app: typer.Typer) -> None:
 
 
 def train_command(
+    ctx: typer.Context,
     model: str = typer.Option("vit-tiny", "--model", "-m", help="Catalog name, user model or local model directory."),
     task: str | None = typer.Option(None, help="image-classification | text-generation (default: the model's)."),
     dataset: str | None = typer.Option(
@@ -147,49 +148,13 @@ def train_command(
     """Train an image classifier or fine-tune a causal LM with accelerate (mixed precision, accumulation,
     data parallel); store the model where bench, verify and serve find it."""
     from accelab.launch import LaunchOptions, refuse_outer_launcher
+    from accelab.train.config import explicit_fields
     from accelab.train.options import build_request
 
     refuse_outer_launcher("train")
 
-    launch = LaunchOptions(
-        nproc=nproc,
-        nnodes=nnodes,
-        node_rank=node_rank,
-        master_addr=master_addr,
-        master_port=master_port,
-        rdzv_backend=rdzv_backend,
-        rdzv_endpoint=rdzv_endpoint,
-        rdzv_id=rdzv_id,
-        rdzv_conf=rdzv_conf,
-    )
-    explicit = {
-        "image_column": image_column,
-        "label_column": label_column,
-        "image_size": image_size,
-        "block_size": block_size,
-        "eval_fraction": eval_fraction,
-        "reinit_head": reinit_head,
-        "epochs": epochs,
-        "max_steps": max_steps,
-        "batch_size": batch_size,
-        "grad_accum": grad_accum,
-        "lr": lr,
-        "weight_decay": weight_decay,
-        "schedule": schedule,
-        "warmup_steps": warmup_steps,
-        "warmup_ratio": warmup_ratio,
-        "seed": seed,
-        "mixed_precision": mixed_precision,
-        "gradient_checkpointing": gradient_checkpointing,
-        "threads": threads,
-        "cpu": cpu,
-        "checkpoint_every": checkpoint_every,
-        "log_with": log_with,
-        "progress": progress,
-        "timing_warmup": bench_warmup,
-        "compile": None if compile_ is None else (compile_mode if compile_ else "off"),
-        "max_grad_norm": max_grad_norm,  # 0 turns clipping off
-    }
+    launch = LaunchOptions.from_options(ctx.params)
+    explicit = explicit_fields(ctx.params)
     if bench:
         if resume:
             raise ValueError("--bench measures fresh runs; drop --resume")

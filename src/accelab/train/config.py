@@ -18,8 +18,11 @@ models with BatchNorm (statistics over each rank's slice).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Literal, get_args
+from typing import Any, Final, Literal, get_args
+
+from accelab.options import fields_of
 
 MixedPrecision = Literal["no", "bf16", "fp16"]
 CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
@@ -28,7 +31,43 @@ TrainTask = Literal["image-classification", "text-generation"]
 DatasetKind = Literal["digits", "imagefolder", "disk", "text"]
 LogWith = Literal["none", "tensorboard"]
 
-TRAIN_TASKS: tuple[str, ...] = get_args(TrainTask)
+TRAIN_TASKS: tuple[TrainTask, ...] = get_args(TrainTask)
+
+# `accelab train`'s options and the TrainConfig fields they set (tests/test_command_options.py
+# checks them against each other): an option named like a field sets it, but
+OPTION_FIELDS: Final = {"compile_": "compile", "bench_warmup": "timing_warmup"}  # these, named apart
+# set by build_request from what it resolves (the model, the dataset, the run directory, ...),
+# never by an option of their own
+DERIVED: Final = frozenset(
+    {
+        "task",
+        "dataset",
+        "dataset_kind",
+        "model",
+        "model_source",
+        "world_size",
+        "output_dir",
+        "checkpoints",
+        "save_final",
+        "resume_from",
+        "save_as",
+        "attention",
+        "turns_dir",
+        "turns_row",
+        "seconds_per_turn",
+        "result_path",
+    }
+)
+
+
+def explicit_fields(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The TrainConfig fields `accelab train`'s options (its parameters by name) give, None where
+    not given (then the plan or the task's default decides); `compile` comes from --compile /
+    --no-compile with --compile-mode."""
+    explicit = fields_of(TrainConfig, options, renamed=OPTION_FIELDS, skip=DERIVED | {"compile"})
+    flag = options["compile_"]
+    explicit["compile"] = None if flag is None else (options["compile_mode"] if flag else "off")
+    return explicit
 
 
 def _choice(name: str, value: object, allowed: tuple, fix: str = "") -> None:
