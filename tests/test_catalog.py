@@ -323,4 +323,4 @@ def test_digits_split():
     assert sorted(set(test[1])) == list(range(10))
     assert digits("test", image_size=16)[1] == test[1]
     with pytest.raises(ValueError, match="split="):
-        digits("valid")  # type: ignore[arg-type]
+        digits("valid")  # type: ignore[arg-type]  # a wrong split, on purpose

@@ -116,4 +116,4 @@ def test_kv_usage_is_a_fraction_and_the_aliases_survive_the_replica_merge():
 
 def test_a_wrong_alias_choice_says_what_is_allowed():
     with pytest.raises(ValueError, match=r"metric_aliases='prom' is not one of none, vllm \(--metric-aliases vllm"):
-        ServeConfig(model_name="m", metric_aliases="prom")  # type: ignore[arg-type]
+        ServeConfig(model_name="m", metric_aliases="prom")  # type: ignore[arg-type]  # wrong, on purpose

@@ -246,7 +246,7 @@ def test_each_chart_draws_a_png():
 
 def test_draw_rejects_an_unknown_chart():
     with pytest.raises(KeyError):
-        draw(Figure(name="x", chart="pie", data=None, caption="", alt=""))  # type: ignore[arg-type]
+        draw(Figure(name="x", chart="pie", data=None, caption="", alt=""))  # type: ignore[arg-type]  # on purpose
 
 
 # -- REFs and commands ------------------------------------------------------------------------------

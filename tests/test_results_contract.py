@@ -168,7 +168,7 @@ def test_tune_trials_carry_the_tune_keys_and_make_a_pareto_set(monkeypatch):
     measurer = measure.BenchMeasurer(
         spec=None,
         workload=Workload(scenario="forward", **QUICK),
-        device=None,  # type: ignore[arg-type]
+        device=None,  # type: ignore[arg-type]  # the faked bench never reads it
         store=None,
         group_id="tune-x",
         quality=None,

@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from accelab.plan.runtime import Runnable
     from accelab.results.result import Result
     from accelab.scenarios.workload import Workload
+    from accelab.tuner.run import Percentile, TuneGoal, TuneScenario
+    from accelab.tuner.search import QualityLevel
 
 __all__ = ["apply", "bench", "compare", "model_spec", "tune", "verify"]
 
@@ -167,12 +169,12 @@ def verify(
 def tune(
     model: ModelLike,
     *,
-    goal: str = "throughput",
-    percentile: str = "p99",
+    goal: TuneGoal = "throughput",
+    percentile: Percentile = "p99",
     inputs: Any = None,
     task: str | None = None,
     processor: Any = None,
-    scenario: str = "auto",
+    scenario: TuneScenario = "auto",
     batch_size: int | None = None,
     max_batch: int | None = None,
     seq_len: int = 128,
@@ -180,7 +182,7 @@ def tune(
     image_size: int | None = None,
     max_memory: str | None = None,
     p99_ms: float | None = None,
-    quality: str = "balanced",
+    quality: QualityLevel = "balanced",
     budget: str | None = None,
     include: Sequence[str] | None = None,
     exclude: Sequence[str] | None = None,

@@ -14,7 +14,7 @@ import logging
 import resource
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -48,7 +48,7 @@ class BenchJob:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BenchOutput:
-    status: str  # "ok" | "unsupported"
+    status: Literal["ok", "unsupported"]
     metrics: dict[str, Any]
     notes: list[str]
     reason: str | None = None
@@ -76,7 +76,7 @@ class Finish:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Loaded:
-    status: str  # "ok" | "unsupported"
+    status: Literal["ok", "unsupported"]
     reason: str | None = None
     load_s: float = 0.0
     warmup_s: float = 0.0  # the untimed calls, compilation included

@@ -386,7 +386,7 @@ def _result(
     result = result_shell(spec, c.plan, c.workload, kind=kind, tag=tag, group_id=group_id)
     if c.output is not None:
         output = c.output
-        result.status = output.status  # type: ignore[assignment]
+        result.status = output.status
         result.metrics, result.notes, result.reason = output.metrics, output.notes, output.reason
         result.metrics[K.NOISE] = noise.summary(
             [w for w in c.windows if w is not None], [c.usable(i) for i, w in enumerate(c.windows) if w is not None]
@@ -396,7 +396,7 @@ def _result(
             reference = reference_outputs(spec, quality, device=device, timeout_s=timeout_s)
             result.quality = judge_outputs(spec.task, reference, output.outputs, tolerance)
     elif c.loaded is not None and c.loaded.status != "ok":
-        result.status, result.reason = c.loaded.status, c.loaded.reason  # type: ignore[assignment]
+        result.status, result.reason = c.loaded.status, c.loaded.reason
     elif c.failure is not None:
         result.status = "stopped" if c.stopped else c.failure.status
         result.reason = c.stopped or c.failure.reason

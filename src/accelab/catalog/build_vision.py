@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 Step = Callable[[str], None]
 
@@ -17,7 +21,7 @@ IMAGENET_STD = [0.229, 0.224, 0.225]
 BICUBIC, BILINEAR = 3, 2  # PIL resample codes, as the Hub processor configs store them
 
 
-def save_seeded(target: Path, step: Step, make_model: Callable[[], object], processor: object) -> None:
+def save_seeded(target: Path, step: Step, make_model: Callable[[], PreTrainedModel], processor: Any) -> None:
     """Build the model under a fixed seed (same weights on every machine with the same torch)
     without touching the caller's RNG state, then save it and its processor."""
     import torch
@@ -69,8 +73,8 @@ def build_vit_base(target: Path, step: Step) -> None:
         intermediate_size=3072,
         image_size=224,
         patch_size=16,
-        num_labels=1000,
     )
+    config.num_labels = 1000  # a property of the config, not an argument of its dataclass
     save_seeded(target, step, lambda: ViTForImageClassification(config), _vit_processor(224))
 
 
@@ -85,8 +89,8 @@ def build_resnet50(target: Path, step: Step) -> None:
         layer_type="bottleneck",
         hidden_act="relu",
         downsample_in_first_stage=False,
-        num_labels=1000,
     )
+    config.num_labels = 1000
     save_seeded(target, step, lambda: ResNetForImageClassification(config), _imagenet_convnet_processor())
 
 
@@ -94,7 +98,8 @@ def build_convnext_tiny(target: Path, step: Step) -> None:
     """facebook/convnext-tiny-224: depths [3, 3, 9, 3], widths 96..768, 1000 labels."""
     from transformers import ConvNextConfig, ConvNextForImageClassification
 
-    config = ConvNextConfig(depths=[3, 3, 9, 3], hidden_sizes=[96, 192, 384, 768], num_labels=1000)
+    config = ConvNextConfig(depths=[3, 3, 9, 3], hidden_sizes=[96, 192, 384, 768])
+    config.num_labels = 1000
     save_seeded(target, step, lambda: ConvNextForImageClassification(config), _imagenet_convnet_processor())
 
 
@@ -111,7 +116,6 @@ def build_vit_tiny(target: Path, step: Step) -> None:
         intermediate_size=768,
         image_size=32,
         patch_size=4,
-        num_labels=10,
         id2label=labels,
         label2id={v: k for k, v in labels.items()},
     )

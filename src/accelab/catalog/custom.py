@@ -29,7 +29,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import cloudpickle
 import torch
@@ -37,7 +37,7 @@ import torch
 log = logging.getLogger(__name__)
 
 CustomTask = Literal["image-classification", "feature-extraction"]
-CUSTOM_TASKS: tuple[str, ...] = ("image-classification", "feature-extraction")
+CUSTOM_TASKS: tuple[CustomTask, ...] = get_args(CustomTask)
 PICKLE_PREFIX = "pickle:"
 _TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 _IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -75,7 +75,7 @@ def is_target(text: str) -> bool:
 class Resolved:
     builder: str
     source: str  # the directory put first on sys.path to import it (or the pickle file)
-    task: str
+    task: CustomTask
     origin: str
 
 
@@ -223,16 +223,17 @@ def _check_model(model: Any, where: str) -> None:
         raise ValueError(f"{where}: the model is a {type(model).__name__}, not a torch.nn.Module")
 
 
-def _choose_task(bundle: CustomModel, task: str | None, where: str) -> str:
+def _choose_task(bundle: CustomModel, task: str | None, where: str) -> CustomTask:
     chosen = task or bundle.task
     if chosen is None:
         chosen = "image-classification" if _image_shaped(_example(bundle.inputs, 1)) else "feature-extraction"
-    if chosen not in CUSTOM_TASKS:
-        raise ValueError(
-            f"task={chosen!r} for the custom model {where}: a custom nn.Module runs as "
-            f"{' or '.join(CUSTOM_TASKS)}; generation needs a transformers model with generate()"
-        )
-    return chosen
+    for known in CUSTOM_TASKS:
+        if chosen == known:
+            return known
+    raise ValueError(
+        f"task={chosen!r} for the custom model {where}: a custom nn.Module runs as "
+        f"{' or '.join(CUSTOM_TASKS)}; generation needs a transformers model with generate()"
+    )
 
 
 # -- inputs ---------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 if TYPE_CHECKING:
     import torch
@@ -102,7 +102,13 @@ def _leaf_tensors(tensors: Iterable[torch.Tensor]) -> Iterable[torch.Tensor]:
             yield tensor
 
 
-def _is_wrapper_subclass(tensor: torch.Tensor) -> bool:
+class _WrapperTensor(Protocol):
+    """A tensor subclass that wraps plain tensors (torchao's quantized weights): it names them."""
+
+    def __tensor_flatten__(self) -> tuple[list[str], Any]: ...
+
+
+def _is_wrapper_subclass(tensor: torch.Tensor) -> TypeGuard[_WrapperTensor]:
     import torch
 
     try:
@@ -126,8 +132,8 @@ def _storage_span(tensor: torch.Tensor) -> tuple[tuple[str, int] | None, tuple[i
         return None, (0, 0)
     # Elements reachable from the first one: 1 + sum((dim - 1) * stride); stride 0 (expand)
     # reads the same memory again, and counts once.
-    extent = 1 + sum((dim - 1) * abs(stride) for dim, stride in zip(tensor.shape, tensor.stride()))
-    start = tensor.storage_offset() * size
+    extent = 1 + sum((int(dim) - 1) * abs(int(stride)) for dim, stride in zip(tensor.shape, tensor.stride()))
+    start = int(tensor.storage_offset()) * size
     return (str(tensor.device), ptr), (start, start + extent * size)
 
 

@@ -22,9 +22,13 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx2
 from tqdm.auto import tqdm
+
+if TYPE_CHECKING:
+    from huggingface_hub.errors import HfHubHTTPError
 
 log = logging.getLogger(__name__)
 
@@ -129,11 +133,11 @@ def _explain(err: Exception, repo: str, revision: str | None) -> ValueError | No
     return None
 
 
-def _access_error(err: Exception, repo: str, where: str) -> ValueError | None:
+def _access_error(err: HfHubHTTPError, repo: str, where: str) -> ValueError | None:
     """Not found, gated, private, disabled or a refused token: what to check or how to log in."""
     from huggingface_hub import errors as hub_errors
 
-    endpoint, response = _endpoint(), err.response  # type: ignore[attr-defined]
+    endpoint, response = _endpoint(), err.response
     status = response.status_code
     sent_token = "authorization" in response.request.headers
     login = "log in with `hf auth login` or set HF_TOKEN to a token that may read it"

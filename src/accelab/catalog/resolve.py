@@ -11,7 +11,7 @@ from pathlib import Path
 from accelab.catalog import custom, hub
 from accelab.catalog.entries import CATALOG
 from accelab.catalog.fetch import fetch as fetch_entry, is_fetched
-from accelab.catalog.spec import TASKS, ModelSpec
+from accelab.catalog.spec import ModelSpec, Task, check_task
 from accelab.catalog.store import model_dir, read_meta, stored_models
 from accelab.catalog.taskinfer import infer_task
 from accelab.paths import cache_dir
@@ -33,26 +33,25 @@ def resolve(
     config needs code from its repository loads only with `trust_remote_code` (default: the
     `accelab --trust-remote-code` flag).
     """
-    if task is not None and task not in TASKS:
-        raise ValueError(f"task={task!r} is not one of {', '.join(TASKS)}")
+    checked = None if task is None else check_task(task)
     if model in CATALOG:
-        return _from_catalog(model, task, fetch)
+        return _from_catalog(model, checked, fetch)
     if "/" not in model and (model_dir(model) / "accelab.json").is_file():
-        return _from_store(model, task)
+        return _from_store(model, checked)
     path = Path(model).expanduser()
     if path.exists():
-        return _from_path(model, path, task)
+        return _from_path(model, path, checked)
     if _looks_like_path(model):
         raise ValueError(f"path {path.absolute()} does not exist (from model argument {model!r})")
     if custom.is_target(model):
-        return _from_builder(model, task)
+        return _from_builder(model, checked)
     if (ref := hub.parse_ref(model)) is not None:
         trust = hub.trust_remote_code_default() if trust_remote_code is None else trust_remote_code
-        return _from_hub(*ref, task, trust)
+        return _from_hub(*ref, checked, trust)
     raise _unknown_name_error(model)
 
 
-def _from_catalog(name: str, task: str | None, fetch: bool) -> ModelSpec:
+def _from_catalog(name: str, task: Task | None, fetch: bool) -> ModelSpec:
     entry = CATALOG[name]
     if not is_fetched(name):
         if not fetch:
@@ -68,7 +67,7 @@ def _from_catalog(name: str, task: str | None, fetch: bool) -> ModelSpec:
     )
 
 
-def _from_store(name: str, task: str | None) -> ModelSpec:
+def _from_store(name: str, task: Task | None) -> ModelSpec:
     directory = model_dir(name)
     meta = read_meta(directory) or {}
     return ModelSpec(
@@ -81,7 +80,7 @@ def _from_store(name: str, task: str | None) -> ModelSpec:
     )
 
 
-def _from_path(model: str, path: Path, task: str | None) -> ModelSpec:
+def _from_path(model: str, path: Path, task: Task | None) -> ModelSpec:
     path = path.resolve()
     if path.is_file():
         if path.suffix != ".gguf":
@@ -109,13 +108,13 @@ def _from_path(model: str, path: Path, task: str | None) -> ModelSpec:
     return ModelSpec(name=model, task=task or _task_of_dir(path), source=str(path), origin=f"local directory {path}")
 
 
-def _from_builder(target: str, task: str | None) -> ModelSpec:
+def _from_builder(target: str, task: Task | None) -> ModelSpec:
     found = custom.resolve_target(target, task)
     return ModelSpec(
         name=target,
         task=found.task,
         source=found.source,
-        builder=found.builder,  # type: ignore[arg-type]
+        builder=found.builder,
         origin=found.origin,
     )
 
@@ -131,19 +130,19 @@ def from_object(
         name=name,
         task=found.task,
         source=found.source,
-        builder=found.builder,  # type: ignore[arg-type]
+        builder=found.builder,
         origin=found.origin,
     )
 
 
-def _task_of_dir(path: Path) -> str:
+def _task_of_dir(path: Path) -> Task:
     config = path / "config.json"
     if not config.is_file():
         raise ValueError(f"directory {path} has no config.json; pass a Hugging Face model directory or a .gguf file")
     return infer_task(json.loads(config.read_text()))
 
 
-def _from_hub(repo: str, revision: str | None, task: str | None, trust_remote_code: bool) -> ModelSpec:
+def _from_hub(repo: str, revision: str | None, task: Task | None, trust_remote_code: bool) -> ModelSpec:
     snapshot = hub.snapshot(repo, revision)
     name = f"{repo}@{revision}" if revision else repo
     hub.check_remote_code(snapshot, name, trust_remote_code)

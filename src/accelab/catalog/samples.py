@@ -146,5 +146,7 @@ def digits(split: Split = "all", image_size: int = 32) -> tuple[list[Image.Image
     if image_size < 8:
         raise ValueError(f"image_size={image_size} is too small: the digits are 8x8, pass 8 or more")
     arrays, labels = splits[split]
-    images = [Image.fromarray(a).resize((image_size, image_size), Image.BILINEAR).convert("RGB") for a in arrays]
+    images = [
+        Image.fromarray(a).resize((image_size, image_size), Image.Resampling.BILINEAR).convert("RGB") for a in arrays
+    ]
     return images, [int(y) for y in labels]

@@ -6,7 +6,15 @@ from dataclasses import asdict, dataclass
 from typing import Literal, get_args
 
 Task = Literal["image-classification", "image-text-to-text", "text-generation", "feature-extraction"]
-TASKS: tuple[str, ...] = get_args(Task)
+TASKS: tuple[Task, ...] = get_args(Task)
+
+
+def check_task(task: str) -> Task:
+    """`task` as a Task; ValueError naming the tasks when it is none of them."""
+    for known in TASKS:
+        if task == known:
+            return known
+    raise ValueError(f"task={task!r} is not one of {', '.join(TASKS)}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -35,6 +35,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from accelab.catalog.entries import CATALOG
 from accelab.catalog.spec import TASKS
@@ -73,7 +74,7 @@ def make_meta(
 ) -> dict:
     if task not in TASKS:
         raise ValueError(f"task={task!r} is not one of {', '.join(TASKS)}")
-    meta = {
+    meta: dict[str, Any] = {
         "name": name,
         "task": task,
         "origin": origin,
@@ -191,8 +192,12 @@ def register_local_model(
         **(extra_meta or {}),
     )
     write = source if callable(source) else _copier(Path(source))
+
+    def build(target: Path) -> None:
+        write(target)  # what a writer returns is not meta
+
     with name_lock(name):
-        return build_atomically(name, meta, lambda target: write(target) and None)
+        return build_atomically(name, meta, build)
 
 
 def _copier(source: Path) -> Callable[[Path], None]:

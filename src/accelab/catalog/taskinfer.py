@@ -28,7 +28,7 @@ ENCODER_TYPES = frozenset(
 VISION_CONFIG_KEYS = ("vision_config", "vision_tower", "visual")
 
 
-def infer_task(config: dict, mappings: dict[str, frozenset[str]] | None = None) -> Task:
+def infer_task(config: dict, mappings: dict[Task, frozenset[str]] | None = None) -> Task:
     """The task of a model given its config dict.
 
     `architectures` decide first (*ForCausalLM, *ForImageClassification, *ForConditionalGeneration
@@ -45,7 +45,7 @@ def infer_task(config: dict, mappings: dict[str, frozenset[str]] | None = None) 
         return "feature-extraction"
     for task, types in (mappings if mappings is not None else _auto_mappings()).items():
         if model_type in types:
-            return task  # type: ignore[return-value]
+            return task
     raise ValueError(
         f"cannot infer the task of a model with architectures={config.get('architectures')} and "
         f"model_type={model_type!r}; pass task= (--task) with one of: {', '.join(TASKS)}"
@@ -70,7 +70,7 @@ def _task_of_architecture(arch: str, config: dict) -> Task | None:
     return None
 
 
-def _auto_mappings() -> dict[str, frozenset[str]]:
+def _auto_mappings() -> dict[Task, frozenset[str]]:
     # Order matters: a VLM type may also appear in the causal-LM mapping.
     from transformers.models.auto import modeling_auto as auto
 

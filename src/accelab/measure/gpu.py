@@ -59,10 +59,11 @@ def _pci_bus_id(torch_index: int) -> str | None:
     import torch
 
     props = torch.cuda.get_device_properties(torch_index)
-    try:
-        return f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
-    except AttributeError:  # older torch: no PCI fields
+    # torch's stub does not list the PCI fields, and older builds lack them
+    domain, bus, device = (getattr(props, f"pci_{name}_id", None) for name in ("domain", "bus", "device"))
+    if domain is None or bus is None or device is None:
         return None
+    return f"{domain:08x}:{bus:02x}:{device:02x}.0"
 
 
 def _handle_for(nvml: Any, torch_index: int) -> Any:
@@ -106,9 +107,9 @@ class NvmlGpu:
         return self._handle is not None
 
     def sample(self) -> GpuSample:
-        if self._handle is None:
-            return EMPTY_SAMPLE
         nvml, handle = self._nvml, self._handle
+        if nvml is None or handle is None:  # a handle comes with NVML; close() drops both
+            return EMPTY_SAMPLE
         memory = _call(nvml.nvmlDeviceGetMemoryInfo, handle)
         util = _call(nvml.nvmlDeviceGetUtilizationRates, handle)
         power_mw = _call(nvml.nvmlDeviceGetPowerUsage, handle)
@@ -121,7 +122,8 @@ class NvmlGpu:
 
     def _process_used_mb(self) -> float | None:
         # In a container NVML may report host pids or none at all: then this is None, not 0.
-        procs = _call(self._nvml.nvmlDeviceGetComputeRunningProcesses, self._handle) or []
+        nvml = self._nvml
+        procs = (_call(nvml.nvmlDeviceGetComputeRunningProcesses, self._handle) if nvml is not None else None) or []
         used = [p.usedGpuMemory for p in procs if p.pid == os.getpid() and p.usedGpuMemory is not None]
         return sum(used) / 2**20 if used else None
 

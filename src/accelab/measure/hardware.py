@@ -156,18 +156,19 @@ def _measure(dev: torch.device, threads: int, fp: str) -> HardwareLimits:
                 peaks["fp32"] = kernels.peak_flops("fp32", dev)
         band = kernels.bandwidth(dev)
     found = probes.probe_all(dev)
-    figures = {
-        "fp32": "fp32_flops",
-        "bf16": "bf16_flops",
-        "tf32": "tf32_flops",
-        "fp16": "fp16_flops",
-        "bf16-autocast": "bf16_autocast_flops",
-        "fp16-autocast": "fp16_autocast_flops",
-    }
+
+    def peak(path: str) -> float | None:  # None: a path this device does not have
+        rate = peaks.get(path)
+        return (rate.value or None) if rate is not None else None
+
     return HardwareLimits(
         device=str(dev),
-        **{figures[path]: rate.value or None for path, rate in peaks.items()},
-        **{name: None for path, name in figures.items() if path not in peaks},
+        fp32_flops=peaks["fp32"].value,  # every device has the fp32 path
+        bf16_flops=peak("bf16"),
+        tf32_flops=peak("tf32"),
+        fp16_flops=peak("fp16"),
+        bf16_autocast_flops=peak("bf16-autocast"),
+        fp16_autocast_flops=peak("fp16-autocast"),
         bandwidth_bytes_per_s=band.value,
         threads=threads,
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -123,7 +123,8 @@ def cuda_tf32(enabled: bool) -> Iterator[None]:
     matmul = torch.backends.cuda.matmul
     try:
         old: Any = matmul.fp32_precision  # torch >= 2.9
-        name, value = "fp32_precision", "tf32" if enabled else "ieee"
+        value: str | bool = "tf32" if enabled else "ieee"
+        name = "fp32_precision"
     except (AttributeError, RuntimeError):
         old = matmul.allow_tf32
         name, value = "allow_tf32", enabled
@@ -213,7 +214,7 @@ def bandwidth(device: torch.device, *, nbytes: int | None = None, repeats: int =
     y = torch.ones(n, device=device)
     z = torch.empty(n, device=device)
     inner = CUDA_INNER if device.type == "cuda" else 1
-    kernels = {
+    kernels: dict[str, tuple[Callable[[], Any], int]] = {
         "read": (x.sum, nbytes),
         "copy": (lambda: z.copy_(x), 2 * nbytes),
         "triad": (lambda: torch.add(x, y, alpha=2.0, out=z), 3 * nbytes),

@@ -164,7 +164,8 @@ class PeakMemorySampler:
             cpu_seconds = self._read_cpu() - self._cpu0
         finally:
             self._stop.set()
-            self._thread.join()
+            if self._thread is not None:  # started by __enter__
+                self._thread.join()
         try:
             self._sample_rss()  # a block shorter than one interval still gets a reading at its end
             self._sample_gpu(force=True)

@@ -142,10 +142,10 @@ def _main_not_rerun() -> Any:
     main = sys.modules.get("__main__")
     saved = {name: getattr(main, name) for name in ("__file__", "__spec__") if hasattr(main, name)}
     try:
-        if "__file__" in saved:
-            del main.__file__  # type: ignore[union-attr]
-        if "__spec__" in saved:
-            main.__spec__ = None  # type: ignore[union-attr]
+        if main is not None and "__file__" in saved:
+            del main.__file__
+        if main is not None and "__spec__" in saved:
+            main.__spec__ = None
         yield
     finally:
         for name, value in saved.items():

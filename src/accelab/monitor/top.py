@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -107,16 +107,20 @@ def traffic_rows(window: Window | None, snap: Snapshot) -> list[tuple[str, str, 
     rows = []
     generation = generates(snap)
     requests = api_requests(snap)
+
+    def per_s(increase: float | None) -> float | None:  # over the window; None without one
+        return increase / window.seconds if window and increase is not None else None
+
     w_requests = window.increase("accelab_requests_total", exclude={"route": NOT_API}) if window else None
-    rows.append(("requests", fmt_rate(w_requests / window.seconds if window else None), fmt_count(requests)))
+    rows.append(("requests", fmt_rate(per_s(w_requests)), fmt_count(requests)))
     errors = snap.total("accelab_errors_total")
     w_errors = window.increase("accelab_errors_total") if window else None
-    share = f" ({w_errors / w_requests:.1%})" if window and w_requests else ""
+    share = f" ({w_errors / w_requests:.1%})" if w_errors is not None and w_requests else ""
     kinds = ", ".join(f"{k} {v:,.0f}" for k, v in top_kinds(snap.by("accelab_errors_total", "kind")))
     rows.append(
         (
             "errors",
-            fmt_rate(w_errors / window.seconds if window else None) + share,
+            fmt_rate(per_s(w_errors)) + share,
             fmt_count(errors) + (f" ({kinds})" if kinds else ""),
         )
     )
@@ -198,10 +202,15 @@ def render(snaps: deque[Snapshot], options: TopOptions, error: str | None = None
     state = Table(show_edge=False)
     state.add_column("now")
     state.add_column("", justify="right")
-    for row in state_rows(new):
-        state.add_row(*row)
+    for now_row in state_rows(new):
+        state.add_row(*now_row)
     footer = f"every {options.interval_s:g} s · {time.strftime('%H:%M:%S')} · Ctrl+C quits"
-    parts = [Text(header(new, options.url), style="bold"), traffic, state, Text(footer, style="dim")]
+    parts: list[RenderableType] = [
+        Text(header(new, options.url), style="bold"),
+        traffic,
+        state,
+        Text(footer, style="dim"),
+    ]
     if error:
         parts.insert(1, Text(error, style="bold red"))
     return Group(*parts)

@@ -8,8 +8,9 @@ unknown keys and values with the allowed set. Pure logic: no runtime is imported
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 OnOff = Literal["on", "off"]
 OrtOptLevel = Literal["0", "1", "2", "99"]  # disabled, basic, extended, all (ORT's GraphOptimizationLevel)
@@ -56,9 +57,14 @@ def check_options(backend: str, options: dict[str, str]) -> None:
     """Every key belongs to `backend` and every value is allowed (and the combination, for the
     backends whose options depend on each other); ValueError names the culprit."""
     _check(backend, options)
-    parsers = {"onnxruntime": OrtOptions, "openvino": OvOptions, "llamacpp": LlamaOptions, "vllm": VllmOptions}
+    parsers: dict[str, Callable[[dict[str, str]], object]] = {
+        "onnxruntime": OrtOptions.parse,
+        "openvino": OvOptions.parse,
+        "llamacpp": LlamaOptions.parse,
+        "vllm": VllmOptions.parse,
+    }
     if backend in parsers:
-        parsers[backend].parse(options)
+        parsers[backend](options)
 
 
 def _check(backend: str, options: dict[str, str]) -> None:
@@ -87,6 +93,11 @@ def _check(backend: str, options: dict[str, str]) -> None:
             )
 
 
+def _checked(options: dict[str, str], prefix: str) -> dict[str, Any]:
+    """Options `_check` passed, by field name: each value is one its field's Literal allows."""
+    return {key.removeprefix(prefix): value for key, value in options.items()}
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OrtOptions:
     fusion: OnOff = "off"  # ORT's transformer optimizer (fused attention, LayerNorm, GELU)
@@ -110,7 +121,7 @@ class OrtOptions:
     @classmethod
     def parse(cls, options: dict[str, str]) -> OrtOptions:
         _check("onnxruntime", options)
-        return cls(**{k.removeprefix("ort_"): v for k, v in options.items()})
+        return cls(**_checked(options, "ort_"))
 
     def describe(self) -> str:
         return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
@@ -126,7 +137,7 @@ class OvOptions:
     @classmethod
     def parse(cls, options: dict[str, str]) -> OvOptions:
         _check("openvino", options)
-        return cls(**{k.removeprefix("ov_"): v for k, v in options.items()})
+        return cls(**_checked(options, "ov_"))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -139,13 +150,13 @@ class LlamaOptions:
     @classmethod
     def parse(cls, options: dict[str, str]) -> LlamaOptions:
         _check("llamacpp", options)
-        values: dict[str, int | str] = {}
+        values: dict[str, Any] = {}  # each one _check allows
         for key, value in options.items():
             if key == "llama_quant":
                 values["quant"] = value
             else:
                 values["threads" if key == "llama_threads" else key] = int(value)
-        return cls(**values)  # type: ignore[arg-type]
+        return cls(**values)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -176,11 +187,11 @@ class VllmOptions:
     @classmethod
     def parse(cls, options: dict[str, str]) -> VllmOptions:
         _check("vllm", options)
-        values: dict[str, int | str] = {}
+        values: dict[str, Any] = {}  # each one _check allows
         for key, value in options.items():
             name = key.removeprefix("vllm_")
             values[name] = int(value) if OPTION_KEYS[key][1] is int or name == "block_size" else value
-        return cls(**values)  # type: ignore[arg-type]
+        return cls(**values)
 
     def describe(self) -> str:
         return ", ".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self) if getattr(self, f.name) is not None)

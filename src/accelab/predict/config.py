@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 OutputFormat = Literal["jsonl", "npy", "parquet"]
-OUTPUT_FORMATS: tuple[str, ...] = get_args(OutputFormat)
+OUTPUT_FORMATS: tuple[OutputFormat, ...] = get_args(OutputFormat)
 DeviceChoice = str  # "auto" | "cpu" | "cuda" | "cuda:N"
 
 # Batch size when neither --batch-size nor the plan sets one: encoders and classifiers run one
@@ -119,12 +119,13 @@ def task_options(config: PredictConfig) -> dict[str, Any]:
 
 def output_format(out: str | Path) -> OutputFormat:
     suffix = Path(out).suffix.lower().lstrip(".")
-    if suffix not in OUTPUT_FORMATS:
-        raise ValueError(
-            f"--out {out}: unknown output format {('.' + suffix) if suffix else '(no extension)'}; "
-            "end the name in .jsonl (any task), .parquet (any task) or .npy (embeddings)"
-        )
-    return suffix  # type: ignore[return-value]
+    for known in OUTPUT_FORMATS:
+        if suffix == known:
+            return known
+    raise ValueError(
+        f"--out {out}: unknown output format {('.' + suffix) if suffix else '(no extension)'}; "
+        "end the name in .jsonl (any task), .parquet (any task) or .npy (embeddings)"
+    )
 
 
 def default_chunk_size(batch_size: int, items: int) -> int:

@@ -17,7 +17,7 @@ from accelab.launch import Outcome
 from accelab.measure.environment import environment, fingerprint
 from accelab.predict.config import task_options
 from accelab.predict.options import PredictRequest
-from accelab.results.result import Result, command_line
+from accelab.results.result import Result, ResultStatus, command_line
 
 
 def workload_of(request: PredictRequest) -> dict[str, Any]:
@@ -81,6 +81,7 @@ def result_of(
     request: PredictRequest, outcome: Outcome | None, *, unsupported: str | None = None, tag: str | None = None
 ) -> Result:
     env = environment()
+    status: ResultStatus
     if unsupported is not None or outcome is None:
         status, reason, metrics, notes = "unsupported", unsupported, {}, []
     else:

@@ -171,7 +171,7 @@ def _open_table(path: Path, text_field: str | None) -> Source:
             "saved with save_to_disk"
         )
     if fmt == "txt":
-        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        lines: list[str | None] = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         return Source(path=str(path), format="txt", kind="text", ids=list(range(len(lines))), texts=lines)
     rows, errors = _read_jsonl(path) if fmt == "jsonl" else _read_csv(path, "\t" if fmt == "tsv" else ",")
     column = _pick_text_field(path, rows, text_field)

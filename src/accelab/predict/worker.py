@@ -42,7 +42,7 @@ from accelab.predict.outputs import merge
 from accelab.predict.parts import Parts
 from accelab.predict.pipeline import make_loader
 from accelab.predict.progress import progress_bar
-from accelab.predict.sources import Source, open_source
+from accelab.predict.sources import ItemKind, Source, open_source
 from accelab.predict.tasks import make_handler
 from accelab.quiet import quiet_third_party_process_wide
 
@@ -118,12 +118,12 @@ def _device(config: PredictConfig, group: dist.Group, cuda: bool) -> torch.devic
 
 
 def _open(config: PredictConfig) -> Source:
-    want = "image" if config.task in ("image-classification", "image-text-to-text") else "text"
+    want: ItemKind = "image" if config.task in ("image-classification", "image-text-to-text") else "text"
     source = open_source(
         config.source,
         want=want,
         text_field=config.text_field,
-        split=config.split,  # type: ignore[arg-type]
+        split=config.split,
         limit=config.limit,
     )
     if len(source) != config.source_items or source.digest() != config.source_digest:

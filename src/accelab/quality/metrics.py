@@ -9,6 +9,7 @@ Outputs are plain dicts of numpy arrays (what crosses the process boundary):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -66,7 +67,7 @@ def _same_shape(a: np.ndarray, b: np.ndarray, what: str) -> None:
         raise ValueError(f"{what} differ in shape: reference {a.shape}, candidate {b.shape}")
 
 
-METRICS = {
+METRICS: dict[str, Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]] = {
     "image-classification": classification,
     "feature-extraction": embeddings,
     "text-generation": generation,

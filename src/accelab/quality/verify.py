@@ -12,7 +12,7 @@ import logging
 import pickle
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -57,7 +57,7 @@ class CollectJob:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CollectOutput:
-    status: str  # "ok" | "unsupported"
+    status: Literal["ok", "unsupported"]
     outputs: dict[str, Any] | None = None
     reason: str | None = None
     notes: tuple[str, ...] = ()
@@ -73,8 +73,8 @@ def collect_in_child(job: CollectJob) -> CollectOutput:
 
 
 def _reference_key(spec: ModelSpec, config: QualityConfig, device: str | None) -> str:
-    if spec.custom:  # the builder's module or the saved object: what makes it this model
-        files = files_of(spec.builder, spec.source)  # type: ignore[arg-type]
+    if spec.builder is not None:  # custom: the builder's module or the saved object make it this model
+        files = files_of(spec.builder, spec.source)
     else:
         files = [p for p in Path(spec.source).glob("*") if p.is_file()]
     stamps = sorted((p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in files)
@@ -100,11 +100,12 @@ def reference_outputs(
     output: CollectOutput = outcome.unwrap()
     if output.status != "ok":
         raise RuntimeError(f"the fp32 reference of {spec.name} could not run: {output.reason}")
+    assert output.outputs is not None, "an ok collection has outputs"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_bytes(pickle.dumps(output.outputs))
     tmp.replace(path)  # atomic: a killed run never leaves a half-written reference
-    return output.outputs  # type: ignore[return-value]
+    return output.outputs
 
 
 def judge_outputs(task: str, reference: dict[str, Any], candidate: dict[str, Any], tolerance: str) -> dict[str, Any]:
@@ -148,7 +149,7 @@ def verify(
         result.metrics = {"traceback": outcome.traceback} if outcome.traceback else {}
         return result
     output: CollectOutput = outcome.value
-    result.status, result.reason, result.notes = output.status, output.reason, list(output.notes)  # type: ignore[assignment]
+    result.status, result.reason, result.notes = output.status, output.reason, list(output.notes)
     if output.status == "ok":
         result.quality = judge_outputs(spec.task, reference, output.outputs or {}, tolerance)
     return result

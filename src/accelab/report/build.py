@@ -8,14 +8,14 @@ from collections.abc import Callable
 from typing import Any
 
 from accelab.report import metrics as M, series as S
-from accelab.report.document import Cards, Document, Facts, Figure, Note, Section, Table, cell
+from accelab.report.document import Block, Cards, Document, Facts, Figure, Note, Section, Table, Tone, cell
 from accelab.report.history import short_time
 from accelab.report.regress import Comparison, PairResult
 from accelab.results import contract as K
 from accelab.results.result import Result
 from accelab.results.table import fmt, noise_line, speedup_text
 
-VERDICT_TONES = {
+VERDICT_TONES: dict[str, Tone] = {
     "pass": "good",
     "warn": "warn",
     "fail": "bad",
@@ -88,7 +88,7 @@ def best_speedup(results: list[Result]) -> tuple[float, str] | None:
             paired = _paired(r, ref)
             if paired is not None and paired.get("verdict") != "faster":
                 continue  # its interval did not show it faster: not a speed-up to put on a card
-            speedup = paired["value"] if paired is not None else tp / M.throughput(ref)
+            speedup = paired["value"] if paired is not None else tp / _rate(ref)
             if speedup > 1 and (best is None or speedup > best[0]):
                 best = (speedup, f"{labels[r.run_id]} over {labels[ref.run_id]}, {M.model_name(r)}")
     return best
@@ -292,6 +292,13 @@ def _reference(members: list[Result]) -> Result | None:
     return next((r for r in ok if M.plan_name(r) == "baseline"), ok[0] if ok else None)
 
 
+def _rate(ref: Result) -> float:
+    """A reference's throughput: `_reference` picks only runs that have one."""
+    rate = M.throughput(ref)
+    assert rate, f"the reference {ref.run_id} has no throughput"
+    return rate
+
+
 def _noise_level(r: Result) -> str | None:
     noise = r.metrics.get(K.NOISE)
     return noise.get("level") if isinstance(noise, dict) else None
@@ -305,7 +312,8 @@ def _paired(r: Result, ref: Result | None) -> dict | None:
     return record if record.get("reference") == M.plan_name(ref) else None
 
 
-NOISE_TONES = {"quiet": "good", "noisy": "warn", "unreliable": "bad"}
+NOISE_TONES: dict[str, Tone] = {"quiet": "good", "noisy": "warn", "unreliable": "bad"}
+SPEED_TONES: dict[str, Tone] = {"faster": "good", "slower": "bad"}
 
 
 def _speed_cell(r: Result, ref: Result | None) -> Any:
@@ -313,17 +321,19 @@ def _speed_cell(r: Result, ref: Result | None) -> Any:
     marked when the two runs were not measured side by side."""
     paired = _paired(r, ref)
     if paired is not None:
-        tone = {"faster": "good", "slower": "bad"}.get(paired.get("verdict") or "", "muted")
+        tone = SPEED_TONES.get(paired.get("verdict") or "", "muted")
         return cell(
             speedup_text(paired.get("value"), paired.get("low"), paired.get("high"), paired.get("verdict")), tone
         )
     tp = M.throughput(r)
-    speed = tp / M.throughput(ref) if ref and tp and r.ok else None
+    speed = tp / _rate(ref) if ref and tp and r.ok else None
     if speed is None:
         return cell("-")
     # runs that measured noise know whether they ran side by side (same compare): say when not
     measured = _noise_level(r) is not None and ref is not None and _noise_level(ref) is not None
-    apart = " (not side by side)" if measured and r is not ref and r.group_id != ref.group_id else ""
+    apart = (
+        " (not side by side)" if measured and ref is not None and r is not ref and r.group_id != ref.group_id else ""
+    )
     return cell(f"{speed:.2f}x{apart}", "good" if speed > 1.05 else "bad" if speed < 0.95 else "")
 
 
@@ -333,7 +343,8 @@ def speedup_table(members: list[Result]) -> Table:
     rows = []
     for r in members:
         tp, mem = M.throughput(r), M.peak_memory_mb(r)
-        saved = 1 - mem / M.peak_memory_mb(ref) if ref and mem and M.peak_memory_mb(ref) and r.ok else None
+        ref_mem = M.peak_memory_mb(ref) if ref else None
+        saved = 1 - mem / ref_mem if ref and mem and ref_mem and r.ok else None
         verdict = M.quality_verdict(r)
         note = "" if r.ok else f"{r.status}: {M.first_line(r.reason, 80)}"
         rows.append(
@@ -394,7 +405,7 @@ def quality_table(results: list[Result]) -> Table | None:
         rows.append(
             [
                 cell(f"{M.model_name(r)} · {labels[r.run_id]}"),
-                cell(q.get("verdict"), VERDICT_TONES.get(q.get("verdict"), "")),
+                cell(q.get("verdict"), VERDICT_TONES.get(q.get("verdict") or "", "")),
                 cell(figures or "-"),
                 cell("; ".join(q.get("rules") or []) or "-", "muted"),
             ]
@@ -428,7 +439,7 @@ def latency_section(results: list[Result]) -> Section | None:
     panels = S.latency_panels(results)
     if not panels:
         return None
-    blocks = []
+    blocks: list[Block] = []
     for i, panel in enumerate(panels, 1):
         raw = [c.from_samples for c in panel.curves]
         percentiles = "through the stored percentiles (min, p50, p90, p99, max)"
@@ -462,7 +473,7 @@ def batch_section(results: list[Result], what: str) -> Section | None:
     if not panels:
         return None
     noun = "Throughput" if what == "throughput" else "Memory"
-    blocks = [
+    blocks: list[Block] = [
         Figure(
             name=f"{what}-batch-{i}",
             chart="batch_curve",
@@ -527,7 +538,7 @@ def loadtest_section(results: list[Result]) -> Section | None:
     curves = S.load_curves(results)
     if not curves:
         return None
-    blocks = [
+    blocks: list[Block] = [
         Figure(
             name=f"load-{i}",
             chart="load_curve",

@@ -8,7 +8,7 @@ through these functions, so a missing field is `None` here and never a KeyError 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeGuard, TypeVar
 
 from accelab.results import contract as K
 from accelab.results.result import Result
@@ -26,7 +26,16 @@ def number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def is_stats(value: Any) -> bool:
+T = TypeVar("T")
+
+
+def known(value: T | None) -> T:
+    """A figure the caller made sure is there (it kept only the results that have it)."""
+    assert value is not None, "a figure the results were filtered on is missing"
+    return value
+
+
+def is_stats(value: Any) -> TypeGuard[dict[str, Any]]:
     return isinstance(value, dict) and number(value.get("p50")) is not None
 
 
@@ -105,7 +114,7 @@ def plan_name(result: Result) -> str:
 def batch_size(result: Result) -> int | None:
     wl = result.workload
     value = wl.get("batch_size") or result.plan.get("batch_size") or wl.get("global_batch")
-    return int(value) if number(value) is not None else None
+    return int(n) if (n := number(value)) is not None else None
 
 
 def workload_key(result: Result) -> tuple[Any, ...]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -20,9 +20,12 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator, PercentFormatter
 from accelab.report.document import ChartKind, Figure
 from accelab.report.series import BatchPanel, LatencyPanel, LoadCurve, ParetoSet, TrainCurve
 
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
+
 PALETTE = ["#2563eb", "#ea580c", "#16a34a", "#dc2626", "#9333ea", "#0891b2", "#ca8a04", "#db2777", "#4b5563", "#65a30d"]
 DPI = 110
-STYLE = {
+STYLE: dict[RcKeyType, Any] = {
     "font.size": 10,
     "axes.titlesize": 11,
     "axes.titleweight": "bold",
@@ -166,7 +169,7 @@ def pareto(ps: ParetoSet) -> MplFigure:
         mem_index = {i: k for k, i in enumerate(with_mem)}
         _pareto_axis(
             axes[1],
-            [ps.points[i].memory_mb for i in with_mem],
+            [m for i in with_mem if (m := ps.points[i].memory_mb) is not None],
             [tps[i] for i in with_mem],
             [labels[i] for i in with_mem],
             [mem_index[i] for i in ps.front_memory],

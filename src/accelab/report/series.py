@@ -72,8 +72,8 @@ def cdf_points(samples: list[float]) -> tuple[list[float], list[float]]:
 
 def percentile_points(stats: dict[str, float]) -> tuple[list[float], list[float]]:
     """The CDF through the percentiles a Result stores (min, p50, p90, p99, max)."""
-    pairs = [(stats.get(k), q) for k, q in (("min", 0.0), ("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))]
-    pairs = [(float(x), q) for x, q in pairs if M.number(x) is not None]
+    quantiles = (("min", 0.0), ("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))
+    pairs = [(x, q) for k, q in quantiles if (x := M.number(stats.get(k))) is not None]
     return [x for x, _ in pairs], [q for _, q in pairs]
 
 
@@ -132,13 +132,13 @@ def batch_panels(results: list[Result], what: str) -> list[BatchPanel]:
     panels: dict[tuple, dict[tuple, dict[int, Result]]] = defaultdict(lambda: defaultdict(dict))
     for r in sorted(measured, key=lambda r: r.created):  # newest last, so it wins
         shape = tuple(v for k, v in zip(M.WORKLOAD_SHAPE, M.workload_key(r)) if k != "batch_size")
-        panels[(M.model_name(r), shape)][plan_identity(r.plan)][M.batch_size(r)] = r
+        panels[(M.model_name(r), shape)][plan_identity(r.plan)][M.known(M.batch_size(r))] = r
     out = []
     for (model, shape), lines in panels.items():
         drawn = []
         for by_batch in lines.values():
             first = next(iter(by_batch.values()))
-            points = sorted((b, float(read(r))) for b, r in by_batch.items())
+            points = sorted((b, M.known(read(r))) for b, r in by_batch.items())
             drawn.append(BatchLine(label=labels[first.run_id], points=points))
         if not any(len(line.points) >= 2 for line in drawn):
             continue
@@ -223,15 +223,17 @@ def pareto_sets(results: list[Result], min_points: int = 3) -> list[ParetoSet]:
         points = [
             ParetoPoint(
                 label=label,
-                throughput=float(M.throughput(r)),
-                p99_ms=float(M.stat(r, "p99")),
+                throughput=M.known(M.throughput(r)),
+                p99_ms=M.known(M.stat(r, "p99")),
                 memory_mb=M.peak_memory_mb(r),
                 run_id=r.run_id,
             )
             for label, r in zip(labels, members)
         ]
         with_mem = [i for i, p in enumerate(points) if p.memory_mb is not None]
-        mem_front = pareto_front([points[i].memory_mb for i in with_mem], [points[i].throughput for i in with_mem])
+        mem_front = pareto_front(
+            [M.known(points[i].memory_mb) for i in with_mem], [points[i].throughput for i in with_mem]
+        )
         head = members[0]
         workload = M.workload_label(head) if not several_batches else str(head.workload.get("scenario") or "")
         out.append(

@@ -38,7 +38,7 @@ class TokenClock(StoppingCriteria):
         self.clock = clock
         self.times: list[float] = []
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         self.sync()  # note: a CPU-GPU sync point per token, so the timestamp is the token's
         self.times.append(self.clock())
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)

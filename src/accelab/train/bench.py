@@ -14,6 +14,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -156,22 +157,22 @@ def run_bench(
     reference = next((r for r in running if r.outcome is not None and r.outcome.status == "ok" and r.rounds), None)
     results = []
     for row in rows:
-        r = by_row.get(row.name)
+        ran = by_row.get(row.name)
         result = result_of(
             name=row.name,
             spec=spec,
-            config=r.config if r else _row_config(row, config, idle),
-            launch=r.launch if r else LaunchOptions(nproc=row.nproc),
-            outcome=r.outcome if r else None,
+            config=ran.config if ran else _row_config(row, config, idle),
+            launch=ran.launch if ran else LaunchOptions(nproc=row.nproc),
+            outcome=ran.outcome if ran else None,
             unsupported=row.unsupported,
             group_id=group,
             tag=tag,
             env=env,
         )
-        if r is not None:
-            _add_rounds(result, r, reference)
-            if r.stopped:
-                result.status, result.reason = "stopped", r.stopped
+        if ran is not None:
+            _add_rounds(result, ran, reference)
+            if ran.stopped:
+                result.status, result.reason = "stopped", ran.stopped
         results.append(result)
         if on_row is not None:
             on_row(result)
@@ -212,12 +213,22 @@ def _launch(r: _Running, timeout_s: float) -> None:
     r.outcome = launcher.run(r.config, r.launch, timeout_s=timeout_s)
 
 
+def _settled(table: turns.Table, r: _Running) -> Callable[[], bool]:
+    """Warm (ready for its first turn), finished, or gone."""
+    return lambda: table.ready(r.slug) or table.finished(r.slug) or not r.alive
+
+
+def _turn_over(table: turns.Table, r: _Running, index: int) -> Callable[[], bool]:
+    """Its report of turn `index` is in, or it finished, or it is gone."""
+    return lambda: table.report(r.slug, index) is not None or table.finished(r.slug) or not r.alive
+
+
 def _take_turns(
     running: list[_Running], table: turns.Table, *, timeout_s: float, budget: PlanBudget, settle_s: float
 ) -> None:
     """Wait until every row is warm, then give turns in alternating rounds until all finished."""
     for r in running:
-        table.wait_for(lambda r=r: table.ready(r.slug) or table.finished(r.slug) or not r.alive, timeout_s=timeout_s)
+        table.wait_for(_settled(table, r), timeout_s=timeout_s)
     reference_s: float | None = None
     index = 0
     while True:
@@ -232,14 +243,7 @@ def _take_turns(
             table.give(r.slug, index)
             started = time.monotonic()
             with noise.Meter([os.getpid()]) as meter:  # the rows are this process's descendants: all "own"
-                done = table.wait_for(
-                    lambda r=r, index=index: (
-                        table.report(r.slug, index) is not None  # this turn's
-                        or table.finished(r.slug)
-                        or not r.alive
-                    ),
-                    timeout_s=max(1.0, (limit or timeout_s) - r.own_s),
-                )
+                done = table.wait_for(_turn_over(table, r, index), timeout_s=max(1.0, (limit or timeout_s) - r.own_s))
             r.own_s += time.monotonic() - started
             durations = table.report(r.slug, index)
             if durations:

@@ -19,7 +19,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from accelab.train.config import TrainConfig
+from accelab.train.config import DatasetKind, TrainConfig
 from accelab.train.data_spec import TrainData
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ HELDOUT = ""  # dataset value meaning "the catalog's held-out essay" (text-gener
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 
 
-def detect_kind(dataset: str, task: str) -> str:
+def detect_kind(dataset: str, task: str) -> DatasetKind:
     """Which source `--dataset` names; ValueError with the fix when it names nothing usable."""
     if task == "text-generation":
         if dataset in (HELDOUT, "heldout"):

@@ -67,7 +67,8 @@ class Position:
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """AdamW groups: no weight decay on biases, norms and embeddings (the usual transformer recipe)."""
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for name, param in model.named_parameters():
         if param.requires_grad:
             (no_decay if any(key in name.lower() for key in NO_DECAY) else decay).append(param)

@@ -159,6 +159,7 @@ def load_for_training(config: TrainConfig, classes: list[str] | None) -> TrainMo
     notes: list[str] = []
 
     # Model, with a head that fits the dataset's labels
+    model_class: type[transformers.AutoModelForImageClassification | transformers.AutoModelForCausalLM]
     if config.task == "image-classification":
         fit = label_fit(model_config, classes or [], reinit_head=config.reinit_head, model=config.model)
         kwargs.update(fit.load_kwargs)

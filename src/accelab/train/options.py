@@ -22,7 +22,7 @@ from accelab.launch import LaunchOptions
 from accelab.paths import cache_dir
 from accelab.plan.plan import load_plan
 from accelab.train import checkpoint as ckpt
-from accelab.train.config import TrainConfig
+from accelab.train.config import TRAIN_TASKS, TrainConfig
 from accelab.train.data import class_names, detect_kind
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,8 @@ def build_request(
             "them with save_pretrained). Train it in your own loop, then measure and serve it with accelab bench, "
             "compare, tune, predict and serve"
         )
-    if spec.task not in DEFAULTS:
+    task = next((t for t in TRAIN_TASKS if t == spec.task), None)
+    if task is None:
         raise ValueError(
             f"{model} is a {spec.task} model; accelab trains image-classification and "
             "text-generation models (pass --task if the inferred task is wrong)"
@@ -157,12 +158,12 @@ def build_request(
         )
 
     # The config
-    defaults = {**DEFAULTS[spec.task], **(FROM_SCRATCH if spec.random_weights else FINE_TUNE)}
+    defaults = {**DEFAULTS[task], **(FROM_SCRATCH if spec.random_weights else FINE_TUNE)}
     values = merge(explicit, plan_values, defaults)
     config = TrainConfig(
         model=model,
         model_source=spec.source,
-        task=spec.task,
+        task=task,
         dataset=dataset_path,
         dataset_kind=kind,
         world_size=launch.world_size,

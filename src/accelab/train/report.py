@@ -10,13 +10,14 @@ from rich.table import Table
 from accelab.catalog.spec import ModelSpec
 from accelab.launch import LaunchOptions, Outcome
 from accelab.measure.environment import environment, fingerprint
+from accelab.plan.fields import Precision
 from accelab.plan.plan import Plan
 from accelab.results import contract as K
-from accelab.results.result import Result, command_line
+from accelab.results.result import Result, ResultStatus, command_line
 from accelab.results.table import noise_cell, noise_line, speedup_text
 from accelab.train.config import TrainConfig
 
-_PRECISION_NAMES = {"no": "fp32", "bf16": "bf16-autocast", "fp16": "fp16-autocast"}
+_PRECISION_NAMES: dict[str, Precision] = {"no": "fp32", "bf16": "bf16-autocast", "fp16": "fp16-autocast"}
 
 
 def plan_of(name: str, config: TrainConfig) -> dict[str, Any]:
@@ -97,6 +98,8 @@ def result_of(
 ) -> Result:
     env = env if env is not None else environment()
     metrics: dict[str, Any] = {}
+    status: ResultStatus
+    reason: str | None
     if unsupported is not None:
         status, reason = "unsupported", unsupported
     else:

@@ -57,6 +57,7 @@ class StepTimer:
         time when one ran in this process, else an estimate from the median step (flagged)."""
         timed = self.durations[self.warmup :]
         wall = sum(timed)
+        step_ms = summarize([d * 1000 for d in timed]).to_dict() if timed else None
         out: dict[str, object] = {
             "steps": len(self.durations),
             "timed_steps": len(timed),
@@ -64,12 +65,12 @@ class StepTimer:
             "timed_wall_s": wall,
             "warmup_s": sum(self.durations[: self.warmup]),  # first calls, incl. compilation
             "samples_per_s": len(timed) * global_batch / wall if wall > 0 else None,
-            "step_ms": summarize([d * 1000 for d in timed]).to_dict() if timed else None,
+            "step_ms": step_ms,
         }
         if full_epochs:
             out["epoch_s"], out["epoch_s_estimated"] = self.epoch_seconds(full_epochs[-1]), False
-        elif timed:
-            out["epoch_s"] = out["step_ms"]["p50"] / 1000 * steps_per_epoch  # type: ignore[index]
+        elif step_ms is not None:  # steps were timed
+            out["epoch_s"] = step_ms["p50"] / 1000 * steps_per_epoch
             out["epoch_s_estimated"] = True
         else:
             out["epoch_s"], out["epoch_s_estimated"] = None, False

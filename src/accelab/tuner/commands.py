@@ -52,7 +52,9 @@ def tune_command(
 ) -> None:
     """Search the plan space for a goal under memory, latency and quality limits; write the best Plan."""
     from accelab.catalog.resolve import resolve
-    from accelab.tuner.run import TuneRequest, check_options, tune
+    from accelab.options import as_choice
+    from accelab.tuner.run import GOALS, PERCENTILES, TUNE_SCENARIOS, TuneRequest, check_options, tune
+    from accelab.tuner.search import QUALITY_LEVELS
 
     check_options(goal=goal, percentile=percentile, quality=quality, max_memory=max_memory, budget=budget)
 
@@ -62,9 +64,9 @@ def tune_command(
     outcome = tune(
         TuneRequest(
             spec=resolve(model, task),
-            goal=goal,
-            percentile=percentile,
-            scenario=scenario,  # type: ignore[arg-type]
+            goal=as_choice(goal, GOALS),
+            percentile=as_choice(percentile, PERCENTILES),
+            scenario=as_choice(scenario, TUNE_SCENARIOS),
             batch_size=batch_size,
             max_batch=max_batch,
             seq_len=seq_len,
@@ -72,7 +74,7 @@ def tune_command(
             image_size=image_size,
             max_memory=max_memory,
             p99_ms=p99_ms,
-            quality=quality,
+            quality=as_choice(quality, QUALITY_LEVELS),
             budget=budget,
             include=split(include),
             exclude=split(exclude),

@@ -68,14 +68,15 @@ def plot_pareto(log: SearchLog, path: Path, unit: str, title: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # measured points only: `or 0.0` below never applies, it only tells the types so
     points = [m for m in best_by_candidate(log).values() if m.status == "ok" and m.throughput and m.p99_ms]
     front = {m.candidate.key for m in pareto_front(points)}
     fig, ax = plt.subplots(figsize=(8, 5.5), dpi=110)
     if points:
         memory = [m.memory_mb or 0 for m in points]
         scatter = ax.scatter(
-            [m.p99_ms for m in points],
-            [m.throughput for m in points],
+            [m.p99_ms or 0.0 for m in points],
+            [m.throughput or 0.0 for m in points],
             c=memory,
             cmap="viridis",
             s=[90 if m.candidate.key in front else 40 for m in points],
@@ -88,8 +89,8 @@ def plot_pareto(log: SearchLog, path: Path, unit: str, title: str) -> Path:
             )
         front_pts = sorted((m for m in points if m.candidate.key in front), key=lambda m: m.p99_ms or 0)
         ax.plot(
-            [m.p99_ms for m in front_pts],
-            [m.throughput for m in front_pts],
+            [m.p99_ms or 0.0 for m in front_pts],
+            [m.throughput or 0.0 for m in front_pts],
             "--",
             color="grey",
             lw=1,

@@ -8,7 +8,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from rich.console import Console
 from rich.markup import escape
@@ -25,12 +25,16 @@ from accelab.results.table import make_console
 from accelab.scenarios.workload import Workload, resolve_batch_size
 from accelab.tuner import report
 from accelab.tuner.measure import BenchMeasurer
-from accelab.tuner.search import Constraints, Goal, Search, SearchLog
+from accelab.tuner.search import Constraints, Goal, QualityLevel, Search, SearchLog
 from accelab.tuner.space import Space, search_space
 from accelab.units import parse_duration_s, parse_size_mib
 
-GOALS = ("throughput", "latency")
-PERCENTILES = ("p50", "p99")
+TuneGoal = Literal["throughput", "latency"]
+Percentile = Literal["p50", "p99"]  # of the latency goal
+TuneScenario = Literal["forward", "generate", "auto"]
+GOALS: tuple[TuneGoal, ...] = get_args(TuneGoal)
+PERCENTILES: tuple[Percentile, ...] = get_args(Percentile)
+TUNE_SCENARIOS: tuple[TuneScenario, ...] = get_args(TuneScenario)
 
 
 def check_options(*, goal: str, percentile: str, quality: str, max_memory: str | None, budget: str | None) -> None:
@@ -52,9 +56,9 @@ class TuneRequest:
     """What a tune was asked: the model, the goal, the limits, the shapes and where results go."""
 
     spec: ModelSpec
-    goal: Literal["throughput", "latency"] = "throughput"
-    percentile: Literal["p50", "p99"] = "p99"  # for the latency goal
-    scenario: str = "auto"  # forward | generate | auto
+    goal: TuneGoal = "throughput"
+    percentile: Percentile = "p99"  # for the latency goal
+    scenario: TuneScenario = "auto"  # checked by the Workload it becomes
     batch_size: int | None = None  # latency: the request batch; throughput: the screening batch
     max_batch: int | None = None
     seq_len: int = 128
@@ -62,7 +66,7 @@ class TuneRequest:
     image_size: int | None = None
     max_memory: str | None = None  # "2GiB": GPU memory, or process RSS on CPU
     p99_ms: float | None = None
-    quality: str = "balanced"  # strict | balanced | loose | off
+    quality: QualityLevel = "balanced"
     budget: str | None = None  # "10m": wall time of the whole search
     include: list[str] | None = None
     exclude: list[str] | None = None
@@ -126,7 +130,7 @@ def setup_of(request: TuneRequest) -> TuneSetup:
     workload = Workload(
         scenario=chosen,
         batch_size=screen,
-        seq_len=request.seq_len,  # type: ignore[arg-type]
+        seq_len=request.seq_len,
         new_tokens=request.new_tokens,
         image_size=request.image_size,
         min_seconds=request.min_seconds,
@@ -150,12 +154,12 @@ def setup_of(request: TuneRequest) -> TuneSetup:
         max_memory_mb=parse_size_mib(request.max_memory) if request.max_memory else None,
         p99_ms=request.p99_ms,
         quality=quality,
-    )  # type: ignore[arg-type]
+    )
     return TuneSetup(
         spec=spec,
         workload=workload,
         space=space,
-        goal="throughput" if goal == "throughput" else f"latency-{request.percentile}",  # type: ignore[arg-type]
+        goal="throughput" if goal == "throughput" else "latency-p50" if request.percentile == "p50" else "latency-p99",
         constraints=constraints,
         screen_batch=screen,
         tolerance=quality if quality != "off" else "balanced",

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 from accelab.measure.paired import Ratio, check_overlap, paired_ratio
 
@@ -33,6 +33,7 @@ Phase = Literal["screen", "grow", "final"]
 PHASE_RANK: dict[str, int] = {"screen": 0, "grow": 0, "final": 1, "confirm": 2}
 Goal = Literal["throughput", "latency-p50", "latency-p99"]
 QualityLevel = Literal["strict", "balanced", "loose", "off"]
+QUALITY_LEVELS: tuple[QualityLevel, ...] = get_args(QualityLevel)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -111,8 +111,8 @@ def search_space(
         plan = PRESETS[name]
         try:
             check_supported(plan, spec, resolve_device(plan, device) if device else target)
-        except Unsupported as why:
-            pruned[name] = str(why)
+        except Unsupported as reason:
+            pruned[name] = str(reason)
             continue
         if name != "baseline" and (why := next((slow[t] for t in techniques(plan) if t in slow), None)):
             pruned[name] = f"{why} (name it in --include to search it anyway)"

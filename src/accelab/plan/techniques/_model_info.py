@@ -9,9 +9,12 @@ need it step aside: loading will then fail with transformers' own message.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 from accelab.catalog.facts import MODEL_CLASSES
 from accelab.catalog.spec import ModelSpec
@@ -39,7 +42,7 @@ def load_config(spec: ModelSpec) -> Any | None:
         return None
 
 
-def model_class(spec: ModelSpec, config: Any) -> type | None:
+def model_class(spec: ModelSpec, config: Any) -> type[PreTrainedModel] | None:
     """The class `from_pretrained` will build for this task and config."""
     import transformers
 

@@ -87,7 +87,8 @@ def _set_threads(stack: contextlib.ExitStack, plan: Plan) -> None:
 def _set_tf32(stack: contextlib.ExitStack) -> None:
     # The fp32_precision API (torch >= 2.9); mixing it with the legacy allow_tf32 flags raises.
     # cudnn convolutions already default to "tf32" in torch; matmuls default to "none" (ieee).
-    for backend in (torch.backends.cuda.matmul, torch.backends.cudnn.conv):
+    # torch swaps the cudnn module for an object whose class has `conv`; its stub is the module's
+    for backend in (torch.backends.cuda.matmul, torch.backends.cudnn.conv):  # type: ignore[attr-defined]
         previous = backend.fp32_precision
         backend.fp32_precision = "tf32"
         stack.callback(setattr, backend, "fp32_precision", previous)
