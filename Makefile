@@ -1,5 +1,5 @@
 # accelab: `make demo` installs everything, fetches the offline models and prints the main table;
-# `make test` runs the test suite. Both work on a fresh machine.
+# `make test` runs the lint (ruff, mypy) and the test suite. Both work on a fresh machine.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -91,7 +91,8 @@ lint: install
 	$(BIN)/ruff format --check $(LINT_PATHS)
 	$(BIN)/mypy
 
-test: models browser vllm monitoring guidellm
+# lint first: a finding fails in a minute, before the models, the other venvs and the tests
+test: lint models browser vllm monitoring guidellm
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean:

@@ -219,7 +219,7 @@ class Connection:
             # each row holds the prompt's own token (and the top-0 others: none)
             values = [row[token].logprob for token, row in zip(msg.prompt_ids[1:], rows)]
             self.send(W.Scored(id=msg.id, logprobs=values))
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:  # noqa: BLE001 - the client's call fails, the engine serves on
             self.send(W.Failed(id=msg.id, error=f"{type(err).__name__}: {err}"))
 
     def close(self) -> None:

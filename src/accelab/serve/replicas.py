@@ -89,7 +89,7 @@ def lost_replica_errors() -> tuple[type[BaseException], ...]:
 
 def require_ray() -> Any:
     try:
-        import ray  # noqa: F401
+        import ray  # noqa: F401 - Ray itself, not only its serve package, must import
         from ray import serve
     except ImportError:
         raise ValueError(
