@@ -43,7 +43,8 @@ class PackedLinears:
                 if type(module) is not torch.nn.Linear or module in skip or not module.weight.is_floating_point():
                     continue
                 packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), BATCH_HINT)
-                module.forward = _packed_forward(packed, module.bias, module.out_features)
+                # an instance attribute shadows nn.Linear.forward (unpack deletes it)
+                module.__dict__["forward"] = _packed_forward(packed, module.bias, module.out_features)
                 self._patched.append(module)
                 self.nbytes += module.weight.numel() * module.weight.element_size()
         log.info(
@@ -66,7 +67,7 @@ class PackedLinears:
             yield
         finally:
             for module, forward in saved:
-                module.forward = forward
+                module.__dict__["forward"] = forward
 
 
 def _packed_forward(packed: torch.Tensor, bias: Any, out_features: int):

@@ -86,7 +86,11 @@ def _group(members: list[tuple[int, Any]], block_size: int, device: torch.device
         return None
     width = max(len(item.tokens) for _, item in members)
     blocks = max(-(-(item.start + len(item.tokens)) // block_size) for _, item in members)
-    rows, q_pos, tables, keep, targets = [], [], [], [], []
+    rows: list[list[int]] = []
+    q_pos: list[list[int]] = []
+    tables: list[list[int]] = []
+    keep: list[int] = []
+    targets: list[int] = []
     for b, (offset, item) in enumerate(members):
         n = len(item.tokens)
         rows.append([offset + min(i, n - 1) for i in range(width)])
@@ -163,6 +167,7 @@ def paged_attention(
         if out is None:  # one group, unpadded: its rows are all the step's tokens, in order
             return o[None], None
         out.index_copy_(0, group.targets, o if group.keep is None else o.index_select(0, group.keep))
+    assert out is not None  # at least one group: a step has tokens
     return out[None], None
 
 

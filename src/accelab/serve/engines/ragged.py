@@ -54,7 +54,6 @@ class RaggedTorchEngine:
     block_size size the cache)."""
 
     name = "packed steps over the model's own forward, paged KV cache (accelab_paged attention)"
-    paged = True  # KV lives in the scheduler's blocks: it runs the prefix cache and forks by block ids
 
     def __init__(self, runnable: Any, limits: Any, *, pack_linears: bool = True, pack_head: bool = True):
         model = runnable.model
@@ -92,7 +91,7 @@ class RaggedTorchEngine:
             )
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         self._packed = (
-            PackedLinears(model, skip=() if pack_head else (head,))
+            PackedLinears(model, skip=() if pack_head or head is None else (head,))
             if pack_linears and packed_linear.available(self.device, _dtype_of(model))
             else None
         )
@@ -140,7 +139,7 @@ class RaggedTorchEngine:
         """Nothing to free here: its blocks go back to the pool in the scheduler."""
 
     def close(self) -> None:
-        self.cache = None  # type: ignore[assignment]
+        self.cache = None  # type: ignore[assignment]  # closed: the KV memory goes now, not with the engine
         if self._packed is not None:
             self._packed.unpack()
         if self._head is not None:
