@@ -4,7 +4,8 @@
 - `accelab serve` on torch (fp32, continuous batching over the paged KV cache);
 - the same server at an earlier commit (`--before`, default: the last commit before the paged
   engine), for "at 1 user no slower than before";
-- `accelab serve --plan llamacpp` (the catalog's Q4_1 GGUF);
+- `accelab serve --plan llamacpp` (the catalog's Q4_1 GGUF), and the same requantised to Q8_0
+  (llama.cpp has batched kernels for Q8_0 on x86, none for Q4_1);
 - `vllm serve` from vLLM CPU (fp32, eager, .venv-vllm: `make vllm`);
 - llama.cpp's own `llama-server` on the same GGUF (benchmarks/peers/build_llama_server.sh);
 - `transformers serve --continuous-batching` (fp32).
@@ -53,6 +54,13 @@ def contenders(opts: argparse.Namespace, before_src: Path | None) -> dict[str, S
     out = {
         "torch": S.accelab("accelab serve (torch fp32)", MODEL, *common),
         "llamacpp": S.accelab("accelab serve --plan llamacpp (Q4_1)", MODEL, *common, "--plan", "llamacpp"),
+        "llamacpp-q8_0": S.accelab(
+            "accelab serve --plan llamacpp, requantised to Q8_0",
+            MODEL,
+            *common,
+            "--plan",
+            "llamacpp[llama_quant=q8_0]",
+        ),
         "vllm": S.vllm_serve(path, MODEL, max_num_seqs=max(users, 8)),
         "llama-server": S.llama_server(path / GGUF, MODEL, slots=max(users, 8), threads=opts.llama_threads),
         "transformers": S.transformers_serve(path),
@@ -347,6 +355,11 @@ def verdicts(servers: dict[str, S.Server], opts: argparse.Namespace) -> list[str
         eight = S.median([r["tokens_per_s"] for r in servers["llamacpp"].windows[8]])
         check(f"llama.cpp engine, 8 users over 1: {eight / one:.2f}x (target >= 2x)", eight / one >= 2)
     ratio_line("llamacpp", "llama-server", 8, 1.0, "llama.cpp engine, 8 users, tokens/s over llama-server's")
+    ratio_line("llamacpp-q8_0", "vllm", 8, 1.3, "llama.cpp engine on Q8_0, 8 users, tokens/s over vLLM CPU's")
+    if "llamacpp-q8_0" in servers and {1, 8} <= set(servers["llamacpp-q8_0"].windows):
+        one = S.median([r["tokens_per_s"] for r in servers["llamacpp-q8_0"].windows[1]])
+        eight = S.median([r["tokens_per_s"] for r in servers["llamacpp-q8_0"].windows[8]])
+        check(f"llama.cpp engine on Q8_0, 8 users over 1: {eight / one:.2f}x (target >= 2x)", eight / one >= 2)
     return out
 
 
@@ -387,7 +400,7 @@ def main() -> int:
                 extra["guidellm"] = {
                     s.label: guidellm(s, 8, 30, Path(tmp))
                     for k, s in servers.items()
-                    if k in ("torch", "llamacpp", "vllm")
+                    if k in ("torch", "llamacpp", "llamacpp-q8_0", "vllm")
                 }
         finally:
             for server in servers.values():
