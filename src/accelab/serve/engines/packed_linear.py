@@ -7,6 +7,12 @@ blocked layout (what inductor's freezing does on CPU) streamed SmolLM2's 210 lay
 1.7-3x faster at 1-64 rows here (benchmarks/profile_serve_step.py has the figures). The packed
 copy costs the weights' size again in memory, so it is taken only for float weights on CPU
 with oneDNN present, and undone by `unpack`.
+
+Sibling layers that read the same input (an attention's q/k/v projections, an MLP's gate and
+up projections) are packed side by side into one weight: the first of them called computes
+all their outputs in one GEMM and each sibling then takes its slice (`_Siblings`), so a
+decoder layer makes 4 GEMM calls instead of 7. A sibling called with another input (a model
+that transforms it in between) computes its own output from its own weight: always correct.
 """
 
 from __future__ import annotations
@@ -14,13 +20,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
+import torch.nn.functional as F
 
 log = logging.getLogger(__name__)
 
 BATCH_HINT = 16  # rows oneDNN picks the weight layout for (1 to 64 rows all ran fastest with it)
+SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # layers that read one input
 
 
 def available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -38,9 +46,15 @@ class PackedLinears:
     def __init__(self, model: torch.nn.Module, *, skip: tuple[torch.nn.Module, ...] = ()):
         self._patched: list[torch.nn.Linear] = []
         self.nbytes = 0
+        self.fused = 0  # sibling groups packed as one weight
         with torch.no_grad():
+            for parent in model.modules():
+                for names in SIBLINGS:
+                    linears = [m for n in names if _packable(m := getattr(parent, n, None), skip)]
+                    if len(linears) == len(names) and len({(m.in_features, m.bias is None) for m in linears}) == 1:
+                        self._fuse(linears)
             for module in model.modules():
-                if type(module) is not torch.nn.Linear or module in skip or not module.weight.is_floating_point():
+                if not _packable(module, skip) or module in self._patched:
                     continue
                 packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), BATCH_HINT)
                 # an instance attribute shadows nn.Linear.forward (unpack deletes it)
@@ -48,8 +62,23 @@ class PackedLinears:
                 self._patched.append(module)
                 self.nbytes += module.weight.numel() * module.weight.element_size()
         log.info(
-            "oneDNN packed weights for %d Linear layers (%.0f MB more memory)", len(self._patched), self.nbytes / 1e6
+            "oneDNN packed weights for %d Linear layers, %d groups of siblings as one (%.0f MB more memory)",
+            len(self._patched),
+            self.fused,
+            self.nbytes / 1e6,
         )
+
+    def _fuse(self, group: list[torch.nn.Linear]) -> None:
+        weight = torch.cat([m.weight.detach() for m in group])  # [sum(out), in]
+        bias = None if group[0].bias is None else torch.cat([m.bias.detach() for m in group if m.bias is not None])
+        siblings = _Siblings(
+            torch.ops.mkldnn._reorder_linear_weight(weight, BATCH_HINT), bias, [m.out_features for m in group]
+        )
+        for i, module in enumerate(group):
+            module.__dict__["forward"] = siblings.forward_of(i, module)
+            self._patched.append(module)
+            self.nbytes += module.weight.numel() * module.weight.element_size()
+        self.fused += 1
 
     def __len__(self) -> int:
         return len(self._patched)
@@ -68,6 +97,38 @@ class PackedLinears:
         finally:
             for module, forward in saved:
                 module.__dict__["forward"] = forward
+
+
+def _packable(module: Any, skip: tuple[torch.nn.Module, ...]) -> TypeGuard[torch.nn.Linear]:
+    return type(module) is torch.nn.Linear and module not in skip and module.weight.is_floating_point()
+
+
+class _Siblings:
+    """Layers that read one input, computed by one GEMM over their weights side by side. The
+    outputs of the last input wait for the siblings not called yet (held with that input, so an
+    identity check cannot be fooled by a reused address)."""
+
+    def __init__(self, packed: torch.Tensor, bias: torch.Tensor | None, widths: list[int]):
+        self.packed, self.bias, self.widths = packed, bias, widths
+        self._input: torch.Tensor | None = None
+        self._outputs: list[torch.Tensor | None] = []
+
+    def forward_of(self, index: int, module: torch.nn.Linear):
+        def forward(x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out of this sibling]
+            if x is not self._input or self._outputs[index] is None:
+                if x is self._input:  # called twice on one input: its own weight, no stale slices
+                    return F.linear(x, module.weight, module.bias)
+                flat = x.reshape(-1, x.shape[-1])
+                out = torch.ops.mkldnn._linear_pointwise(flat.contiguous(), self.packed, self.bias, "none", [], "")
+                parts = out.reshape(*x.shape[:-1], out.shape[-1]).split(self.widths, dim=-1)
+                self._input, self._outputs = x, list(parts)
+            part, self._outputs[index] = self._outputs[index], None
+            if all(o is None for o in self._outputs):
+                self._input = None  # every sibling took its slice: let the input go
+            assert part is not None
+            return part
+
+        return forward
 
 
 def _packed_forward(packed: torch.Tensor, bias: Any, out_features: int):
