@@ -129,14 +129,22 @@ def serve(engine: RaggedTorchEngine, limits: SchedulerConfig, reqs, *, fork_firs
     return [s.generated for s in seqs], sched, copies
 
 
-@pytest.mark.parametrize("name", list(ARCHITECTURES))
-def test_packed_greedy_tokens_equal_generate_alone(name):
+STACKED = {"llama", "qwen2", "mistral (sliding window 8)"}  # run as plain tensor operations (llama_stack)
+
+
+@pytest.mark.parametrize(
+    ("name", "stack"), [(name, True) for name in ARCHITECTURES] + [(name, False) for name in sorted(STACKED)]
+)
+def test_packed_greedy_tokens_equal_generate_alone(name, stack):
+    """Every architecture through the steps it gets; the stacked ones through the model's own
+    forward too (what they fall back to)."""
     model = tiny(*ARCHITECTURES[name])
     reqs = requests()
     want = [alone(model, p, n) for p, n in reqs]
     # 3 running at once, 12 tokens a step (chunked prefill), 12 blocks of 4: preemptions on the way
     limits = SchedulerConfig(max_running=3, max_step_tokens=12, kv_blocks=12, block_size=4, prefix_caching=True)
-    engine = RaggedTorchEngine(runnable(model), limits)
+    engine = RaggedTorchEngine(runnable(model), limits, stack=stack)
+    assert ("plain tensor operations" in engine.name) == (stack and name in STACKED), engine.name
     try:
         assert engine.self_check(reqs[1][0]) is None
         got, sched, copies = serve(engine, limits, reqs, fork_first=True)
@@ -146,6 +154,25 @@ def test_packed_greedy_tokens_equal_generate_alone(name):
     assert got[5] == want[0][: len(got[5])] and len(got[5]) == reqs[0][1]  # the fork: the same greedy answer
     assert sched.pool.hits >= 4 and sched.preemptions >= 1 and copies >= 1
     assert sched.used_blocks == 0
+
+
+def test_a_stack_that_differs_from_the_model_falls_back_to_its_own_forward(monkeypatch, caplog):
+    """A fault put into the plain-tensor layers (RMSNorm off by 1%) is caught by the start-up
+    check, which then runs and checks the model's own forward instead."""
+    from accelab.serve.engines import llama_stack
+
+    rms = llama_stack._rms
+    monkeypatch.setattr(llama_stack, "_rms", lambda x, w, eps: rms(x, w, eps) * 1.01)
+    model = tiny(*ARCHITECTURES["llama"])
+    engine = RaggedTorchEngine(runnable(model), SchedulerConfig(max_running=2, kv_blocks=16, block_size=4))
+    try:
+        assert "plain tensor operations" in engine.name
+        with caplog.at_level("WARNING"):
+            assert engine.self_check(list(range(5, 25))) is None
+        assert "the model's own forward" in engine.name
+        assert "do not reproduce its own forward (its logits after the prompt differ" in caplog.text
+    finally:
+        engine.close()
 
 
 def test_latent_attention_is_refused_with_the_reason():

@@ -152,23 +152,45 @@ def paged_attention(
 ) -> tuple[torch.Tensor, None]:
     """query: [1, H, T, D] for the packed step; `key` is the _LayerView the cache gave. -> [1, T, H, D]."""
     view: _LayerView = key
-    window = kwargs.get("sliding_window")
-    softcap = kwargs.get("softcap")
-    sinks = kwargs.get("s_aux")  # [H] one more logit per head that takes probability but has no value (gpt-oss)
-    heads, dim = query.shape[1], query.shape[3]
-    packed = query[0].transpose(0, 1)  # [T, H, D]
-    groups = view.layout.groups
+    out = attend(
+        query[0].transpose(0, 1),
+        view.cache,
+        view.layer,
+        view.layout,
+        scaling=scaling,
+        window=kwargs.get("sliding_window"),
+        softcap=kwargs.get("softcap"),
+        sinks=kwargs.get("s_aux"),  # [H] one more logit per head that takes probability but has no value (gpt-oss)
+    )
+    return out[None], None
+
+
+def attend(
+    packed: torch.Tensor,
+    cache: PagedKVCache,
+    layer: int,
+    layout: StepLayout,
+    *,
+    scaling: float | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """packed: the step's queries [T, H, D] -> their attention outputs [T, H, D], each query over
+    its own sequence's keys (already written for this step) in the layer's blocks."""
+    heads, dim = packed.shape[1], packed.shape[2]
+    groups = layout.groups
     out = None if len(groups) == 1 and groups[0].keep is None else packed.new_empty(packed.shape)
     for group in groups:
-        keys, values = view.cache.gather(view.layer, group.tables)  # [B, KVH, L, D]
+        keys, values = cache.gather(layer, group.tables)  # [B, KVH, L, D]
         q = packed[group.rows].transpose(1, 2)  # [B, H, Q, D]
         mask = group.mask(window, keys.shape[2])
         o = _attend(q, keys, values, mask, scaling, softcap, sinks).transpose(1, 2).reshape(-1, heads, dim)
         if out is None:  # one group, unpadded: its rows are all the step's tokens, in order
-            return o[None], None
+            return o
         out.index_copy_(0, group.targets, o if group.keep is None else o.index_select(0, group.keep))
     assert out is not None  # at least one group: a step has tokens
-    return out[None], None
+    return out
 
 
 def _attend(

@@ -37,7 +37,7 @@ import torch
 
 from accelab.catalog.facts import text_config
 from accelab.plan.runtime import Unsupported, input_device
-from accelab.serve.engines import packed_linear
+from accelab.serve.engines import llama_stack, packed_linear
 from accelab.serve.engines.base import SamplingParams, StepInput
 from accelab.serve.engines.kv_cache import PagedKVCache
 from accelab.serve.engines.packed_linear import PackedLinears
@@ -47,15 +47,19 @@ from accelab.serve.engines.sampling import SampledToken, sample_step
 log = logging.getLogger(__name__)
 
 
+STACK_NAME = "packed steps over the model's layers as plain tensor operations, paged KV cache"
+OWN_FORWARD_NAME = "packed steps over the model's own forward, paged KV cache (accelab_paged attention)"
+
+
 class RaggedTorchEngine:
     """Steps of many sequences through one forward of a transformers causal LM, over the
     scheduler's KV blocks (see the module docstring). Owns the model's attention setting while
     it lives; `close` restores it. `limits`: the scheduler's SchedulerConfig (kv_blocks,
     block_size size the cache)."""
 
-    name = "packed steps over the model's own forward, paged KV cache (accelab_paged attention)"
-
-    def __init__(self, runnable: Any, limits: Any, *, pack_linears: bool = True, pack_head: bool = True):
+    def __init__(
+        self, runnable: Any, limits: Any, *, pack_linears: bool = True, pack_head: bool = True, stack: bool = True
+    ):
         model = runnable.model
         config = getattr(model, "config", None)
         if config is None or not hasattr(model, "set_attn_implementation"):
@@ -89,13 +93,28 @@ class RaggedTorchEngine:
                 f"{type(model).__name__}'s attention does not go through transformers' "
                 "AttentionInterface, so the packed steps cannot give it the paged KV cache"
             )
+        self._pack_linears, self._pack_head = pack_linears, pack_head
+        self._packed: PackedLinears | None = None
+        self._head: torch.nn.Linear | None = None
+        why = llama_stack.why_not(model) if stack else "not asked for"
+        self._stack = llama_stack.LlamaStack(model) if why is None else None
+        self.name = STACK_NAME
+        if self._stack is None:
+            log.info("the continuous steps run the model's own forward (%s)", why)
+            self._use_model_forward()
+
+    def _use_model_forward(self) -> None:
+        """Steps through the model's own forward, its Linear layers packed for oneDNN where they can be."""
+        self._stack = None
+        self.name = OWN_FORWARD_NAME
+        model = self.model
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         self._packed = (
-            PackedLinears(model, skip=() if pack_head or head is None else (head,))
-            if pack_linears and packed_linear.available(self.device, _dtype_of(model))
+            PackedLinears(model, skip=() if self._pack_head or head is None else (head,))
+            if self._pack_linears and packed_linear.available(self.device, _dtype_of(model))
             else None
         )
-        self._head = None if pack_head and self._packed else _transposed_head(model)
+        self._head = None if self._pack_head and self._packed else _transposed_head(model)
 
     # -- the step -------------------------------------------------------------------------
     def step(self, inputs: list[StepInput]) -> list[SampledToken]:
@@ -112,6 +131,11 @@ class RaggedTorchEngine:
             if item.sample:
                 keep.append(len(ids) - 1)
         device = self.device
+        if self._stack is not None:
+            with torch.inference_mode(), self.runnable.context():
+                ids_t = torch.tensor(ids, dtype=torch.long, device=device)
+                rows = torch.tensor(keep or [len(ids) - 1], dtype=torch.long, device=device)
+                return self._stack.logits(ids_t, layout, self.cache, rows)[: len(keep)]
         batch = {
             "input_ids": torch.tensor([ids], dtype=torch.long, device=device),  # [1, T]
             "position_ids": layout.positions[None],  # [1, T]
@@ -152,7 +176,20 @@ class RaggedTorchEngine:
     def self_check(self, prompt: list[int]) -> str | None:
         """None when the packed steps give the model's own logits for `prompt` (fed in two
         chunks, the second beside another sequence's prefill, then one decode step), else what
-        differed. Uses the pool's last blocks: nothing else runs yet."""
+        differed. Uses the pool's last blocks: nothing else runs yet. When the plain-tensor
+        stack differs, the steps go through the model's own forward and that is checked."""
+        problem = self._check(prompt)
+        if problem is not None and self._stack is not None:
+            log.warning(
+                "the plain-tensor layers of %s do not reproduce its own forward (%s); running its own forward",
+                type(self.model).__name__,
+                problem,
+            )
+            self._use_model_forward()
+            problem = self._check(prompt)
+        return problem
+
+    def _check(self, prompt: list[int]) -> str | None:
         if len(prompt) < 3:
             raise ValueError("self_check needs a prompt of 3 tokens or more")
         greedy = SamplingParams(max_tokens=1, temperature=0)

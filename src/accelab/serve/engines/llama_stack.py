@@ -1,0 +1,160 @@
+"""The decoder stack of a Llama-shaped model (Llama, Mistral, Qwen2) as a few tensor operations
+a layer, for the continuous steps: the same arithmetic as transformers' modules, without them.
+
+Profiled at 8 decoding sequences of SmolLM2 (benchmarks/profile_serve_step.py), the model's own
+forward spent about a third of each step outside any operator: 30 decoder layers of module calls,
+keyword plumbing, decorators and the cache interface, around ~70 small operators a layer. Here a
+layer is RMSNorm, one packed q|k|v GEMM, rotary embedding of q and k together, the KV write, paged
+attention, the output GEMM and residual, RMSNorm, one packed gate|up GEMM, SiLU x up, the down
+GEMM and residual: about 20 operators. Weights are the model's own (packed once for oneDNN on
+CPU, `packed_linear`); rotary cos/sin come from the model's own rotary module, so its RoPE
+scaling is what it is.
+
+Only these exact classes with their plain shape are taken (`why_not` says why another is not);
+the engine checks the stack's logits against the model's own forward at start-up and runs the
+model's forward instead when they differ.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from accelab.catalog.facts import text_config
+from accelab.serve.engines import packed_linear
+from accelab.serve.engines.kv_cache import PagedKVCache
+from accelab.serve.engines.paged_attention import StepLayout, attend
+
+log = logging.getLogger(__name__)
+
+# class -> where a layer's sliding window is read (None: the model has none)
+WINDOWS: dict[str, Callable[[Any, Any], int | None] | None] = {
+    "LlamaForCausalLM": None,
+    "MistralForCausalLM": lambda config, attn: getattr(config, "sliding_window", None),
+    "Qwen2ForCausalLM": lambda config, attn: getattr(attn, "sliding_window", None),
+}
+Linear = Callable[[torch.Tensor], torch.Tensor]  # [T, in] -> [T, out]
+
+
+def why_not(model: Any) -> str | None:
+    """None when `model` is one this stack computes exactly, else the reason it is not."""
+    name = type(model).__name__
+    if name not in WINDOWS:
+        return f"{name} is not one of {', '.join(WINDOWS)}"
+    config = text_config(model.config)
+    if getattr(config, "hidden_act", "silu") != "silu" or getattr(config, "pretraining_tp", 1) != 1:
+        return "its MLP is not SiLU-gated, or it splits its layers for tensor-parallel pretraining"
+    if getattr(config, "mlp_bias", False):
+        return "its MLP has biases"
+    layers = model.model.layers
+    if len(layers) != config.num_hidden_layers:
+        return "it runs another number of layers than it holds"
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        if any(type(m) is not torch.nn.Linear for m in linears):
+            return "a projection is not a plain nn.Linear (quantized?)"
+        if mlp.gate_proj.bias is not None or attn.o_proj.bias is not None:
+            return "its gate or output projection has a bias"
+    if type(model.get_output_embeddings()) is not torch.nn.Linear or model.get_output_embeddings().bias is not None:
+        return "its output layer is not a plain nn.Linear"
+    return None
+
+
+class LlamaStack:
+    """`logits(ids, layout, cache, keep)`: one packed step of the model over the paged KV cache."""
+
+    def __init__(self, model: Any):
+        config = text_config(model.config)
+        inner = model.model
+        self.model = model
+        self.embed = inner.embed_tokens.weight
+        self.rotary = inner.rotary_emb
+        self.norm_weight, self.norm_eps = inner.norm.weight, inner.norm.variance_epsilon
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = inner.layers[0].self_attn.head_dim
+        window_of = WINDOWS[type(model).__name__]
+        dtype = self.embed.dtype
+        pack = packed_linear.available(self.embed.device, dtype)
+        self.layers = []
+        with torch.no_grad():
+            for layer in inner.layers:
+                attn, mlp = layer.self_attn, layer.mlp
+                self.layers.append(
+                    _Layer(
+                        norm1=(layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon),
+                        qkv=_linear([attn.q_proj, attn.k_proj, attn.v_proj], pack),
+                        o=_linear([attn.o_proj], pack),
+                        norm2=(layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon),
+                        gate_up=_linear([mlp.gate_proj, mlp.up_proj], pack),
+                        down=_linear([mlp.down_proj], pack),
+                        scaling=attn.scaling,
+                        window=window_of(config, attn) if window_of else None,
+                        inter=mlp.gate_proj.out_features,
+                    )
+                )
+            self.head = _linear([model.get_output_embeddings()], pack)
+        log.info(
+            "the continuous steps run %s's %d layers as plain tensor operations", type(model).__name__, len(self.layers)
+        )
+
+    def logits(self, ids: torch.Tensor, layout: StepLayout, cache: PagedKVCache, keep: torch.Tensor) -> torch.Tensor:
+        """ids: [T] the step's tokens; keep: [N] the rows whose next token is picked -> logits [N, V]."""
+        t, hq, hkv, d = ids.shape[0], self.heads, self.kv_heads, self.head_dim
+        h = F.embedding(ids, self.embed)  # [T, H]
+        cos, sin = self.rotary(h, layout.positions[None])  # [1, T, D] each
+        cos, sin = cos[0, :, None], sin[0, :, None]  # [T, 1, D]: one row per token, every head alike
+        half = d // 2
+        for i, layer in enumerate(self.layers):
+            qkv = layer.qkv(_rms(h, *layer.norm1))  # [T, (hq + 2 hkv) d]
+            qk = qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d)
+            rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+            qk = qk * cos + rotated * sin  # rotary embedding of q and k at once
+            q, k = qk[:, :hq], qk[:, hq:]
+            cache.write(i, layout.slots, k, qkv[:, (hq + hkv) * d :].view(t, hkv, d))
+            attn = attend(q, cache, i, layout, scaling=layer.scaling, window=layer.window)  # [T, hq, d]
+            h = h + layer.o(attn.reshape(t, hq * d))
+            gate_up = layer.gate_up(_rms(h, *layer.norm2))  # [T, 2 I]
+            h = h + layer.down(F.silu(gate_up[:, : layer.inter]) * gate_up[:, layer.inter :])
+        return self.head(_rms(h.index_select(0, keep), self.norm_weight, self.norm_eps))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Layer:
+    norm1: tuple[torch.Tensor, float]  # RMSNorm weight, epsilon
+    qkv: Linear
+    o: Linear
+    norm2: tuple[torch.Tensor, float]
+    gate_up: Linear
+    down: Linear
+    scaling: float
+    window: int | None
+    inter: int  # the MLP's width: gate_up's first half is the gate
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm: in float32, scaled by the weight in the input's dtype."""
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _linear(modules: list[torch.nn.Linear], pack: bool) -> Linear:
+    """One GEMM over the weights of `modules` side by side (they read one input)."""
+    weight = torch.cat([m.weight.detach() for m in modules])
+    biases = [m.bias for m in modules]
+    bias = (
+        None
+        if all(b is None for b in biases)
+        else torch.cat(
+            [b.detach() if b is not None else weight.new_zeros(m.out_features) for b, m in zip(biases, modules)]
+        )
+    )
+    if not pack:
+        return lambda x: F.linear(x, weight, bias)
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, packed_linear.BATCH_HINT)
+    return lambda x: torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
