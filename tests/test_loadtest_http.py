@@ -182,6 +182,57 @@ def test_transport_errors_are_counted_by_kind_not_raised():
     assert summary["errors_by_status"] == {"error:Timeout": 2} and summary["ok"] == 0
 
 
+def test_a_kept_alive_connection_the_server_closed_is_tried_again_once():
+    """A real server that answers HTTP/1.1 keep-alive and then closes every connection after one
+    answer (llama-server closes one after a few): the reused connection fails before any byte,
+    and the request goes again on a fresh one; each request is sent at most twice."""
+    import asyncio
+    import socket
+    import threading
+
+    body = json.dumps({"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.5]}]})
+    answer = (
+        f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}"
+    ).encode()
+    received: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+        )
+        await reader.readexactly(length)
+        received.append(1)
+        writer.write(answer)
+        await writer.drain()
+        writer.close()  # no Connection: close header: the client keeps the connection for the next request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    loop = asyncio.new_event_loop()
+    server = loop.run_until_complete(asyncio.start_server(handle, "127.0.0.1", port))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        config = LoadConfig(
+            url=f"127.0.0.1:{port}",
+            endpoint="embeddings",
+            inputs=("x",),
+            concurrency=1,
+            requests=6,
+            duration_s=10,
+            warmup=0,
+            timeout_s=5,
+        )
+        records = run_load(config, "fake")
+    finally:
+        loop.call_soon_threadsafe(server.close)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+    assert [r.status for r in records] == ["200"] * 6 and len(received) == 6
+
+
 def test_embeddings_are_asked_for_as_base64_like_the_openai_client():
     from accelab.loadtest.client import _Sender
 

@@ -215,14 +215,16 @@ class _Sender:
         record = RequestRecord(start=time.perf_counter() - t0, end=0.0, status="")
         self.in_flight += 1
         try:
-            async with self.session.post(self.url, json=self.body(index)) as response:
-                record.status = str(response.status)
-                if response.status != 200:
-                    record.error = (await response.read()).decode(errors="replace")[:300]
-                elif self.config.streams:
-                    await self._streamed(response, t0, record)
-                else:
-                    _count_usage(record, json.loads(await response.read()).get("usage"))
+            for attempt in range(2):
+                try:
+                    await self._send(index, t0, record)
+                    break
+                except STALE_CONNECTION:
+                    # a kept-alive connection the server had closed (llama-server closes one after a
+                    # few requests): nothing was answered on it, so the request goes again on a fresh
+                    # one, once, as HTTP clients do; its latency counts from the first try
+                    if attempt or record.status:
+                        raise
         except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as err:
             record.status = f"error:{_error_name(err)}"
             record.error = str(err)[:300] or _error_name(err)
@@ -230,6 +232,16 @@ class _Sender:
             self.in_flight -= 1
         record.end = time.perf_counter() - t0
         return record
+
+    async def _send(self, index: int, t0: float, record: RequestRecord) -> None:
+        async with self.session.post(self.url, json=self.body(index)) as response:
+            record.status = str(response.status)
+            if response.status != 200:
+                record.error = (await response.read()).decode(errors="replace")[:300]
+            elif self.config.streams:
+                await self._streamed(response, t0, record)
+            else:
+                _count_usage(record, json.loads(await response.read()).get("usage"))
 
     async def _streamed(self, response: aiohttp.ClientResponse, t0: float, record: RequestRecord) -> None:
         async for raw in response.content:  # one SSE line at a time
@@ -252,6 +264,9 @@ class _Sender:
                 _count_usage(record, chunk["usage"])
         if record.output_tokens == 0:  # a server without usage in streams: one token per chunk
             record.output_tokens = len(record.chunk_times)
+
+
+STALE_CONNECTION = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
 
 def _error_name(err: BaseException) -> str:
