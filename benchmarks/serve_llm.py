@@ -224,19 +224,20 @@ def guidellm(server: S.Server, streams: int, seconds: float, tmp: Path) -> dict[
 
 
 def _guidellm_rates(report: dict[str, Any]) -> dict[str, Any]:
+    """guidellm's own figures: output tokens of its successful requests over its run's duration
+    (what its table calls output tok/s), TTFT and ITL medians, and its request counts."""
     bench = report["benchmarks"][0]
     metrics = bench["metrics"]
 
-    def med(name: str) -> float | None:
-        stats = metrics.get(name) or {}
-        stats = stats.get("successful", stats)
-        return stats.get("median") if isinstance(stats, dict) else None
+    def successful(name: str, stat: str) -> float | None:
+        return ((metrics.get(name) or {}).get("successful") or {}).get(stat)
 
-    totals = bench.get("request_totals") or {}
+    totals = metrics.get("request_totals") or {}
+    tokens = successful("output_token_count", "total_sum")
     return {
-        "output_tokens_per_s": med("output_tokens_per_second"),
-        "ttft_ms_p50": med("time_to_first_token_ms"),
-        "itl_ms_p50": med("inter_token_latency_ms"),
+        "output_tokens_per_s": tokens / bench["duration"] if tokens is not None and bench.get("duration") else None,
+        "ttft_ms_p50": successful("time_to_first_token_ms", "median"),
+        "itl_ms_p50": successful("inter_token_latency_ms", "median"),
         "successful": totals.get("successful"),
         "errored": totals.get("errored"),
     }
