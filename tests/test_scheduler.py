@@ -105,14 +105,6 @@ def test_queue_is_bounded_and_a_sequence_that_can_never_fit_is_refused():
     assert sched.add("e", (1, 2, 3, 4), max_tokens=5).max_tokens == 5  # 8 tokens: fits exactly
 
 
-def test_an_engine_share_per_sequence_bounds_one_sequence():
-    """llama.cpp's per-sequence KV streams: each sequence holds kv_tokens / max_running."""
-    sched, _ = make(max_running=2, max_step_tokens=8, kv_blocks=4, block_size=4, max_sequence_tokens=8)
-    with pytest.raises(NeverFits, match=r"needs 9 tokens of KV cache; each of the 2 sequences holds 8 \(--kv-cache"):
-        sched.add("long", (1, 2, 3, 4, 5), max_tokens=5)
-    assert sched.add("fits", (1, 2, 3, 4), max_tokens=5).max_tokens == 5
-
-
 def test_waiting_past_the_deadline_expires_and_never_runs():
     sched, clock = make(max_running=1, max_step_tokens=8)
     sched.add("running", (1, 2), max_tokens=8)

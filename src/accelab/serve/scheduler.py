@@ -61,9 +61,6 @@ class SchedulerConfig:
     block_size: int = 16  # tokens per block
     max_queue: int = 256  # sequences waiting; more get QueueFull
     prefix_caching: bool = False  # committed blocks are shared by later sequences (the engine keeps KV in them)
-    # the most tokens one sequence may hold, when the engine sets aside a fixed share of its cache
-    # for each sequence (llama.cpp's per-sequence KV streams); None: the whole cache
-    max_sequence_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_step_tokens", "kv_blocks", "block_size", "max_queue"):
@@ -237,13 +234,6 @@ class Scheduler(Generic[T]):
         if max_tokens < 1:
             raise ValueError(f"max_tokens={max_tokens} must be 1 or more")
         need = prompt_tokens + max_tokens - 1  # the last token is sampled, never fed back
-        share = self.config.max_sequence_tokens
-        if share is not None and need > share < self.config.kv_tokens:
-            raise NeverFits(
-                f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) needs {need} tokens of KV cache; each "
-                f"of the {self.config.max_running} sequences holds {share} (--kv-cache-tokens / --max-batch-size); "
-                "lower max_tokens, shorten the prompt or raise --kv-cache-tokens"
-            )
         if need > self.config.kv_tokens:
             raise NeverFits(
                 f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) needs {need} tokens of KV cache; the "

@@ -4,7 +4,6 @@ of requests in flight. One per app (kept on `app.state.accelab`)."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import gc
 import logging
 import threading
@@ -16,7 +15,7 @@ from typing import Any, Literal
 from accelab.plan.runtime import Unsupported
 from accelab.serve.config import ServeConfig
 from accelab.serve.continuous import ContinuousHooks, ContinuousWorker, StepReport
-from accelab.serve.engines.base import ROUTES_OF_TASK, Engine, SchedulesItself, SharesKVPerSequence, generates
+from accelab.serve.engines.base import ROUTES_OF_TASK, Engine, SchedulesItself, generates
 from accelab.serve.errors import ApiError
 from accelab.serve.metrics import ServeMetrics
 from accelab.serve.worker import Executor, GenerationWorker, Worker, WorkerHooks
@@ -103,8 +102,6 @@ class ServerState:
         except Unsupported as reason:
             log.warning("continuous batching is off for %s: %s; it falls back to the per-batch scheduler", name, reason)
             return None
-        if isinstance(stepper, SharesKVPerSequence):
-            limits = dataclasses.replace(limits, max_sequence_tokens=stepper.max_sequence_tokens)
         worker = ContinuousWorker(
             stepper,
             limits,

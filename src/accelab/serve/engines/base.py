@@ -228,14 +228,6 @@ class PagedKV(Protocol):
     def copy_blocks(self, copies: Sequence[Any]) -> None: ...
 
 
-@runtime_checkable
-class SharesKVPerSequence(Protocol):
-    """Its KV cache is split into a fixed share per sequence (llama.cpp's per-sequence streams):
-    one sequence holds at most `max_sequence_tokens`, which the scheduler's admission checks."""
-
-    max_sequence_tokens: int
-
-
 def fit_prompt(prompt: Prompt, max_tokens: int, max_context: int | None, *, truncate: bool, name: str) -> Prompt:
     """The prompt, if it and max_tokens fit the model's context; with `truncate`, its last
     tokens that do; else ContextTooLong with both lengths."""

@@ -21,7 +21,6 @@ log = logging.getLogger(__name__)
 
 
 PREFIX_KEEP = 256  # tokens a finished sequence leaves in its slot, for the next one to reuse
-STREAM_PAD = 256
 
 
 class LlamaStepEngine:
@@ -29,25 +28,19 @@ class LlamaStepEngine:
     sequence id (a slot, reused as sequences finish), as llama.cpp's own server does; a step is
     one llama_decode of every chunk's tokens, each tagged with its slot and position.
 
-    Each slot has a KV stream of its own (llama.cpp's `kv_unified` off), `max_sequence_tokens`
-    = the scheduler's KV tokens / its sequences: with one unified buffer every sequence's
-    attention ran over the cells of all of them (8 SmolLM2 sequences of 160 tokens here: 49 ms
-    a step unified, 40 ms split on Q4_1). A finished sequence leaves its first PREFIX_KEEP tokens
-    in its slot; a new sequence takes the free slot that shares the longest prefix with it
-    (`reuse_prefix`) and is prefilled from there."""
+    A finished sequence leaves its first PREFIX_KEEP tokens in its slot; a new sequence takes
+    the free slot that shares the longest prefix with it (`reuse_prefix`) and is prefilled
+    from there. The context holds the scheduler's KV tokens plus those leftovers."""
 
-    name = "llama.cpp sequences of one context, a KV stream each (one llama_decode per step, prefix reuse per slot)"
+    name = "llama.cpp sequences of one context (one llama_decode per step, prefix reuse per slot)"
 
     def __init__(self, engine: LlamaEngine, *, max_sequences: int, kv_tokens: int, max_step_tokens: int):
         import llama_cpp
 
         self.engine = engine
         model = engine.model
-        # llama.cpp pads each stream to a multiple of 256 cells
-        self.max_sequence_tokens = -(-kv_tokens // max_sequences // STREAM_PAD) * STREAM_PAD
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx, params.n_seq_max = self.max_sequence_tokens * max_sequences, max_sequences
-        params.kv_unified = False
+        params.n_ctx, params.n_seq_max, params.kv_unified = kv_tokens + max_sequences * PREFIX_KEEP, max_sequences, True
         params.n_batch = params.n_ubatch = max_step_tokens
         params.n_threads = params.n_threads_batch = engine.threads
         params.no_perf = True
@@ -97,9 +90,7 @@ class LlamaStepEngine:
         parent = self._slots[parent_seq_id]
         child = self._slot(child_seq_id)
         self._truncate(child, 0)
-        # another stream: llama.cpp copies whole streams (at the next decode), then the child drops the rest
-        llama_cpp.llama_memory_seq_cp(self._memory, parent, child, -1, -1)
-        llama_cpp.llama_memory_seq_rm(self._memory, child, n_tokens, -1)
+        llama_cpp.llama_memory_seq_cp(self._memory, parent, child, 0, n_tokens)
         self._held[child] = list(self._held[parent][:n_tokens])
 
     def score(self, tokens: Any) -> torch.Tensor:
