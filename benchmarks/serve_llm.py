@@ -240,6 +240,7 @@ def _guidellm_rates(report: dict[str, Any]) -> dict[str, Any]:
         "itl_ms_p50": successful("inter_token_latency_ms", "median"),
         "successful": totals.get("successful"),
         "errored": totals.get("errored"),
+        "incomplete": totals.get("incomplete"),
     }
 
 
@@ -297,7 +298,7 @@ def report(servers: dict[str, S.Server], extra: dict[str, Any], opts: argparse.N
             lines.append(
                 f"guidellm, 8 streams, 64 in / 64 out, against {label}: {fmt(row['output_tokens_per_s'], 1)} "
                 f"output tok/s, TTFT p50 {fmt(row['ttft_ms_p50'])} ms, ITL p50 {fmt(row['itl_ms_p50'], 1)} ms, "
-                f"{row['successful']} ok / {row['errored']} errors"
+                f"{row['successful']} ok / {row['errored']} errors / {row['incomplete']} cut off at the end"
             )
     lines.append("")
     lines += verdicts(servers, opts)
@@ -399,7 +400,7 @@ def main() -> int:
             measure(servers, opts)
             if not opts.no_extras:
                 extra["guidellm"] = {
-                    s.label: guidellm(s, 8, 30, Path(tmp))
+                    s.label: guidellm(s, 8, 40, Path(tmp))
                     for k, s in servers.items()
                     if k in ("torch", "llamacpp", "llamacpp-q8_0", "vllm")
                 }

@@ -107,6 +107,29 @@ class ServerProcess:
             time.sleep(0.05)
         raise RuntimeError("server not ready:\n" + "".join(self.log))
 
+    def wait_in_flight(self, n: int, timeout_s: float = 30.0) -> None:
+        """Until the server counts n requests in flight (its /metrics): on a slow machine a request
+        a thread started half a second ago may not have reached it yet."""
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            page = httpx.get(f"{self.url}/metrics", timeout=10).text
+            line = next(x for x in page.splitlines() if x.startswith("accelab_requests_in_flight "))
+            if float(line.split()[1]) >= n:
+                return
+            assert time.monotonic() < deadline, f"{line} (waited for {n})"
+            time.sleep(0.02)
+
+    def wait_draining(self, timeout_s: float = 10.0) -> None:
+        """After SIGTERM, until /readyz says 503: the server has seen the signal and refuses new work."""
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while httpx.get(f"{self.url}/readyz", timeout=5).status_code != 503:
+            assert time.monotonic() < deadline, "the server never started draining"
+            time.sleep(0.02)
+
     def stop(self, timeout_s: float = 30.0) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

@@ -61,11 +61,11 @@ def test_sigterm_under_load_finishes_in_flight_requests_and_exits_cleanly():
         threads = [threading.Thread(target=chat, args=(server.url, f"req {i}", 10, results, i == 0)) for i in range(6)]
         for t in threads:
             t.start()
-        time.sleep(0.5)  # 4 running (1 s each), 2 queued behind them
+        server.wait_in_flight(6)  # 4 running (1 s each), 2 queued behind them
         children = psutil.Process(server.proc.pid).children(recursive=True)
         server.proc.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
-        time.sleep(0.3)
+        server.wait_draining()
         refused = httpx.post(
             f"{server.url}/v1/chat/completions",
             json={"messages": [{"role": "user", "content": "late"}], "max_tokens": 2},
@@ -95,7 +95,7 @@ def test_grace_period_bounds_the_exit():
         results: list = []
         worker = threading.Thread(target=chat, args=(server.url, "long", 200, results), daemon=True)  # ~20 s
         worker.start()
-        time.sleep(0.3)
+        server.wait_in_flight(1)
         server.proc.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         rc = server.proc.wait(15)

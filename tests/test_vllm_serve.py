@@ -166,8 +166,9 @@ def test_a_client_that_hangs_up_mid_stream_frees_its_sequence(server):
 def test_sigterm_finishes_in_flight_streams_refuses_new_ones_and_stops_the_engine(server):
     assert len(server.engines) == 1  # this server's own engine process
     results: list = []
+    streaming = [threading.Event() for _ in range(3)]
 
-    def one() -> None:
+    def one(started: threading.Event) -> None:
         with httpx.stream(
             "POST",
             f"{server.url}/v1/completions",
@@ -175,21 +176,28 @@ def test_sigterm_finishes_in_flight_streams_refuses_new_ones_and_stops_the_engin
             json={
                 "model": MODEL,
                 "prompt": "Tell me about Paris.",
-                "max_tokens": 48,
+                "max_tokens": 64,
                 "stream": True,
                 "temperature": 0,
                 "ignore_eos": True,
             },
         ) as response:
-            text = [line for line in response.iter_lines() if line.startswith("data:")]
-            results.append((response.status_code, text[-1]))
+            text = []
+            for line in response.iter_lines():
+                if line.startswith("data:"):
+                    text.append(line)
+                    started.set()
+            results.append((response.status_code, text[-1] if text else "no data: lines"))
 
-    threads = [threading.Thread(target=one) for _ in range(3)]
+    threads = [threading.Thread(target=one, args=(e,)) for e in streaming]
     for t in threads:
         t.start()
-    time.sleep(0.5)
+    # SIGTERM only once every stream has its first token: a request still on its way (a slow
+    # machine) would be refused, rightly, and that is not what this test is about
+    assert all(e.wait(60) for e in streaming), results
+    assert metric(server.url, "accelab_requests_in_flight") == 3
     server.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
+    server.wait_draining()
     late = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "late", "max_tokens": 2})
     assert late.status_code == 503 and "shutting down" in late.text
     for t in threads:
