@@ -302,7 +302,8 @@ def report(servers: dict[str, S.Server], extra: dict[str, Any], opts: argparse.N
         if row:
             lines.append(
                 f"guidellm, 8 streams, 64 in / 64 out, against {label}: {fmt(row['output_tokens_per_s'], 1)} "
-                f"output tok/s ({fmt(row.get('streamed_tokens_per_s'), 1)} with the cut-off requests' tokens), TTFT p50 {fmt(row['ttft_ms_p50'])} ms, ITL p50 {fmt(row['itl_ms_p50'], 1)} ms, "
+                f"output tok/s ({fmt(row.get('streamed_tokens_per_s'), 1)} with the cut-off requests' tokens), "
+                f"TTFT p50 {fmt(row['ttft_ms_p50'])} ms, ITL p50 {fmt(row['itl_ms_p50'], 1)} ms, "
                 f"{row['successful']} ok / {row['errored']} errors / {row['incomplete']} cut off at the end"
             )
     lines.append("")
