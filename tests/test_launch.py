@@ -196,7 +196,10 @@ def test_the_workers_get_the_run_s_threads(worker):
 
 # a parent that cannot clean up ---------------------------------------------------------------
 def _launching_parent(worker_command: list[str], summary: Path) -> subprocess.Popen:
+    # Python leaves SIGINT ignored when it starts with it ignored (a job started with & by a
+    # non-interactive shell, as CI scripts do): the parent acts as a terminal's Python does
     script = (
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
         "import sys; from pathlib import Path; from accelab.launch import run_workers; "
         f"run_workers({worker_command!r}, summary_path=Path({str(summary)!r}), threads=None, timeout_s=600, "
         "what='training')"
