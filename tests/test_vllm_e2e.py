@@ -159,6 +159,8 @@ def test_tune_measures_vllm_plans_and_says_why_each_lost_or_won(tmp_path):
         str(tmp_path / "r.db"),
         "--json",
         str(js),
+        "--out",
+        str(tmp_path / "best.yaml"),
         check=False,
     )
     assert proc.returncode in (0, 3), proc.stdout + proc.stderr  # 3: no plan beat the baseline
