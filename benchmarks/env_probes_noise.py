@@ -47,10 +47,18 @@ def run_env() -> tuple[dict[str, Any], float]:
         return json.loads(out.read_text()), time.monotonic() - start
 
 
+def _cpu_limits(report: dict[str, Any]) -> dict[str, Any]:
+    return next(lim for lim in report["limits"] if lim["device"] == "cpu")
+
+
+def _statuses(report: dict[str, Any]) -> dict[str, str]:
+    return {cap["technique"]: cap["status"] for cap in report["capabilities"]}
+
+
 def describe(label: str, report: dict[str, Any], seconds: float) -> list[str]:
     now = report.get("noise_now") or {}
-    cpu = next(lim for lim in report["limits"] if lim["device"] == "cpu")
-    status = {cap["technique"]: cap["status"] for cap in report["capabilities"]}
+    cpu = _cpu_limits(report)
+    status = _statuses(report)
     lines = [
         f"{label}: machine before the run {now.get('level', '?')}"
         + (f" ({now['reason']})" if now.get("level") not in (None, "quiet") else "")
@@ -70,14 +78,12 @@ def describe(label: str, report: dict[str, Any], seconds: float) -> list[str]:
 
 def changed_verdicts(quiet: dict[str, Any], loaded: dict[str, Any]) -> list[str]:
     """Techniques whose capability status differs between the runs although the loaded probe was trusted."""
-    q = {cap["technique"]: cap["status"] for cap in quiet["capabilities"]}
-    details = next(lim for lim in loaded["limits"] if lim["device"] == "cpu").get("probe_details") or {}
+    before, after = _statuses(quiet), _statuses(loaded)
+    details = _cpu_limits(loaded).get("probe_details") or {}
     return [
-        f"{cap['technique']} ({q.get(cap['technique'])} quiet, {cap['status']} loaded)"
-        for cap in loaded["capabilities"]
-        if cap["technique"] in details
-        and details[cap["technique"]]["trusted"]
-        and q.get(cap["technique"]) != cap["status"]
+        f"{name} ({before.get(name)} quiet, {after[name]} loaded)"
+        for name, d in details.items()
+        if d["trusted"] and before.get(name) != after.get(name)
     ]
 
 
