@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from accelab.backends.llamacpp import LlamaEngine, decode_entries
+from accelab.backends.llama_engine import LlamaEngine, decode_entries
 from accelab.serve.engines.base import common_prefix
 from accelab.serve.engines.sampling import SampledToken, sample_step
 
