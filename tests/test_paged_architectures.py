@@ -202,10 +202,10 @@ def test_latent_attention_is_refused_with_the_reason():
 
 def test_attention_outside_the_attention_interface_is_refused_with_the_reason():
     torch.manual_seed(0)
-    model = T.FalconForCausalLM(
-        T.FalconConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
-    ).eval()
+    # Bloom computes its ALiBi attention in its own module (Falcon did too until transformers 5.25
+    # moved it onto the AttentionInterface)
+    model = T.BloomForCausalLM(T.BloomConfig(vocab_size=VOCAB, hidden_size=64, n_layer=2, n_head=4)).eval()
     with pytest.raises(
-        Unsupported, match="FalconForCausalLM's attention does not go through transformers' AttentionInterface"
+        Unsupported, match="BloomForCausalLM's attention does not go through transformers' AttentionInterface"
     ):
         RaggedTorchEngine(runnable(model), SchedulerConfig(max_running=2, kv_blocks=16, block_size=4))
