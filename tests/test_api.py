@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 QUICK = {"batch_size": 2, "min_seconds": 0.2, "min_iters": 3, "warmup": 1}
 
 
+@pytest.mark.slow
 def test_the_example_script_runs_every_function_and_stores_its_results(tmp_path: Path):
     db = tmp_path / "results.db"
     run = subprocess.run(
@@ -45,6 +46,7 @@ def test_the_example_script_runs_every_function_and_stores_its_results(tmp_path:
     assert kinds.count("tune") == 4  # two screening runs and the two finals
 
 
+@pytest.mark.slow
 def test_bench_of_a_module_object_is_stored_and_reuses_one_saved_copy(tmp_path: Path):
     from custom_models import TinyConvNet
 
@@ -91,6 +93,7 @@ def test_model_spec_takes_names_callables_and_objects(monkeypatch: pytest.Monkey
         api.model_spec("minilm-l6", inputs=torch.zeros(1))
 
 
+@pytest.mark.slow
 def test_a_transformers_object_is_saved_with_its_processor_and_loads_like_a_directory(tmp_path: Path):
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 

@@ -202,6 +202,7 @@ def test_tiny_bert_runs_on_ort_fused_and_openvino_like_torch(tiny_bert):
             assert runnable.weight_bytes > 30522 * 32 * 4  # the embedding table alone
 
 
+@pytest.mark.slow
 def test_compare_reuses_the_export(tiny_bert, tmp_path):
     """Two compares in child processes: the second finds the graph the first exported."""
     env = {**os.environ, "ACCELAB_CACHE": os.environ["ACCELAB_CACHE"]}

@@ -40,6 +40,7 @@ def db(tmp_path: Path) -> str:
     return str(tmp_path / "results.db")
 
 
+@pytest.mark.slow
 def test_compare_runs_the_custom_convnet_and_says_what_needs_transformers(tmp_path: Path, db: str):
     out = tmp_path / "compare.json"
     run = accelab(
@@ -81,6 +82,7 @@ def test_compare_runs_the_custom_convnet_and_says_what_needs_transformers(tmp_pa
     assert results["baseline"]["model"]["task"] == "image-classification"
 
 
+@pytest.mark.slow
 def test_verify_passes_a_sound_plan_and_fails_a_corrupted_one():
     # --batch-size 4 --samples 8: the quality config of the compare above, so its cached reference serves
     run = accelab(
@@ -111,6 +113,7 @@ def test_verify_passes_a_sound_plan_and_fails_a_corrupted_one():
     assert "fail" in broken.stdout and "FAULT INJECTED" in broken.stdout
 
 
+@pytest.mark.slow
 def test_tune_writes_a_plan_that_bench_then_runs(tmp_path: Path, db: str):
     out = tmp_path / "best.yaml"
     run = accelab(
@@ -140,6 +143,7 @@ def test_tune_writes_a_plan_that_bench_then_runs(tmp_path: Path, db: str):
     assert result["workload"]["batch_size"] == result["plan"]["batch_size"]
 
 
+@pytest.mark.slow
 def test_an_encoder_with_keyword_inputs_runs_as_feature_extraction(tmp_path: Path):
     out = tmp_path / "bench.json"
     run = accelab("bench", "custom_models:build_encoder", "--batch-size", "3", *QUICK, "--no-store", "--json", str(out))

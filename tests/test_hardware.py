@@ -16,6 +16,9 @@ from accelab.measure.capabilities import capabilities
 from accelab.measure.environment import environment, fingerprint
 from accelab.measure.hardware import HardwareLimits, hardware_limits
 
+# the probes measure this machine's peaks and techniques: with nothing beside them (tests/conftest.py)
+pytestmark = pytest.mark.alone
+
 ENV_KEYS = {
     "hostname",
     "cpu_model",
@@ -88,6 +91,7 @@ def test_fingerprint_is_stable_and_tracks_what_makes_results_comparable(env):
 # --- measured limits and the cache ---------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_measured_limits_are_plausible(measured):
     limits, _ = measured
     assert limits.device == "cpu"
@@ -179,6 +183,7 @@ def test_fake_timing_gives_the_arithmetic(monkeypatch, tmp_path):
     assert peak.value == pytest.approx(2.0 * 64 * 3072 * 768 / 0.5) and peak.kernel == "linear 64x768->3072"
 
 
+@pytest.mark.slow
 def test_peaks_are_measured_on_the_kernels_models_run(measured):
     """The fp32 peak is the best of Linear, conv and matmul: never below what a plain Linear
     of a transformer's shape reaches on this machine (its MFU would pass 100%)."""
@@ -192,6 +197,7 @@ def test_peaks_are_measured_on_the_kernels_models_run(measured):
     assert limits.peak_for("fp32") == ("fp32", limits.fp32_flops)
 
 
+@pytest.mark.slow
 def test_bandwidth_agrees_with_an_independent_numpy_copy(measured):
     """Stated band: numpy's copy (2 bytes moved per byte copied, over 512 MiB) lands within
     0.5x-1.5x of the measured figure (the best of read, copy and triad)."""
@@ -216,6 +222,7 @@ def _timed(fn, time) -> float:
     return time.perf_counter() - start
 
 
+@pytest.mark.slow
 def test_probes_time_each_technique_against_fp32(measured, env):
     limits, _ = measured
     names = set(probes.techniques(torch.device("cpu")))
@@ -253,6 +260,7 @@ def _by_name(caps) -> dict:
     return {cap.technique: cap for cap in caps}
 
 
+@pytest.mark.slow
 def test_capabilities_on_this_cpu(env, measured):
     if env["gpus"]:
         pytest.skip("this machine has a GPU")
@@ -381,6 +389,7 @@ def test_capabilities_on_a_fake_gpu_machine():
 # --- the command --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_env_command_writes_the_report(measured, tmp_path, monkeypatch):
     from accelab.measure.commands import register
 

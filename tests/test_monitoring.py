@@ -31,7 +31,7 @@ from serving import ServerProcess
 from accelab.catalog.fetch import is_fetched
 from accelab.serve.metrics import ERROR_KINDS
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]  # timing: see tests/conftest.py
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -431,7 +431,9 @@ class Tmux:
         subprocess.run(
             [need("tmux"), "new-session", "-d", "-s", self.name, "-x", "120", "-y", "45", command],
             check=True,
-            env={**os.environ, "TERM": "xterm-256color"},
+            # the pane's size is the terminal's; COLUMNS / LINES (pytest-xdist's workers set 80 x 24)
+            # would override it
+            env={**{k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}, "TERM": "xterm-256color"},
         )
 
     def screen(self) -> str:

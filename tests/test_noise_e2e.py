@@ -21,6 +21,7 @@ ALLOWED_UNDECIDED = {"unreliable", "no measurable difference"}
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # its load is the busy loop alone, not a second test worker too
 def test_compare_under_a_switching_load_is_right_or_says_it_cannot_tell(tmp_path):
     out = tmp_path / "compare.json"
     with switching_load(on_s=3.0, off_s=4.0, core=1):

@@ -30,7 +30,7 @@ from accelab.results import contract as K
 from accelab.results.result import new_run_id
 from accelab.results.store import Store
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]  # timing: see tests/conftest.py
 SLOWDOWN = 1.5
 LATENCY_KEYS = ("p50", "p90", "p99", "mean", "min", "max", "stdev")
 

@@ -410,6 +410,7 @@ def counting_backend(monkeypatch):
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
 def test_model_compile_traces_forward_and_generate(counting_backend):
     model = _tiny_llama()
     tokens = _tokens()
@@ -438,6 +439,7 @@ def test_regional_compile_compiles_each_block(counting_backend):
     assert counting_backend.graphs >= 1
 
 
+@pytest.mark.slow
 def test_inductor_compile_matches_eager():
     """The real backend once, regionally on a tiny BERT (blocks share code: one compile)."""
     torch._dynamo.reset()

@@ -226,6 +226,7 @@ def test_resume_from_another_models_checkpoint_is_a_clear_error(cache, tmp_path)
 
 
 # bench ---------------------------------------------------------------------------------------
+@pytest.mark.alone  # two processes against one: a second test worker would take the second core
 def test_bench_rows_and_one_vs_two_processes(cache, tmp_path):
     """The bench's rows are separate worker runs on the same data order: the 2-process row
     (two torchrun ranks) and the accumulation row must follow the baseline's loss curve."""

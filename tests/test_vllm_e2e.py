@@ -20,6 +20,8 @@ from accelab.catalog.fetch import is_fetched
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.xdist_group("vllm"),  # one worker: test_vllm_e2e stops the engines started meanwhile
+    pytest.mark.alone,  # it measures speed: see tests/conftest.py
     pytest.mark.skipif(not is_fetched("smollm2-135m"), reason="run `accelab models fetch smollm2-135m` first"),
 ]
 

@@ -20,6 +20,8 @@ openai = pytest.importorskip("openai")
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.xdist_group("vllm"),  # one worker: test_vllm_e2e stops the engines started meanwhile
+    pytest.mark.alone,  # its SIGTERM drain and engine checks race a second worker's load (tests/conftest.py)
     pytest.mark.skipif(not is_fetched("smollm2-135m"), reason="run `accelab models fetch smollm2-135m` first"),
 ]
 
@@ -49,12 +51,19 @@ def server():
     )
     try:
         proc.wait_ready(timeout_s=900)  # the engine starts in 30 s (eager) to minutes on a busy machine
-        proc.engines = [
-            c for c in psutil.Process(proc.proc.pid).children() if any("vllm_engine.py" in part for part in c.cmdline())
-        ]
+        proc.engines = [c for c in psutil.Process(proc.proc.pid).children() if _is_engine(c)]
         yield proc
     finally:
         proc.stop()
+
+
+def _is_engine(process: psutil.Process) -> bool:
+    """accelab's vLLM engine: its script on the command line, or the vLLM venv's Python (vLLM may
+    retitle its processes)."""
+    try:
+        return any("vllm_engine.py" in part for part in process.cmdline()) or ".venv-vllm" in process.exe()
+    except psutil.Error:
+        return False
 
 
 def client(url: str):
