@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 # two pytest-xdist workers: the suite waits on child processes and servers much of the time, and
-# on 2 cores the second worker cut its wall time from 31 to ~20 min (README, Development); the
+# on 2 cores the second worker cut its wall time from 31 to 22 min (README, Development); the
 # files of one group run on one worker (tests/conftest.py)
 PYTEST_WORKERS ?= -n 2 --dist loadgroup --no-loadscope-reorder
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8
