@@ -209,3 +209,67 @@ def test_attention_outside_the_attention_interface_is_refused_with_the_reason():
         Unsupported, match="BloomForCausalLM's attention does not go through transformers' AttentionInterface"
     ):
         RaggedTorchEngine(runnable(model), SchedulerConfig(max_running=2, kv_blocks=16, block_size=4))
+
+
+@pytest.mark.parametrize("name", sorted(STACKED))
+@pytest.mark.parametrize("stack", [True, False], ids=["stack", "own-forward"])
+def test_bf16_steps_give_the_models_own_logits_within_bf16s_tolerance(name, stack):
+    """bf16 weights, activations and KV cache (oneDNN bf16 GEMMs where the CPU has them, the
+    grouped bf16 attention), packed beside other sequences with chunked prefill, prefix hits and
+    preemptions: at every sampled row the logits are the model's own bf16 forward over that
+    sequence's tokens so far, within the tolerance the start-up check holds bf16 to. (Greedy
+    tokens are not compared with generate's: bf16 rounds differently in other kernels, so a
+    near-tie may flip; fp32 is held to exact tokens above.)"""
+    from accelab.serve.engines import packed_linear, ragged
+
+    model = tiny(*ARCHITECTURES[name]).to(torch.bfloat16)
+    limits = SchedulerConfig(max_running=3, max_step_tokens=12, kv_blocks=12, block_size=4, prefix_caching=True)
+    engine = RaggedTorchEngine(runnable(model), limits, stack=stack)
+    prompts = [p for p, _ in requests()]
+    history: dict[int, list[int]] = {}
+    errors: list[float] = []
+    forward = engine._forward
+
+    def checked(inputs):
+        logits = forward(inputs)
+        for item in inputs:  # a prefix-cache hit starts past the prompt's head: the prompt has it
+            known = history.get(item.seq_id, prompts[item.seq_id])
+            history[item.seq_id] = known[: item.start] + list(item.tokens)
+        for got, item in zip(logits, [i for i in inputs if i.sample]):
+            want = engine._reference_logits(history[item.seq_id])[-1].float()
+            errors.append(float((got.float() - want).abs().max()) / float(want.abs().max()))
+        return logits
+
+    try:
+        assert engine.cache.keys[0].dtype == torch.bfloat16 and engine.precision == "bf16"
+        assert engine.self_check(requests()[1][0]) is None
+        assert ("plain tensor operations" in engine.name) == stack
+        if not stack:  # the own-forward path packs the Linear layers where oneDNN computes bf16
+            packed = "forward" in vars(model.model.layers[0].mlp.up_proj)
+            assert packed == packed_linear.available(torch.device("cpu"), torch.bfloat16)
+        engine._forward = checked
+        got, sched, _ = serve(engine, limits, requests())
+    finally:
+        engine.close()
+    assert [len(tokens) for tokens in got[:5]] == [n for _, n in requests()]
+    assert sched.preemptions >= 1 and sched.used_blocks == 0
+    assert len(errors) >= sum(n for _, n in requests())
+    assert max(errors) <= ragged._tolerance(torch.bfloat16), max(errors)
+
+
+def test_the_start_up_check_of_bf16_steps_catches_a_fault_within_bf16s_tolerance(monkeypatch, caplog):
+    """An error that bf16 rounding would never make (RMSNorm off by 10%) fails the bf16 check: the
+    steps fall back to the model's own forward, which passes."""
+    from accelab.serve.engines import llama_stack
+
+    rms = llama_stack._rms
+    monkeypatch.setattr(llama_stack, "_rms", lambda x, w, eps: rms(x, w, eps) * 1.1)
+    model = tiny(*ARCHITECTURES["llama"]).to(torch.bfloat16)
+    engine = RaggedTorchEngine(runnable(model), SchedulerConfig(max_running=2, kv_blocks=16, block_size=4))
+    try:
+        with caplog.at_level("WARNING"):
+            assert engine.self_check(list(range(5, 25))) is None
+        assert "the model's own forward" in engine.name
+        assert "do not reproduce its own forward" in caplog.text
+    finally:
+        engine.close()

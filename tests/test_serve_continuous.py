@@ -217,6 +217,52 @@ def test_real_smollm2_short_request_overtakes_a_long_one_and_a_gone_client_frees
 
 
 @needs("smollm2-135m")
+def test_bf16_plan_serves_through_the_packed_bf16_steps_and_reports_each_steps_fraction_of_the_machine(
+    monkeypatch, caplog
+):
+    """`--plan bf16` reaches the continuous steps: bf16 KV cache and plain-tensor layers (their
+    start-up check passed against the model's own bf16 forward), and /metrics reports each step's
+    fraction of this machine's bound against the limits `accelab env` cached (stood in here by
+    fixed limits, so the figure is checked against arithmetic done by hand)."""
+    from accelab.measure import hardware
+
+    limits = hardware.HardwareLimits(
+        device="cpu", fp32_flops=2e11, bf16_flops=4e11, tf32_flops=None, bandwidth_bytes_per_s=5e10, threads=2,
+        measured_at="2026-12-04T00:00:00+00:00", fingerprint="test",
+    )  # fmt: skip
+    monkeypatch.setattr(hardware, "cached_limits", lambda device="cpu", **kw: limits)
+    with caplog.at_level(logging.INFO), in_process_server("smollm2-135m", "bf16", max_batch_size=4) as url:
+
+        async def four():
+            async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+                body = {"messages": [{"role": "user", "content": "Name a fruit."}], "max_tokens": 8, "temperature": 0}
+                return await asyncio.gather(*(client.post("/v1/chat/completions", json=body) for _ in range(4)))
+
+        answers = asyncio.run(four())
+        values = metrics(url)
+    assert [a.status_code for a in answers] == [200] * 4
+    assert len({a.json()["choices"][0]["message"]["content"] for a in answers}) == 1  # greedy: one answer
+    assert "plain tensor operations" in caplog.text and "do not reproduce" not in caplog.text
+    block_bytes = 30 * 2 * 16 * 3 * 64 * 2  # layers x (keys, values) x positions x KV heads x head dim x bf16
+    assert (
+        values['accelab_kv_cache_bytes{state="free"}'] == values['accelab_kv_cache_blocks{state="free"}'] * block_bytes
+    )
+    assert (
+        values["accelab_machine_peak_flops"] == 4e11
+        and values["accelab_machine_read_bandwidth_bytes_per_second"] == 5e10
+    )
+    steps = values["accelab_step_machine_fraction_count"]
+    assert steps >= 8 and steps == values["accelab_batch_seconds_count"]  # every continuous step
+    mean = values["accelab_step_machine_fraction_sum"] / steps
+    # each step reads at least SmolLM2's 134.5M bf16 Linear weights once (269 MB): >= 5.4 ms at
+    # 50 GB/s, so each fraction is >= 5.4 ms over its time, and their mean >= 5.4 ms over the mean
+    # step time (Jensen: 1/t is convex); no step on 2 cores comes near 5.4 ms, so none is clipped at 1
+    least = 2 * 134_479_872 / 5e10
+    mean_step_s = values["accelab_batch_seconds_sum"] / steps
+    assert least / mean_step_s <= mean <= 1.0, (mean, mean_step_s)
+
+
+@needs("smollm2-135m")
 def test_llamacpp_sequences_reuse_their_slots_and_match_the_engine_alone():
     pytest.importorskip("llama_cpp")
     from accelab.serve.continuous import ContinuousWorker

@@ -33,9 +33,11 @@ from typing import Any
 
 from accelab.serve.engines.base import (
     Completion,
+    CostsSteps,
     GenUnit,
     PagedKV,
     PayloadTooLarge,
+    StepCost,
     StepEngine,
     StepInput,
     SupportsFork,
@@ -71,6 +73,7 @@ class StepReport:
     kv_block_bytes: int = 0  # bytes of one block in the engine's cache (all layers, keys and values)
     batch: int = 0  # sequences fed to the model in this step
     preempted_tokens: int = 0  # tokens of the sequences preempted: fed to the model again at readmission
+    cost: StepCost | None = None  # what the step must read and compute (engines that say: CostsSteps)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -123,6 +126,7 @@ class ContinuousWorker:
         self._reuse = engine if isinstance(engine, SupportsPrefixReuse) else None
         self._fork = engine if isinstance(engine, SupportsFork) else None
         self._paged = engine if isinstance(engine, PagedKV) else None
+        self._costs = engine if isinstance(engine, CostsSteps) else None
         if self._paged is not None:  # its KV lives in the pool's blocks: the pool's prefix cache is real
             config = replace(config, prefix_caching=True)
             self.config = config
@@ -311,6 +315,7 @@ class ContinuousWorker:
                 reused_tokens=reused,
                 batch=len(step.chunks),
                 preempted_tokens=sum(seq.length for seq in step.preempted),
+                cost=self._costs.step_cost(step.chunks) if self._costs is not None and step.chunks else None,
             )
         _call(self.hooks.on_step, report)
 

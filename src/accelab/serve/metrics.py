@@ -64,6 +64,7 @@ LATENCY_BUCKETS = (
     120.0,
 )
 TOKEN_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
+FRACTION_BUCKETS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256)
 LENGTH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10_000, 20_000, 50_000, 100_000)
 
@@ -198,6 +199,24 @@ class ServeMetrics:
             registry=r,
         )
         self._generation_metrics(r)
+        self.step_fraction = Histogram(
+            "accelab_step_machine_fraction",
+            "Per continuous step: the least time this machine needs for it (its weights and KV read at the "
+            "measured bandwidth, or its FLOPs at the measured peak, whichever is longer) over its wall time; "
+            "1.0 is the machine's limit. Absent until `accelab env` has measured the machine.",
+            buckets=FRACTION_BUCKETS,
+            registry=r,
+        )
+        self.machine_bandwidth = Gauge(
+            "accelab_machine_read_bandwidth_bytes_per_second",
+            "The read bandwidth the step fractions are against (measured by `accelab env`).",
+            registry=r,
+        )
+        self.machine_peak = Gauge(
+            "accelab_machine_peak_flops",
+            "The peak FLOP/s of the steps' precision the step fractions are against (measured by `accelab env`).",
+            registry=r,
+        )
         self.token_rate = TokenRate()
         self.tokens_per_second = Gauge(
             "accelab_generation_tokens_per_second",

@@ -13,10 +13,12 @@ from collections.abc import Callable, MutableMapping
 from typing import Any, Literal
 
 from accelab.plan.runtime import Unsupported
+from accelab.serve import machine_bound
 from accelab.serve.config import ServeConfig
 from accelab.serve.continuous import ContinuousHooks, ContinuousWorker, StepReport
-from accelab.serve.engines.base import ROUTES_OF_TASK, Engine, SchedulesItself, generates
+from accelab.serve.engines.base import ROUTES_OF_TASK, CostsSteps, Engine, SchedulesItself, generates
 from accelab.serve.errors import ApiError
+from accelab.serve.machine_bound import MachineBound
 from accelab.serve.metrics import ServeMetrics
 from accelab.serve.worker import Executor, GenerationWorker, Worker, WorkerHooks
 
@@ -102,12 +104,18 @@ class ServerState:
         except Unsupported as reason:
             log.warning("continuous batching is off for %s: %s; it falls back to the per-batch scheduler", name, reason)
             return None
+        bound = None
+        if isinstance(stepper, CostsSteps):
+            bound = machine_bound.for_device(engine.device, stepper.precision)
+            if bound is not None:
+                self.metrics.machine_bandwidth.set(bound.bandwidth)
+                self.metrics.machine_peak.set(bound.peak_flops)
         worker = ContinuousWorker(
             stepper,
             limits,
             decode=engine.decode,
             eos_ids=engine.eos_ids,
-            hooks=self._continuous_hooks(),
+            hooks=self._continuous_hooks(bound),
         )
         worker.start()
         self.metrics.kv_blocks.labels(state="free").set(limits.kv_blocks)
@@ -231,7 +239,7 @@ class ServerState:
             on_limit=m.batch_limit.set,
         )
 
-    def _continuous_hooks(self) -> ContinuousHooks:
+    def _continuous_hooks(self, bound: MachineBound | None = None) -> ContinuousHooks:
         m = self.metrics
         kv_used, kv_free = m.kv_blocks.labels(state="used"), m.kv_blocks.labels(state="free")
         bytes_used, bytes_free = m.kv_bytes.labels(state="used"), m.kv_bytes.labels(state="free")
@@ -255,6 +263,8 @@ class ServerState:
             if report.reused_tokens:
                 m.prefix_tokens.inc(report.reused_tokens)
             m.batch_time.observe(report.seconds)
+            if bound is not None and report.cost is not None:
+                m.step_fraction.observe(bound.fraction(report.cost, report.seconds))
 
         return ContinuousHooks(
             on_step=on_step, on_token_gap=m.itl.observe, on_retry=lambda reason: m.retries.labels(reason=reason).inc()

@@ -228,6 +228,25 @@ class PagedKV(Protocol):
     def copy_blocks(self, copies: Sequence[Any]) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """The least work a step must do: bytes read from memory (every weight once, each
+    sequence's KV once) and FLOPs (2 per multiply-add of the GEMMs and attention)."""
+
+    bytes_read: float
+    flops: float
+
+
+@runtime_checkable
+class CostsSteps(Protocol):
+    """The engine knows what a step costs the machine, so /metrics can say how close each step
+    came to this machine's bound (`accelab.serve.machine_bound`)."""
+
+    precision: str  # the compute path whose peak FLOP/s bounds it ("fp32", "bf16")
+
+    def step_cost(self, inputs: Sequence[Any]) -> StepCost: ...  # each with start, tokens, sample
+
+
 def fit_prompt(prompt: Prompt, max_tokens: int, max_context: int | None, *, truncate: bool, name: str) -> Prompt:
     """The prompt, if it and max_tokens fit the model's context; with `truncate`, its last
     tokens that do; else ContextTooLong with both lengths."""

@@ -204,7 +204,9 @@ def _attend(
 ) -> torch.Tensor:
     """q: [B, H, Q, D], k/v: [B, KVH, L, D], mask: [B, 1, Q, L] (True: attend) -> [B, H, Q, D]."""
     if not softcap and sinks is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        if q.dtype == torch.float32:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        return _grouped(q, k, v, mask, scale)
     # SDPA has neither: soft-capped logits (Gemma 2: tanh(s / cap) * cap before the mask), and
     # sinks (gpt-oss: one more logit per head in the softmax, dropped after it)
     groups = q.shape[1] // k.shape[1]
@@ -218,6 +220,24 @@ def _attend(
     sink = sinks.float().reshape(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
     probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
     return torch.matmul(probs.to(q.dtype), v)
+
+
+def _grouped(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float | None
+) -> torch.Tensor:
+    """Attention in bf16 / fp16 as two batched GEMMs per group of query heads that share a KV
+    head, softmax in float32. PyTorch's CPU SDPA in bf16 with a mask ran 5-11x slower than in
+    fp32 here (16 decoding sequences of SmolLM2's 9 query / 3 KV heads at 256 positions: 2.0 ms
+    against 0.22 ms this way), which made bf16 steps slower than fp32 ones."""
+    b, heads, width, dim = q.shape
+    kv_heads, length = k.shape[1], k.shape[2]
+    group = heads // kv_heads  # query heads h = j * group + g read KV head j (SDPA's enable_gqa)
+    scores = torch.matmul(q.reshape(b, kv_heads, group * width, dim), k.transpose(-1, -2))  # [B, KVH, G*Q, L]
+    scores = scores.float().view(b, kv_heads, group, width, length)
+    scores = scores.mul_(scale if scale is not None else 1 / math.sqrt(dim))
+    scores = scores.masked_fill_(~mask[:, :, None], float("-inf"))  # mask [B, 1, 1, Q, L]
+    probs = torch.softmax(scores, dim=-1).to(q.dtype).view(b, kv_heads, group * width, length)
+    return torch.matmul(probs, v).view(b, heads, width, dim)
 
 
 def register() -> None:

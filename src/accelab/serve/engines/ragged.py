@@ -38,7 +38,7 @@ import torch
 from accelab.catalog.facts import text_config
 from accelab.plan.runtime import Unsupported, input_device
 from accelab.serve.engines import llama_stack, packed_linear
-from accelab.serve.engines.base import SamplingParams, StepInput
+from accelab.serve.engines.base import SamplingParams, StepCost, StepInput
 from accelab.serve.engines.kv_cache import PagedKVCache
 from accelab.serve.engines.packed_linear import PackedLinears
 from accelab.serve.engines.paged_attention import ATTENTION_NAME, StepCache, StepLayout, register
@@ -93,6 +93,10 @@ class RaggedTorchEngine:
                 f"{type(model).__name__}'s attention does not go through transformers' "
                 "AttentionInterface, so the packed steps cannot give it the paged KV cache"
             )
+        self._layers, self._heads = text.num_hidden_layers, text.num_attention_heads
+        self._head_dim = _head_dim(text)
+        self.precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(_dtype_of(model), "fp32")
+        self._body_params, self._head_params, self._weight_bytes = _linear_sizes(model)
         self._pack_linears, self._pack_head = pack_linears, pack_head
         self._packed: PackedLinears | None = None
         self._head: torch.nn.Linear | None = None
@@ -146,6 +150,22 @@ class RaggedTorchEngine:
         with torch.inference_mode(), self.runnable.context():
             logits = self.model(**batch).logits[0]  # [N, V]
         return logits[: len(keep)]
+
+    def step_cost(self, inputs: Sequence[Any]) -> StepCost:
+        """What a step of these chunks (anything with start, tokens, sample) must read and compute:
+        every Linear weight once and each sequence's KV once; 2 FLOPs per multiply-add of the
+        Linear layers over the step's tokens (the output layer over the sampled rows only) and of
+        attention (q.k and p.v over each token's positions)."""
+        tokens = sampled = positions = seen = 0
+        for item in inputs:
+            n = len(item.tokens)
+            tokens += n
+            sampled += bool(item.sample)
+            positions += item.start + n  # KV read once per sequence
+            seen += n * item.start + n * (n + 1) // 2  # positions each token attends to
+        flops = 2 * (self._body_params * tokens + self._head_params * sampled)
+        flops += 4 * self._layers * self._heads * self._head_dim * seen
+        return StepCost(bytes_read=self._weight_bytes + self.kv_bytes_per_token * positions, flops=flops)
 
     def copy_blocks(self, copies: Sequence[Any]) -> None:
         """Copy-on-write the scheduler asked for (Step.copies), before the step's chunks run."""
@@ -251,6 +271,19 @@ def _transposed_head(model: Any) -> torch.nn.Linear | None:
 
     head.forward = forward
     return head
+
+
+def _linear_sizes(model: Any) -> tuple[int, int, int]:
+    """(parameters of the Linear layers but the output layer, the output layer's, the bytes of both)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    body = params = nbytes = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Linear):
+            count = module.weight.numel()
+            params += count
+            nbytes += count * module.weight.element_size()
+            body += 0 if module is head else count
+    return body, params - body, nbytes
 
 
 def _tolerance(dtype: torch.dtype) -> float:
