@@ -75,27 +75,40 @@ def accelab(label: str, model: str, *args: str, pythonpath: str | None = None) -
     return Server(label, command, model, port, "/readyz", env={"PYTHONPATH": pythonpath} if pythonpath else {})
 
 
-def vllm_serve(model_path: Path, name: str, *, max_num_seqs: int, eager: bool = True) -> Server:
-    """`vllm serve` from accelab's vLLM venv (vllm_cli.py sets vLLM CPU's environment: tcmalloc,
-    its OpenMP threads bound to this machine's cores, a 2 GiB KV cache)."""
+def vllm_serve(
+    model_path: Path, name: str, *, max_num_seqs: int, dtype: str = "bfloat16", eager: bool = False
+) -> Server:
+    """`vllm serve` from accelab's vLLM venv at its defaults (compiled: torch.compile of the model
+    with its CPU attention backend) in `dtype`; vllm_cli.py sets the environment vLLM CPU's docs
+    ask for (tcmalloc and Intel OpenMP preloaded, OpenMP threads bound to this machine's cores, a
+    2 GiB KV cache). `eager` (--enforce-eager) switches its compilation off: a handicapped peer,
+    labelled so, for reference only."""
     port = free_port()
     command = [
         str(VLLM_PYTHON), "-P", str(VLLM_CLI), "serve", str(model_path), "--served-model-name", name,
-        "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-num-seqs", str(max_num_seqs),
+        "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--max-num-seqs", str(max_num_seqs),
     ]  # fmt: skip
+    short = {"bfloat16": "bf16", "float32": "fp32"}.get(dtype, dtype)
+    label = f"vllm serve (CPU, {short}, its defaults: compiled)"
     if eager:
         command.append("--enforce-eager")
-    return Server("vllm serve (CPU, fp32)", command, name, port)
+        label = f"vllm serve (CPU, {short}) --enforce-eager [handicapped: compilation off]"
+    return Server(label, command, name, port)
 
 
 def llama_server(gguf: Path, name: str, *, slots: int, threads: int, context: int = 16384) -> Server:
-    """llama.cpp's own server (benchmarks/peers/build_llama_server.sh) on the same GGUF."""
+    """llama.cpp's own server (benchmarks/peers/build_llama_server.sh) on the same GGUF, at the
+    configuration its docs give for serving many users: one slot per user over a unified KV
+    cache (`--kv-unified`: the slots share the context, so a long answer is not capped at
+    context / slots), continuous batching (its default), the machine's threads for both phases."""
     port = free_port()
     command = [
         str(LLAMA_SERVER), "-m", str(gguf), "--alias", name, "--host", "127.0.0.1", "--port", str(port),
-        "-np", str(slots), "-c", str(context), "-t", str(threads), "-tb", str(threads), "--no-webui",
+        "-np", str(slots), "--kv-unified", "-c", str(context), "-t", str(threads), "-tb", str(threads), "--no-webui",
     ]  # fmt: skip
-    return Server(f"llama-server -np {slots} -t {threads}", command, name, port)
+    return Server(
+        f"llama-server -np {slots} --kv-unified -t {threads} ({gguf.parent.name}/{gguf.name})", command, name, port
+    )
 
 
 def transformers_serve(model_path: Path) -> Server:

@@ -1,24 +1,31 @@
-"""LLM serving against the field's servers, in one run on one machine: the same model
-(SmolLM2-135M-Instruct), the same closed-loop streaming chat load, every server up at once.
+"""LLM serving against the field's servers, in one run on one machine: the same model, the same
+closed-loop streaming chat load, every server up at once.
 
-- `accelab serve` on torch (fp32, continuous batching over the paged KV cache);
-- the same server at an earlier commit (`--before`, default: the last commit before the paged
-  engine), for "at 1 user no slower than before";
-- `accelab serve --plan llamacpp` (the catalog's Q4_1 GGUF), and the same requantised to Q8_0
-  (llama.cpp has batched kernels for Q8_0 on x86, none for Q4_1);
-- `vllm serve` from vLLM CPU (fp32, eager, .venv-vllm: `make vllm`);
-- llama.cpp's own `llama-server` on the same GGUF (benchmarks/peers/build_llama_server.sh);
-- `transformers serve --continuous-batching` (fp32).
+- `accelab serve` on its torch step engine at each precision: fp32 (the baseline), `--plan bf16`,
+  and `--plan int8-bf16` (int8 weights, bf16 activations);
+- `accelab serve --plan 'llamacpp[llama_quant=q8_0]'` (the catalog's GGUF requantised to Q8_0:
+  llama.cpp has batched kernels for Q8_0 on x86);
+- vLLM CPU's `vllm serve` (.venv-vllm: `make vllm`) at its defaults (compiled), in bf16 and in fp32;
+  `--enforce-eager` (its compilation off) only with --handicapped, and labelled so;
+- llama.cpp's own `llama-server` on the same Q8_0 GGUF with one slot per user over a unified KV
+  cache (benchmarks/peers/build_llama_server.sh);
+- on request (--only): the Q4_1 GGUF through accelab, the server at an earlier commit
+  (--before), `transformers serve --continuous-batching`.
+
+`--model llama-1b` runs the catalog's Llama-3.2-1B-shaped model (random weights, real size: the
+GEMM-bound regime) instead of SmolLM2-135M; it has no GGUF, so the llama.cpp servers sit out.
 
 For each level of users the servers take turns in rounds, A B C ... then ... C B A, so a busy
 minute of this shared machine hits every server alike; each window records the CPU steal and the
-CPU other processes took (`benchmarks/llm_servers.py`). Reported per server: the median round
-and the quietest round (the round whose windows saw the least steal and other work), and
-accelab's ratio to vLLM paired round by round. Then each step engine alone (no HTTP), llama.cpp's
-own `llama-batched-bench`, and guidellm (an independent client) on the main servers at 8 users.
+CPU other processes took (`benchmarks/llm_servers.py`), and for accelab's servers the mean step
+time and its fraction of the machine's bound from /metrics. Reported per server: the median round
+and the quietest round, and the ratios of accelab's best to each peer's best paired round by
+round. Then each step engine alone (no HTTP), llama.cpp's own `llama-batched-bench`, and guidellm
+(an independent client) on the main servers at 8 users.
 
-    python benchmarks/serve_llm.py                                # ~40 min on 2 cores
-    python benchmarks/serve_llm.py --users 8 --rounds 2 --duration 15 --only torch,vllm
+    python benchmarks/serve_llm.py                                 # ~35 min on 2 cores
+    python benchmarks/serve_llm.py --users 8 --rounds 2 --duration 15 --only torch-bf16,vllm-bf16
+    python benchmarks/serve_llm.py --model llama-1b --users 1,8,16 --no-extras
 """
 
 from __future__ import annotations
@@ -38,7 +45,6 @@ import llm_servers as S
 
 from accelab.catalog.store import model_dir
 
-MODEL = "smollm2-135m"
 GGUF = "gguf/SmolLM2-135M-Instruct.Q4_1.gguf"
 BEFORE = "e7af23b"  # the last commit that landed before this work (the paged KV cache, the packed steps)
 RESULTS = Path(__file__).parent / "results"
@@ -46,36 +52,59 @@ GUIDELLM = S.ROOT / ".venv-guidellm" / "bin" / "guidellm"
 BATCHED_BENCH = S.LLAMA_SERVER.parent / "llama-batched-bench"
 
 
+MODELS = {"smollm2-135m": GGUF, "llama-1b": None}  # model -> its GGUF in the model directory (None: none)
+MAIN = ("torch", "torch-bf16", "torch-int8", "llamacpp-q8_0", "vllm-bf16", "vllm-fp32", "llama-server")
+ACCELAB = ("torch", "torch-bf16", "torch-int8", "llamacpp", "llamacpp-q8_0", "before")
+PEERS = ("vllm-bf16", "vllm-fp32", "llama-server")  # their best documented configurations (not the handicapped)
+
+
+def q8_0_gguf(model: str) -> Path | None:
+    """The model's GGUF requantised to Q8_0 by llama.cpp (what accelab's llamacpp[llama_quant=q8_0] serves)."""
+    gguf = MODELS[model]
+    if gguf is None:
+        return None
+    from accelab.backends.llamacpp import requantized
+
+    return requantized(model_dir(model) / gguf, "q8_0", 2)
+
+
 def contenders(opts: argparse.Namespace, before_src: Path | None) -> dict[str, S.Server]:
-    path = model_dir(MODEL)
+    model = opts.model
+    path = model_dir(model)
     users = max(opts.users)
-    common = ["--max-batch-size", str(max(users, 8)), "--max-queue", "256", "--request-timeout", "600"]
+    seqs = max(users, 8)
+    common = ["--max-batch-size", str(seqs), "--max-queue", "256", "--request-timeout", "600"]
     common += ["--max-tokens", str(max(S.MIX))]
     out = {
-        "torch": S.accelab("accelab serve (torch fp32)", MODEL, *common),
-        "llamacpp": S.accelab("accelab serve --plan llamacpp (Q4_1)", MODEL, *common, "--plan", "llamacpp"),
-        "llamacpp-q8_0": S.accelab(
-            "accelab serve --plan llamacpp, requantised to Q8_0",
-            MODEL,
-            *common,
-            "--plan",
-            "llamacpp[llama_quant=q8_0]",
-        ),
-        "vllm": S.vllm_serve(path, MODEL, max_num_seqs=max(users, 8)),
-        "llama-server": S.llama_server(path / GGUF, MODEL, slots=max(users, 8), threads=opts.llama_threads),
+        "torch": S.accelab("accelab serve (torch fp32)", model, *common),
+        "torch-bf16": S.accelab("accelab serve --plan bf16", model, *common, "--plan", "bf16"),
+        "torch-int8": S.accelab("accelab serve --plan int8-bf16", model, *common, "--plan", "int8-bf16"),
+        "vllm-bf16": S.vllm_serve(path, model, max_num_seqs=seqs, dtype="bfloat16"),
+        "vllm-fp32": S.vllm_serve(path, model, max_num_seqs=seqs, dtype="float32"),
+        "vllm-eager": S.vllm_serve(path, model, max_num_seqs=seqs, dtype="float32", eager=True),
         "transformers": S.transformers_serve(path),
     }
+    if MODELS[model] is not None:
+        q8 = q8_0_gguf(model)
+        assert q8 is not None
+        out["llamacpp"] = S.accelab("accelab serve --plan llamacpp (Q4_1)", model, *common, "--plan", "llamacpp")
+        out["llamacpp-q8_0"] = S.accelab(
+            "accelab serve --plan llamacpp[llama_quant=q8_0]", model, *common, "--plan", "llamacpp[llama_quant=q8_0]"
+        )
+        out["llama-server"] = S.llama_server(q8, model, slots=seqs, threads=opts.llama_threads)
     if before_src is not None:
         out["before"] = S.accelab(
-            f"accelab serve (torch fp32) at {opts.before}", MODEL, *common, pythonpath=str(before_src)
+            f"accelab serve (torch fp32) at {opts.before}", model, *common, pythonpath=str(before_src)
         )
-    wanted = opts.only.split(",") if opts.only else list(out)
+    wanted = opts.only.split(",") if opts.only else [k for k in MAIN if k in out]
+    if opts.handicapped and "vllm-eager" not in wanted:
+        wanted.append("vllm-eager")
     missing = [k for k in wanted if k not in out]
     if missing:
-        raise SystemExit(f"--only names {missing}; choose from {sorted(out)}")
+        raise SystemExit(f"--only names {missing}; for {model} choose from {sorted(out)}")
     if "llama-server" in wanted and not S.LLAMA_SERVER.exists():
         raise SystemExit(f"no {S.LLAMA_SERVER}: run `bash benchmarks/peers/build_llama_server.sh` (10-25 min)")
-    if "vllm" in wanted and not S.VLLM_PYTHON.exists():
+    if any(k.startswith("vllm") for k in wanted) and not S.VLLM_PYTHON.exists():
         raise SystemExit("no .venv-vllm: run `make vllm`")
     return {k: out[k] for k in wanted}
 
@@ -93,16 +122,58 @@ def measure(servers: dict[str, S.Server], opts: argparse.Namespace) -> None:
     for users in opts.users:
         for r, order in enumerate(S.rotation(list(servers.values()), opts.rounds)):
             for server in order:
+                before = step_figures(server)
                 row = S.window(server, users, opts.duration)
+                row.update(step_delta(before, step_figures(server)))
                 row["round"] = r
                 server.windows.setdefault(users, []).append(row)
                 print(
                     f"  round {r + 1} {users:>2} users  {server.label:<44} {row['tokens_per_s']:7.1f} tok/s  "
                     f"TTFT p50 {fmt(row['ttft_p50_ms'])} p99 {fmt(row['ttft_p99_ms'])} ms  "
                     f"steal {pct(row['steal'])}  others {fmt(row['others_cores'], 2)} cores  "
-                    f"errors {row['errors']}",
+                    f"errors {row['errors']}"
+                    + (
+                        f"  step {row['step_ms']:.1f} ms, {pct(row['step_fraction'])} of the machine's bound"
+                        if row.get("step_fraction") is not None
+                        else ""
+                    ),
                     flush=True,
                 )
+
+
+def step_figures(server: S.Server) -> dict[str, float] | None:
+    """An accelab server's step counters from /metrics (None for the peers, or when absent)."""
+    if not server.ready_path == "/readyz":
+        return None
+    import httpx
+
+    wanted = (
+        "accelab_batch_seconds_sum",
+        "accelab_batch_seconds_count",
+        "accelab_step_machine_fraction_sum",
+        "accelab_step_machine_fraction_count",
+    )
+    values = {}
+    for line in httpx.get(f"{server.url}/metrics", timeout=10).text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name in wanted:
+            values[name] = float(value)
+    return values or None
+
+
+def step_delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float | None]:
+    """Mean step time and mean fraction of the machine's bound over one window."""
+    if not before or not after:
+        return {}
+
+    def change(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    steps, fractions = change("accelab_batch_seconds_count"), change("accelab_step_machine_fraction_count")
+    return {
+        "step_ms": 1000 * change("accelab_batch_seconds_sum") / steps if steps else None,
+        "step_fraction": change("accelab_step_machine_fraction_sum") / fractions if fractions else None,
+    }
 
 
 def quietest_round(servers: dict[str, S.Server], users: int) -> int:
@@ -111,7 +182,7 @@ def quietest_round(servers: dict[str, S.Server], users: int) -> int:
 
 
 # -- what the engines do alone ---------------------------------------------------------------------
-def engine_alone(plan: str, sizes: tuple[int, ...] = (1, 8, 16), steps: int = 40) -> dict[int, float]:
+def engine_alone(model: str, plan: str, sizes: tuple[int, ...] = (1, 8, 16), steps: int = 40) -> dict[int, float]:
     """Decode tokens/s of the server's step engine alone (no HTTP, no scheduler), at each batch
     size: the most its users can get."""
     import torch
@@ -123,7 +194,7 @@ def engine_alone(plan: str, sizes: tuple[int, ...] = (1, 8, 16), steps: int = 40
     from accelab.serve.engines.base import SamplingParams, StepInput
     from accelab.serve.scheduler import SchedulerConfig
 
-    engine = build_engine(load_runnable(resolve(MODEL), load_plan(plan), torch.device("cpu")), name="alone")
+    engine = build_engine(load_runnable(resolve(model), load_plan(plan), torch.device("cpu")), name="alone")
     limits = SchedulerConfig(max_running=max(sizes), max_step_tokens=4096, kv_blocks=256, block_size=16)
     stepper = engine.step_engine(limits)
     greedy = SamplingParams(max_tokens=steps + 1, temperature=0)
@@ -156,15 +227,15 @@ def engine_alone(plan: str, sizes: tuple[int, ...] = (1, 8, 16), steps: int = 40
     return rates
 
 
-def batched_bench(threads: int) -> dict[int, float] | None:
+def batched_bench(gguf: Path | None, threads: int) -> dict[int, float] | None:
     """llama.cpp's own batched decoding on the GGUF (llama-batched-bench): text-generation
     tokens/s of 1, 8 and 16 parallel sequences."""
-    if not BATCHED_BENCH.exists():
+    if gguf is None or not BATCHED_BENCH.exists():
         return None
     cmd = [
         str(BATCHED_BENCH),
         "-m",
-        str(model_dir(MODEL) / GGUF),
+        str(gguf),
         "-c",
         "8192",
         "-b",
@@ -193,7 +264,7 @@ def batched_bench(threads: int) -> dict[int, float] | None:
     return rates or None
 
 
-def guidellm(server: S.Server, streams: int, seconds: float, tmp: Path) -> dict[str, Any] | None:
+def guidellm(server: S.Server, streams: int, seconds: float, tmp: Path, model: str) -> dict[str, Any] | None:
     """guidellm's own measurement of the server at `streams` concurrent streams."""
     if not GUIDELLM.exists():
         return None
@@ -208,7 +279,7 @@ def guidellm(server: S.Server, streams: int, seconds: float, tmp: Path) -> dict[
         "--data",
         "kind=synthetic_text,prompt_tokens=64,output_tokens=64",
         "--tokenizer",
-        f"kind=huggingface_auto,model={model_dir(MODEL)}",
+        f"kind=huggingface_auto,model={model_dir(model)}",
         "--constraint",
         f"kind=max_duration,seconds={seconds:g}",
         "--output",
@@ -260,7 +331,7 @@ def pct(value: float | None) -> str:
 
 def report(servers: dict[str, S.Server], extra: dict[str, Any], opts: argparse.Namespace) -> str:
     lines = [
-        f"{MODEL}, closed-loop streaming chat, greedy, max_tokens cycling {','.join(map(str, S.MIX))}; "
+        f"{opts.model}, closed-loop streaming chat, greedy, max_tokens cycling {','.join(map(str, S.MIX))}; "
         f"{opts.rounds} rounds of {opts.duration:g} s windows per level, servers in turn (A B C ... C B A); "
         f"{os.cpu_count()} CPU cores; every server up throughout",
         "",
@@ -270,9 +341,10 @@ def report(servers: dict[str, S.Server], extra: dict[str, Any], opts: argparse.N
         lines.append(f"{users} user{'s' if users > 1 else ''}:")
         lines.append(
             "| server | tok/s median | tok/s quietest round | TTFT p50 / p99 ms (median round) | "
-            "ITL p50 ms | requests | errors | steal, other cores (median round) | tok/s per round |"
+            "ITL p50 ms | requests | errors | steal, other cores (median round) | step ms, of machine bound "
+            "(median round) | tok/s per round |"
         )
-        lines.append("|---|---|---|---|---|---|---|---|---|")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|")
         for server in servers.values():
             rows = server.windows[users]
             mid = S.median_row(rows)
@@ -280,7 +352,8 @@ def report(servers: dict[str, S.Server], extra: dict[str, Any], opts: argparse.N
                 f"| {server.label} | {fmt(mid['tokens_per_s'], 1)} | {fmt(rows[quiet]['tokens_per_s'], 1)} | "
                 f"{fmt(mid['ttft_p50_ms'])} / {fmt(mid['ttft_p99_ms'])} | {fmt(mid['itl_p50_ms'], 1)} | "
                 f"{mid['requests']} | {mid['errors'] + mid['empty_answers']} | {pct(mid['steal'])}, "
-                f"{fmt(mid['others_cores'], 2)} | {', '.join(fmt(r['tokens_per_s'], 1) for r in rows)} |"
+                f"{fmt(mid['others_cores'], 2)} | {step_cell(mid)} | "
+                f"{', '.join(fmt(r['tokens_per_s'], 1) for r in rows)} |"
             )
         lines.append(f"(quietest round: {quiet + 1})")
         lines.append("")
@@ -334,65 +407,75 @@ def paired(servers: dict[str, S.Server], a: str, b: str, users: int) -> tuple[fl
     return (S.median(ratios), ratios) if ratios else None
 
 
+def step_cell(row: dict[str, Any]) -> str:
+    if row.get("step_ms") is None:
+        return "-"
+    return f"{row['step_ms']:.1f} ms, {pct(row.get('step_fraction'))}"
+
+
+def best(servers: dict[str, S.Server], keys: tuple[str, ...], users: int) -> str | None:
+    """Of `keys`, the server with the highest median tokens/s at `users`."""
+    present = [k for k in keys if k in servers and users in servers[k].windows]
+    if not present:
+        return None
+    return max(present, key=lambda k: S.median([r["tokens_per_s"] for r in servers[k].windows[users]]) or 0.0)
+
+
 def verdicts(servers: dict[str, S.Server], opts: argparse.Namespace) -> list[str]:
-    out = ["targets (issue 21):"]
+    out = ["targets (issue 31):"]
 
     def check(text: str, ok: bool) -> None:
         out.append(f"  [{'OK' if ok else 'MISSED'}] {text}")
 
-    def ratio_line(a: str, b: str, users: int, target: float, what: str) -> None:
-        got = paired(servers, a, b, users)
+    def ratio_line(a: str | None, b: str | None, users: int, target: float, what: str) -> None:
+        got = paired(servers, a, b, users) if a and b else None
         if got:
             check(
-                f"{what}: {got[0]:.2f}x (rounds: {', '.join(f'{r:.2f}' for r in got[1])}; target >= {target}x)",
+                f"{what} ({servers[a].label} over {servers[b].label}): {got[0]:.2f}x "
+                f"(rounds: {', '.join(f'{r:.2f}' for r in got[1])}; target >= {target}x)",
                 got[0] >= target,
             )
 
-    ratio_line("torch", "vllm", 8, 1.0, "torch engine, 8 users, tokens/s over vLLM CPU's")
-    if "torch" in servers and "vllm" in servers and 8 in servers["torch"].windows:
-        mine, theirs = S.median_row(servers["torch"].windows[8]), S.median_row(servers["vllm"].windows[8])
-        check(
-            f"torch engine, 8 users, TTFT p99 {fmt(mine['ttft_p99_ms'])} ms vs vLLM's {fmt(theirs['ttft_p99_ms'])} ms "
-            "(median rounds; target: no worse)",
-            (mine["ttft_p99_ms"] or 0) <= (theirs["ttft_p99_ms"] or 0),
-        )
-    ratio_line("torch", "before", 1, 0.95, f"torch engine, 1 user, tokens/s over the server at {opts.before}")
-    ratio_line("llamacpp", "vllm", 8, 1.3, "llama.cpp engine, 8 users, tokens/s over vLLM CPU's")
-    if "llamacpp" in servers and {1, 8} <= set(servers["llamacpp"].windows):
-        one = S.median([r["tokens_per_s"] for r in servers["llamacpp"].windows[1]])
-        eight = S.median([r["tokens_per_s"] for r in servers["llamacpp"].windows[8]])
-        check(f"llama.cpp engine, 8 users over 1: {eight / one:.2f}x (target >= 2x)", eight / one >= 2)
-    ratio_line("llamacpp", "llama-server", 8, 1.0, "llama.cpp engine, 8 users, tokens/s over llama-server's")
-    ratio_line("llamacpp-q8_0", "vllm", 8, 1.3, "llama.cpp engine on Q8_0, 8 users, tokens/s over vLLM CPU's")
-    if "llamacpp-q8_0" in servers and {1, 8} <= set(servers["llamacpp-q8_0"].windows):
-        one = S.median([r["tokens_per_s"] for r in servers["llamacpp-q8_0"].windows[1]])
-        eight = S.median([r["tokens_per_s"] for r in servers["llamacpp-q8_0"].windows[8]])
-        check(f"llama.cpp engine on Q8_0, 8 users over 1: {eight / one:.2f}x (target >= 2x)", eight / one >= 2)
+    for users in (8, 16):
+        mine, theirs = best(servers, ACCELAB, users), best(servers, PEERS, users)
+        ratio_line(mine, theirs, users, 1.5, f"{users} users, accelab's best over the best peer, tokens/s")
+        if mine and theirs:
+            a, b = S.median_row(servers[mine].windows[users]), S.median_row(servers[theirs].windows[users])
+            check(
+                f"{users} users, TTFT p99 {fmt(a['ttft_p99_ms'])} ms ({servers[mine].label}) vs "
+                f"{fmt(b['ttft_p99_ms'])} ms ({servers[theirs].label}) (median rounds; target: no worse)",
+                (a["ttft_p99_ms"] or 0) <= (b["ttft_p99_ms"] or 0),
+            )
+    ratio_line("torch-bf16", "torch", 8, 1.6, "8 users, --plan bf16 over the fp32 baseline, tokens/s")
+    ratio_line(best(servers, ACCELAB, 1), "vllm-bf16", 1, 1.0, "1 user, accelab's best over vLLM bf16, tokens/s")
     return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--users", default="1,8", help="closed-loop levels, comma-separated")
+    parser.add_argument("--model", default="smollm2-135m", choices=sorted(MODELS))
+    parser.add_argument("--users", default="1,8,16", help="closed-loop levels, comma-separated")
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per window")
     parser.add_argument("--rounds", type=int, default=4, help="rounds per level (each server once per round)")
     parser.add_argument(
         "--only",
         default="",
-        help="servers, comma-separated: torch,before,llamacpp,vllm,llama-server,transformers (default: all)",
+        help=f"servers, comma-separated (default: {','.join(MAIN)}; also llamacpp, before, transformers, vllm-eager)",
     )
-    parser.add_argument("--before", default=BEFORE, help="the earlier commit whose server runs beside ('' : none)")
+    parser.add_argument("--handicapped", action="store_true", help="also vLLM with --enforce-eager, labelled so")
+    parser.add_argument("--before", default=BEFORE, help="the earlier commit for --only ...,before")
     parser.add_argument("--llama-threads", type=int, default=2, help="llama-server's threads")
     parser.add_argument("--no-extras", action="store_true", help="skip the engines alone, batched-bench, guidellm")
-    parser.add_argument("--out", default=str(RESULTS / "serve_llm.txt"))
+    parser.add_argument("--out", default="", help="default: results/serve_llm.txt (serve_llm-MODEL.txt for others)")
     opts = parser.parse_args()
     opts.users = [int(u) for u in opts.users.split(",")]
+    opts.out = opts.out or str(
+        RESULTS / ("serve_llm.txt" if opts.model == "smollm2-135m" else f"serve_llm-{opts.model}.txt")
+    )
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="serve_llm-") as tmp:
         before_src = (
-            checkout(opts.before, Path(tmp) / "before")
-            if opts.before and (not opts.only or "before" in opts.only)
-            else None
+            checkout(opts.before, Path(tmp) / "before") if opts.before and "before" in opts.only.split(",") else None
         )
         servers = contenders(opts, before_src)
         extra: dict[str, Any] = {}
@@ -406,9 +489,9 @@ def main() -> int:
             measure(servers, opts)
             if not opts.no_extras:
                 extra["guidellm"] = {
-                    s.label: guidellm(s, 8, 40, Path(tmp))
+                    s.label: guidellm(s, 8, 40, Path(tmp), opts.model)
                     for k, s in servers.items()
-                    if k in ("torch", "llamacpp", "llamacpp-q8_0", "vllm")
+                    if k in ("torch-bf16", "llamacpp-q8_0", "vllm-bf16")
                 }
         finally:
             for server in servers.values():
@@ -420,8 +503,9 @@ def main() -> int:
                     capture_output=True,
                 )
         if not opts.no_extras:
-            extra["engine_alone"] = {"torch": engine_alone("baseline"), "llama.cpp": engine_alone("llamacpp")}
-            extra["batched_bench"] = batched_bench(opts.llama_threads)
+            plans = ["baseline", "bf16", "int8-bf16"] + (["llamacpp[llama_quant=q8_0]"] if MODELS[opts.model] else [])
+            extra["engine_alone"] = {plan: engine_alone(opts.model, plan) for plan in plans}
+            extra["batched_bench"] = batched_bench(q8_0_gguf(opts.model), opts.llama_threads)
     text = report(servers, extra, opts) + f"\ntook {(time.monotonic() - started) / 60:.1f} min"
     print("\n" + text)
     out = Path(opts.out)

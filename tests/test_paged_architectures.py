@@ -273,3 +273,55 @@ def test_the_start_up_check_of_bf16_steps_catches_a_fault_within_bf16s_tolerance
         assert "do not reproduce its own forward" in caplog.text
     finally:
         engine.close()
+
+
+def test_int8_weights_run_torchs_int8_kernel_and_give_the_models_own_logits():
+    """int8 weights (torchao's int8 weight-only, per row) with bf16 activations: the stack takes
+    the int8 values and scales as they are into torch's int8 x bf16 kernel, and its logits are the
+    model's own forward (torchao's) within bf16's tolerance; the output layer stays bf16."""
+    from torchao.quantization import quantize_
+
+    from accelab.plan.techniques.quantization import head_modules, layer_filter, make_config
+    from accelab.serve.engines import llama_stack, ragged
+
+    model = tiny(*ARCHITECTURES["llama"]).to(torch.bfloat16)
+    quantize_(
+        model,
+        make_config("int8-weight", torch.device("cpu")),
+        filter_fn=layer_filter("int8-weight", head_modules(model)),
+    )
+    assert llama_stack.int8_rows(model.model.layers[0].mlp.up_proj.weight) is not None
+    limits = SchedulerConfig(max_running=3, max_step_tokens=12, kv_blocks=12, block_size=4, prefix_caching=True)
+    engine = RaggedTorchEngine(runnable(model), limits)
+    try:
+        assert "plain tensor operations" in engine.name
+        assert engine.self_check(requests()[1][0]) is None
+        prompt = requests()[3][0]
+        greedy = SamplingParams(max_tokens=1, temperature=0)
+        item = StepInput(seq_id=0, start=0, tokens=tuple(prompt), sample=True, params=greedy, blocks=(0, 1, 2, 3, 4, 5))
+        got = engine._forward([item])[0].float()
+        want = engine._reference_logits(prompt)[-1].float()
+        assert float((got - want).abs().max()) / float(want.abs().max()) <= ragged._tolerance(torch.bfloat16)
+        # what a step must read: int8 body weights (1 byte each, and a float scale per row), bf16 output layer
+        body, head = engine._body_params, engine._head_params
+        rows = sum(m.out_features for m in model.modules() if isinstance(m, torch.nn.Linear)) - VOCAB
+        assert engine._weight_bytes == body + 4 * rows + 2 * head
+    finally:
+        engine.close()
+
+
+def test_int8_dynamic_weights_are_left_to_the_models_own_forward_with_the_reason():
+    """Activation quantization (int8-dynamic) is not what the int8 x bf16 kernel computes: the
+    stack refuses it, and the steps run the model's own forward."""
+    from torchao.quantization import quantize_
+
+    from accelab.plan.techniques.quantization import head_modules, layer_filter, make_config
+    from accelab.serve.engines import llama_stack
+
+    model = tiny(*ARCHITECTURES["llama"])
+    quantize_(
+        model,
+        make_config("int8-dynamic", torch.device("cpu")),
+        filter_fn=layer_filter("int8-dynamic", head_modules(model)),
+    )
+    assert "quantized in a form other than int8 per row" in (llama_stack.why_not(model) or "")

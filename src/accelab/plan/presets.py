@@ -24,6 +24,8 @@ _PRESETS = [
     Plan(name="int8-dynamic", quantization="int8-dynamic"),
     Plan(name="int4-weight", quantization="int4-weight"),
     Plan(name="int8-weight-compile", quantization="int8-weight", compile="default"),
+    # int8 weights, bf16 activations: what torch's int8 x bf16 kernel (the serving steps) computes
+    Plan(name="int8-bf16", precision="bf16-weights", quantization="int8-weight"),
     Plan(name="channels-last", memory_format="channels_last"),
     Plan(name="tf32", tf32=True, cudnn_benchmark=True),
     Plan(name="cpu-offload", placement="cpu-offload"),

@@ -59,6 +59,10 @@ def why_not(model: Any) -> str | None:
         linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         if any(type(m) is not torch.nn.Linear for m in linears):
             return "a projection is not a plain nn.Linear (quantized?)"
+        if any(not _plain(m.weight) and int8_rows(m.weight) is None for m in linears):
+            return (
+                "a projection's weight is quantized in a form other than int8 per row without activation quantization"
+            )
         if mlp.gate_proj.bias is not None or attn.o_proj.bias is not None:
             return "its gate or output projection has a bias"
     if type(model.get_output_embeddings()) is not torch.nn.Linear or model.get_output_embeddings().bias is not None:
@@ -143,18 +147,57 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
+def _plain(weight: torch.Tensor) -> bool:
+    return type(weight) in (torch.nn.Parameter, torch.Tensor)
+
+
+def int8_rows(weight: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(int8 values [out, in], scales [out]) of a weight torchao quantized to int8 weight-only
+    with one scale per output row (its Int8WeightOnlyConfig), else None."""
+    qdata, scale = getattr(weight, "qdata", None), getattr(weight, "scale", None)
+    if qdata is None or scale is None or qdata.dtype != torch.int8 or qdata.dim() != 2:
+        return None
+    if getattr(weight, "act_quant_kwargs", None) is not None:  # int8-dynamic: activations quantized too
+        return None
+    zero = getattr(weight, "zero_point", None)
+    if scale.numel() != qdata.shape[0] or (zero is not None and bool(zero.any())):
+        return None
+    return qdata, scale.reshape(-1)
+
+
 def _linear(modules: list[torch.nn.Linear], pack: bool) -> Linear:
-    """One GEMM over the weights of `modules` side by side (they read one input)."""
-    weight = torch.cat([m.weight.detach() for m in modules])
-    biases = [m.bias for m in modules]
-    bias = (
-        None
-        if all(b is None for b in biases)
-        else torch.cat(
-            [b.detach() if b is not None else weight.new_zeros(m.out_features) for b, m in zip(biases, modules)]
-        )
-    )
+    """One GEMM over the weights of `modules` side by side (they read one input): oneDNN on a
+    packed copy (`pack`), or torch's int8 x bf16 kernel where the weights are int8 per row."""
+    int8 = [int8_rows(m.weight) for m in modules]
+    dtype = modules[0].weight.dtype
+    if all(rows is not None for rows in int8) and dtype == torch.bfloat16:
+        values = torch.cat([rows[0] for rows in int8 if rows is not None])
+        scales = torch.cat([rows[1] for rows in int8 if rows is not None]).to(dtype)
+        bias = _bias(modules, values.shape[0], dtype)
+        if bias is None:
+            return lambda x: torch.ops.aten._weight_int8pack_mm(x.contiguous(), values, scales)
+        return lambda x: torch.ops.aten._weight_int8pack_mm(x.contiguous(), values, scales) + bias
+    weight = torch.cat([_dense(m.weight) for m in modules])
+    bias = _bias(modules, weight.shape[0], weight.dtype)
     if not pack:
         return lambda x: F.linear(x, weight, bias)
     packed = torch.ops.mkldnn._reorder_linear_weight(weight, packed_linear.BATCH_HINT)
     return lambda x: torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
+
+
+def _dense(weight: Any) -> torch.Tensor:
+    """The weight as a plain tensor (a quantized one dequantized: int8 x bf16 runs only in bf16)."""
+    return weight.detach() if _plain(weight) else weight.dequantize().detach()
+
+
+def _bias(modules: list[torch.nn.Linear], width: int, dtype: torch.dtype) -> torch.Tensor | None:
+    biases = [m.bias for m in modules]
+    if all(b is None for b in biases):
+        return None
+    parts = [
+        b.detach().to(dtype) if b is not None else torch.zeros(m.out_features, dtype=dtype)
+        for b, m in zip(biases, modules)
+    ]
+    bias = torch.cat(parts)
+    assert bias.shape[0] == width
+    return bias

@@ -101,7 +101,11 @@ class PackedLinears:
 
 
 def _packable(module: Any, skip: tuple[torch.nn.Module, ...]) -> TypeGuard[torch.nn.Linear]:
-    return type(module) is torch.nn.Linear and module not in skip and module.weight.is_floating_point()
+    weight = module.weight if type(module) is torch.nn.Linear else None
+    # a plain float weight: a quantized one (a torchao tensor subclass) keeps its own kernel
+    return (
+        weight is not None and type(weight) is torch.nn.Parameter and module not in skip and weight.is_floating_point()
+    )
 
 
 class _Siblings:

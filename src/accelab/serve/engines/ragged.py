@@ -281,7 +281,8 @@ def _linear_sizes(model: Any) -> tuple[int, int, int]:
         if isinstance(module, torch.nn.Linear):
             count = module.weight.numel()
             params += count
-            nbytes += count * module.weight.element_size()
+            int8 = llama_stack.int8_rows(module.weight)
+            nbytes += count * module.weight.element_size() if int8 is None else count + int8[1].numel() * 4
             body += 0 if module is head else count
     return body, params - body, nbytes
 
