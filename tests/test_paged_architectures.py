@@ -213,15 +213,16 @@ def test_attention_outside_the_attention_interface_is_refused_with_the_reason():
 
 @pytest.mark.parametrize("name", sorted(STACKED))
 @pytest.mark.parametrize("stack", [True, False], ids=["stack", "own-forward"])
-def test_bf16_steps_give_the_models_own_logits_within_bf16s_tolerance(name, stack):
+def test_bf16_steps_give_the_models_own_logits_within_bf16s_tolerance(name, stack, monkeypatch):
     """bf16 weights, activations and KV cache (oneDNN bf16 GEMMs where the CPU has them, the
     grouped bf16 attention), packed beside other sequences with chunked prefill, prefix hits and
     preemptions: at every sampled row the logits are the model's own bf16 forward over that
     sequence's tokens so far, within the tolerance the start-up check holds bf16 to. (Greedy
     tokens are not compared with generate's: bf16 rounds differently in other kernels, so a
     near-tie may flip; fp32 is held to exact tokens above.)"""
-    from accelab.serve.engines import packed_linear, ragged
+    from accelab.serve.engines import packed_linear, paged_attention, ragged
 
+    monkeypatch.setattr(paged_attention, "SMALL_ATTENTION", 0)  # these tiny steps would all take fp32 SDPA
     model = tiny(*ARCHITECTURES[name]).to(torch.bfloat16)
     limits = SchedulerConfig(max_running=3, max_step_tokens=12, kv_blocks=12, block_size=4, prefix_caching=True)
     engine = RaggedTorchEngine(runnable(model), limits, stack=stack)
@@ -325,3 +326,24 @@ def test_int8_dynamic_weights_are_left_to_the_models_own_forward_with_the_reason
         filter_fn=layer_filter("int8-dynamic", head_modules(model)),
     )
     assert "quantized in a form other than int8 per row" in (llama_stack.why_not(model) or "")
+
+
+@pytest.mark.parametrize(("rows", "queries", "keys"), [(3, 1, 40), (2, 5, 33), (1, 7, 20)])
+@pytest.mark.parametrize("small", [0, 10**6], ids=["grouped", "fp32-sdpa"])
+def test_bf16_attention_is_fp32_sdpa_within_bf16_rounding(rows, queries, keys, small, monkeypatch):
+    """Both bf16 paths (grouped GEMMs; fp32 SDPA on copies, for small steps) against fp32 SDPA on
+    the same bf16 inputs: grouped query heads (9 over 3 KV heads), causal masks at different
+    positions per row."""
+    from accelab.serve.engines import paged_attention
+
+    monkeypatch.setattr(paged_attention, "SMALL_ATTENTION", small)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(rows, h, n, 16, generator=g).bfloat16() for h, n in ((9, queries), (3, keys), (3, keys)))
+    positions = torch.randint(queries - 1, keys, (rows, queries), generator=g)
+    mask = (torch.arange(keys) <= positions[:, :, None])[:, None]  # [B, 1, Q, L]
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), attn_mask=mask, enable_gqa=True
+    )
+    got = paged_attention._attend(q, k, v, mask, None, None)
+    assert got.dtype == torch.bfloat16
+    assert float((got.float() - want).abs().max()) <= 0.02  # a few bf16 roundings of values ~1
