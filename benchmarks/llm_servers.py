@@ -76,7 +76,13 @@ def accelab(label: str, model: str, *args: str, pythonpath: str | None = None) -
 
 
 def vllm_serve(
-    model_path: Path, name: str, *, max_num_seqs: int, dtype: str = "bfloat16", eager: bool = False
+    model_path: Path,
+    name: str,
+    *,
+    max_num_seqs: int,
+    dtype: str = "bfloat16",
+    eager: bool = False,
+    max_model_len: int | None = None,
 ) -> Server:
     """`vllm serve` from accelab's vLLM venv at its defaults (compiled: torch.compile of the model
     with its CPU attention backend) in `dtype`; vllm_cli.py sets the environment vLLM CPU's docs
@@ -88,6 +94,8 @@ def vllm_serve(
         str(VLLM_PYTHON), "-P", str(VLLM_CLI), "serve", str(model_path), "--served-model-name", name,
         "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--max-num-seqs", str(max_num_seqs),
     ]  # fmt: skip
+    if max_model_len:  # a model whose configured context's KV cache would not fit vLLM CPU's 2 GiB
+        command += ["--max-model-len", str(max_model_len)]
     short = {"bfloat16": "bf16", "float32": "fp32"}.get(dtype, dtype)
     label = f"vllm serve (CPU, {short}, its defaults: compiled)"
     if eager:

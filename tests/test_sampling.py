@@ -129,3 +129,37 @@ def test_prompt_logprobs_and_their_text():
 def test_sample_step_without_a_sampler_uses_the_inputs_params():
     item = StepInput(seq_id=0, start=0, tokens=(1,), sample=True, params=params(temperature=0))
     assert sample_step(rows([0.0, 1.0, 7.0, 2.0]), [item])[0].token == 2
+
+
+def test_rows_with_the_common_rules_sampled_together_draw_what_each_draws_alone():
+    """The batched path (temperature, top_k, top_p, min_p as one [n, V] tensor) against each
+    row's own `pick` with an identically seeded generator: the same tokens, draw after draw."""
+    rules = [
+        dict(temperature=0.7, seed=1),
+        dict(top_k=5, seed=2),
+        dict(top_p=0.8, temperature=1.3, seed=3),
+        dict(min_p=0.05, top_k=40, seed=4),
+        dict(top_p=0.5, min_p=0.1, seed=5),
+    ]
+    together = [sampler(**r) for r in rules]
+    alone = [sampler(**r) for r in rules]
+    assert all(s.simple for s in together)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(40):
+        logits = torch.randn(len(rules), 100, generator=g) * 3
+        batched = [t.token for t in sample(logits, together)]
+        assert batched == [s.pick(s.scores(logits[i])) for i, s in enumerate(alone)]
+        for s, token in zip(alone, batched):
+            s.accept(token)
+    assert sum(len(s.counts) for s in together) > 5 * 5  # they did draw, not argmax
+
+
+def test_a_row_with_other_rules_beside_the_batched_ones_keeps_them():
+    """A row with a logit bias or logprobs goes its own way; the others are batched around it."""
+    biased = sampler(temperature=0.5, seed=1, logit_bias=((7, 100.0),))
+    logged = sampler(seed=2, logprobs=2)
+    plain = [sampler(seed=s) for s in (3, 4)]
+    out = sample(torch.zeros(4, 10), [plain[0], biased, logged, plain[1]])
+    assert out[1].token == 7 and out[2].logprob is not None and len(out[2].top) == 2
+    assert out[0].logprob is None and out[3].logprob is None
+    assert not biased.simple and not logged.simple and plain[0].simple

@@ -13,7 +13,11 @@ Per row, in this order (vLLM's and transformers' order):
    should the bans of 2. leave nothing, the grammar wins (it then only allows end-of-sequence);
 5. greedy: the argmax. Sampled: temperature, top_k, top_p, min_p, then a draw with the
    sequence's own torch.Generator, so a seeded request repeats whatever shares its steps.
-Rows with plain greedy rules and no log-probabilities take one batched argmax.
+Rows with plain greedy rules and no log-probabilities take one batched argmax; rows that sample
+with the common rules only (temperature, top_k, top_p, min_p; no bias, bans, penalties, grammar
+or log-probabilities) are processed together as one [n, V] tensor (`_sample_rows`), each still
+drawing with its own generator, so a seeded request draws the same tokens alone or in a batch.
+The rest go row by row.
 """
 
 from __future__ import annotations
@@ -74,6 +78,21 @@ class SequenceSampler:
             and not p.logit_bias
             and not p.ignore_eos
             and p.min_tokens == 0
+            and p.repetition_penalty == 1.0
+            and p.presence_penalty == 0.0
+            and p.frequency_penalty == 0.0
+        )
+
+    @property
+    def simple(self) -> bool:
+        """Samples with the common rules only, now: `_sample_rows` can take it with others."""
+        p = self.params
+        return (
+            not p.greedy
+            and self.grammar is None
+            and p.logprobs is None
+            and not p.logit_bias
+            and not self.banned()
             and p.repetition_penalty == 1.0
             and p.presence_penalty == 0.0
             and p.frequency_penalty == 0.0
@@ -148,12 +167,49 @@ def sample(logits: torch.Tensor, samplers: Sequence[SequenceSampler]) -> list[Sa
             s.accept(token)
         return [SampledToken(token=t) for t in tokens]
     rows = logits.float().cpu() if logits.device.type != "cpu" else logits
-    out = []
-    for row, s in enumerate(samplers):
-        token = s.pick(s.scores(rows[row]))
-        out.append(_with_logprobs(rows[row], token, s.params.logprobs))
-        s.accept(token)
-    return out
+    out: list[SampledToken | None] = [None] * len(samplers)
+    greedy = [i for i, s in enumerate(samplers) if s.plain]
+    simple = [i for i, s in enumerate(samplers) if not s.plain and s.simple]
+    if greedy:
+        for i, token in zip(greedy, rows[greedy].argmax(dim=-1).tolist()):
+            out[i] = SampledToken(token=token)
+    if simple:
+        for i, token in zip(simple, _sample_rows(rows[simple], [samplers[i] for i in simple])):
+            out[i] = SampledToken(token=token)
+    for i, s in enumerate(samplers):
+        if out[i] is None:
+            token = s.pick(s.scores(rows[i]))
+            out[i] = _with_logprobs(rows[i], token, s.params.logprobs)
+    for s, picked in zip(samplers, out):
+        assert picked is not None
+        s.accept(picked.token)
+    return [picked for picked in out if picked is not None]
+
+
+def _sample_rows(logits: torch.Tensor, samplers: Sequence[SequenceSampler]) -> list[int]:
+    """logits: [n, V] of rows that sample with the common rules only -> one token each: what
+    `SequenceSampler.pick` computes row by row, as batched tensor operations, then each row's
+    draw with its own generator."""
+    vocab = logits.shape[1]
+    params = [s.params for s in samplers]
+    scores = logits.float() / torch.tensor([[p.temperature] for p in params])
+    ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
+    if any(ks):
+        top = scores.topk(max(ks), dim=-1).values  # [n, k]
+        kth = top.gather(1, torch.tensor([[max(k, 1) - 1] for k in ks]))
+        kth = torch.where(torch.tensor([[k > 0] for k in ks]), kth, float("-inf"))
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    if any(p.top_p < 1.0 for p in params):
+        # a token is dropped when those ranked above it hold top_p of the mass (rows at 1.0 drop none)
+        cut = torch.tensor([[p.top_p if p.top_p < 1.0 else float("inf")] for p in params])
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        drop = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= cut
+        probs = torch.zeros_like(probs).scatter_(1, order, sorted_probs.masked_fill(drop, 0.0))
+    if any(p.min_p > 0.0 for p in params):
+        floor = torch.tensor([[p.min_p] for p in params]) * probs.max(dim=-1, keepdim=True).values
+        probs = probs.masked_fill(probs < floor, 0.0)
+    return [int(torch.multinomial(row, 1, generator=s.generator)) for row, s in zip(probs, samplers)]
 
 
 def sample_step(logits: torch.Tensor, inputs: Sequence[StepInput], eos_ids: Sequence[int] = ()) -> list[SampledToken]:
