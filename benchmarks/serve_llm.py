@@ -75,8 +75,11 @@ def contenders(opts: argparse.Namespace, before_src: Path | None) -> dict[str, S
     seqs = max(users, 8)
     common = ["--max-batch-size", str(seqs), "--max-queue", "256", "--request-timeout", "600"]
     common += ["--max-tokens", str(max(S.MIX))]
-    # Llama-3.2-1B's 131072 positions of KV would not fit vLLM CPU's 2 GiB cache: 4096 is plenty here
+    # Llama-3.2-1B's 131072 positions of KV would not fit vLLM CPU's 2 GiB cache: 4096 is plenty here,
+    # and accelab's KV cache (by default at least the model's context: 4.3 GB in bf16) gets vLLM's 2 GiB
     context = 4096 if model == "llama-1b" else None
+    if context:
+        common += ["--kv-cache-tokens", "32768"]
     out = {
         "torch": S.accelab("accelab serve (torch fp32)", model, *common),
         "torch-bf16": S.accelab("accelab serve --plan bf16", model, *common, "--plan", "bf16"),
