@@ -16,7 +16,8 @@ Per row, in this order (vLLM's and transformers' order):
 Rows with plain greedy rules and no log-probabilities take one batched argmax; rows that sample
 with the common rules only (temperature, top_k, top_p, min_p; no bias, bans, penalties, grammar
 or log-probabilities) are processed together as one [n, V] tensor (`_sample_rows`), each still
-drawing with its own generator, so a seeded request draws the same tokens alone or in a batch.
+drawing with its own generator (`_draw`), so a seeded request draws the same tokens alone or in a
+batch.
 The rest go row by row.
 """
 
@@ -155,7 +156,7 @@ class SequenceSampler:
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs.masked_fill(drop, 0.0))
         if p.min_p > 0.0:
             probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+        return _draw(probs[None], [self.generator])[0]
 
 
 def sample(logits: torch.Tensor, samplers: Sequence[SequenceSampler]) -> list[SampledToken]:
@@ -209,7 +210,19 @@ def _sample_rows(logits: torch.Tensor, samplers: Sequence[SequenceSampler]) -> l
     if any(p.min_p > 0.0 for p in params):
         floor = torch.tensor([[p.min_p] for p in params]) * probs.max(dim=-1, keepdim=True).values
         probs = probs.masked_fill(probs < floor, 0.0)
-    return [int(torch.multinomial(row, 1, generator=s.generator)) for row, s in zip(probs, samplers)]
+    return _draw(probs, [s.generator for s in samplers])
+
+
+def _draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> list[int]:
+    """probs: [n, V] (unnormalised is fine) -> one token per row, by the inverse of its cumulative
+    distribution at one uniform number from the row's own generator: the draw of
+    `torch.multinomial`, for all rows at once (multinomial took ~1.1 ms a row over SmolLM2's
+    49152 tokens here, 18 ms a step at 16 sampled sequences)."""
+    cdf = probs.double().cumsum(dim=-1)  # [n, V]
+    u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in generators])  # [n]
+    # the first token whose cumulative mass passes u x total: a token of probability 0 never does
+    picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+    return picked.clamp_(max=probs.shape[1] - 1).tolist()
 
 
 def sample_step(logits: torch.Tensor, inputs: Sequence[StepInput], eos_ids: Sequence[int] = ()) -> list[SampledToken]:
