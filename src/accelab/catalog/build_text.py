@@ -100,7 +100,9 @@ def build_llama_1b(target: Path, step: Step, *, sizes: dict | None = None) -> No
     step(f"building {config.num_hidden_layers} layers of hidden {config.hidden_size} with seed 0")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+        model = LlamaForCausalLM(config).eval()
+    for param in model.parameters():  # bf16, as the Hub ships it (the rotary inv_freq buffer stays fp32)
+        param.data = param.data.to(torch.bfloat16)
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )
