@@ -163,3 +163,15 @@ def test_a_row_with_other_rules_beside_the_batched_ones_keeps_them():
     assert out[1].token == 7 and out[2].logprob is not None and len(out[2].top) == 2
     assert out[0].logprob is None and out[3].logprob is None
     assert not biased.simple and not logged.simple and plain[0].simple
+
+
+def test_tiny_and_non_finite_values_still_pick_a_token():
+    """A tiny top_p keeps the most likely token; a temperature below 1e-5 is greedy; +inf scores
+    (a tiny repetition penalty dividing a positive logit) are the only candidates; NaN never wins."""
+    logits = [0.5, 2.0, 1.0, 0.0]
+    assert set(picks(sampler(top_p=5e-324, seed=0), logits, 20)) == {1}
+    assert sampler(temperature=1e-300).params.greedy and picks(sampler(temperature=1e-300), logits) == [1]
+    assert set(picks(sampler(repetition_penalty=5e-324, prompt=(0, 2), seed=0), logits, 30)) <= {0, 2}
+    assert picks(sampler(temperature=0), [float("nan"), 1.0, float("nan"), 0.0]) == [1]
+    mixed = [sampler(top_p=5e-324, seed=1), sampler(temperature=0.5, seed=2)]
+    assert sample(rows([float("nan"), 3.0, 1.0, 0.0], [0.0, 0.0, float("inf"), 0.0]), mixed)[1].token == 2

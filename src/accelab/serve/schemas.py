@@ -173,7 +173,8 @@ class _Sampling(_Request):
     # vLLM's sampling fields
     top_k: int = Field(0, ge=-1)  # 0 or -1: off
     min_p: float = Field(0.0, ge=0.0, le=1.0)
-    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    # from 0.01: a smaller one would divide seen tokens' logits past float32's range
+    repetition_penalty: float = Field(1.0, ge=0.01, le=10.0)
     stop_token_ids: list[int] | None = None
     min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False

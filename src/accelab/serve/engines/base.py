@@ -49,6 +49,9 @@ def check_token_ids(ids: Sequence[int], vocab_size: int | None, *, name: str) ->
 
 
 # -- generation ---------------------------------------------------------------------------
+SAMPLING_EPS = 1e-5  # temperatures below it are greedy (vLLM's _SAMPLING_EPS)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SamplingParams:
     """One sequence's sampling and stopping rules (what `engines.sampling` applies per row)."""
@@ -79,7 +82,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """A temperature below SAMPLING_EPS is greedy (vLLM's rule: dividing logits by it would overflow)."""
+        return self.temperature < SAMPLING_EPS
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -137,7 +137,7 @@ class SequenceSampler:
             if not bool(torch.isfinite(masked).any()):  # the bans left nothing: the grammar wins
                 masked = logits.float().masked_fill(~allowed, float("-inf"))
             scores = masked
-        return scores
+        return _finite(scores[None])[0]
 
     def pick(self, scores: torch.Tensor) -> int:
         """scores: [V] processed -> the token (step 5)."""
@@ -153,6 +153,7 @@ class SequenceSampler:
             sorted_probs, order = probs.sort(descending=True)
             # drop a token when the tokens ranked above it already hold top_p of the mass
             drop = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= p.top_p
+            drop[0] = False  # the most likely token stays, however small top_p is
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs.masked_fill(drop, 0.0))
         if p.min_p > 0.0:
             probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
@@ -163,7 +164,7 @@ def sample(logits: torch.Tensor, samplers: Sequence[SequenceSampler]) -> list[Sa
     """logits: [N, V], one row per sequence that picks a token now -> N SampledTokens; each
     sampler has taken its token (counts, grammar) when this returns."""
     if all(s.plain for s in samplers):
-        tokens = logits.argmax(dim=-1).tolist()  # note: a device-to-host sync point
+        tokens = _finite(logits).argmax(dim=-1).tolist()  # note: a device-to-host sync point
         for s, token in zip(samplers, tokens):
             s.accept(token)
         return [SampledToken(token=t) for t in tokens]
@@ -172,7 +173,7 @@ def sample(logits: torch.Tensor, samplers: Sequence[SequenceSampler]) -> list[Sa
     greedy = [i for i, s in enumerate(samplers) if s.plain]
     simple = [i for i, s in enumerate(samplers) if not s.plain and s.simple]
     if greedy:
-        for i, token in zip(greedy, rows[greedy].argmax(dim=-1).tolist()):
+        for i, token in zip(greedy, _finite(rows[greedy]).argmax(dim=-1).tolist()):
             out[i] = SampledToken(token=token)
     if simple:
         for i, token in zip(simple, _sample_rows(rows[simple], [samplers[i] for i in simple])):
@@ -193,7 +194,7 @@ def _sample_rows(logits: torch.Tensor, samplers: Sequence[SequenceSampler]) -> l
     draw with its own generator."""
     vocab = logits.shape[1]
     params = [s.params for s in samplers]
-    scores = logits.float() / torch.tensor([[p.temperature] for p in params])
+    scores = _finite(logits.float()) / torch.tensor([[p.temperature] for p in params])
     ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
     if any(ks):
         top = scores.topk(max(ks), dim=-1).values  # [n, k]
@@ -206,11 +207,22 @@ def _sample_rows(logits: torch.Tensor, samplers: Sequence[SequenceSampler]) -> l
         cut = torch.tensor([[p.top_p if p.top_p < 1.0 else float("inf")] for p in params])
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         drop = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= cut
+        drop[:, 0] = False  # the most likely token stays, however small top_p is
         probs = torch.zeros_like(probs).scatter_(1, order, sorted_probs.masked_fill(drop, 0.0))
     if any(p.min_p > 0.0 for p in params):
         floor = torch.tensor([[p.min_p] for p in params]) * probs.max(dim=-1, keepdim=True).values
         probs = probs.masked_fill(probs < floor, 0.0)
     return _draw(probs, [s.generator for s in samplers])
+
+
+def _finite(scores: torch.Tensor) -> torch.Tensor:
+    """scores [n, V] a draw can take whatever arrived: NaN is never picked (-inf), and a row with
+    +inf scores picks among those tokens only (they are infinitely more likely than the rest)."""
+    if bool(torch.isfinite(scores).all()):
+        return scores
+    scores = scores.nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+    top = scores == float("inf")
+    return torch.where(top.any(dim=-1, keepdim=True), torch.where(top, 0.0, float("-inf")), scores)
 
 
 def _draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> list[int]:
@@ -222,6 +234,9 @@ def _draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> 
     u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in generators])  # [n]
     # the first token whose cumulative mass passes u x total: a token of probability 0 never does
     picked = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0]
+    empty = ~(cdf[:, -1] > 0)  # no mass left (every token banned): the most likely of what is left
+    if bool(empty.any()):
+        picked = torch.where(empty, probs.nan_to_num(nan=-1.0).argmax(dim=-1), picked)
     return picked.clamp_(max=probs.shape[1] - 1).tolist()
 
 

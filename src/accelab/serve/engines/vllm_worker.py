@@ -26,7 +26,7 @@ from typing import Any
 
 from accelab.backends import vllm_wire as W
 from accelab.serve.continuous import ClientGone, ContinuousHooks, StepReport
-from accelab.serve.engines.base import Completion, GenUnit, PayloadTooLarge
+from accelab.serve.engines.base import SAMPLING_EPS, Completion, GenUnit, PayloadTooLarge
 from accelab.serve.scheduler import QueueFull
 from accelab.serve.textstream import TextStream, stream_for
 from accelab.serve.worker import DeadlineExceeded, ErrorKind, Job, JobOutcome, ShuttingDown
@@ -323,8 +323,8 @@ def submit_message(request_id: str, unit: GenUnit) -> W.Submit:
         prompt_ids=list(unit.prompt.ids),
         max_tokens=p.max_tokens,
         min_tokens=p.min_tokens,
-        temperature=p.temperature,
-        top_p=p.top_p,
+        temperature=0.0 if p.greedy else p.temperature,  # accelab's rule: below SAMPLING_EPS is greedy
+        top_p=max(p.top_p, SAMPLING_EPS),  # a top_p that rounds to 0 in float32 would keep nothing there
         seed=seed,
         ignore_eos=p.ignore_eos,
         top_k=p.top_k,
