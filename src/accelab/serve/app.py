@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 
 from accelab.serve.config import ServeConfig
 from accelab.serve.engines.base import ROUTES_OF_TASK, Engine
-from accelab.serve.errors import ApiError, api_error_handler, validation_error_handler
+from accelab.serve.errors import ApiError, api_error_handler, error_responses, validation_error_handler
 from accelab.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from accelab.serve.middleware import GuardMiddleware
 from accelab.serve.routes_encode import router as encode_router
@@ -54,25 +54,40 @@ def create_app(
     return app
 
 
+# what the middleware may answer on any route: a missing API key, and draining (SIGTERM)
+_ANY_ROUTE = error_responses(401, 503)
+_READY = {
+    **_ANY_ROUTE,
+    503: {
+        "description": "Not ready: the model is loading, failed to load (`error` says why), or the server drains.",
+        "content": {"application/json": {}},
+    },
+}
+
+
 def _add_probes(app: FastAPI, state: ServerState) -> None:
-    @app.get("/livez")
+    @app.get("/livez", responses=_ANY_ROUTE)
     async def livez() -> dict:
         return {"status": "alive"}
 
-    @app.get("/readyz")
+    @app.get("/readyz", responses=_READY)
     async def readyz() -> JSONResponse:
         body = {"status": state.status, "model": state.config.model_name}
         if state.load_error:
             body["error"] = state.load_error
         return JSONResponse(body, status_code=200 if state.status == "ready" else 503)
 
-    app.add_api_route("/health", readyz, methods=["GET"])  # the name vLLM uses; guidellm probes it
+    app.add_api_route("/health", readyz, methods=["GET"], responses=_READY)  # the name vLLM uses; guidellm probes it
 
-    @app.get("/metrics")
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        responses={**_ANY_ROUTE, 200: {"description": "Prometheus text format", "content": {CONTENT_TYPE_LATEST: {}}}},
+    )
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=_ANY_ROUTE)
     async def models(request: Request) -> dict:
         engine = state.engine
         entry = {

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 # status -> (OpenAI error type, metrics error kind)
 _KINDS = {
@@ -22,6 +23,41 @@ _KINDS = {
     503: ("server_error", "not_ready"),
     504: ("timeout_error", "timeout"),
 }
+
+
+class ErrorDetail(BaseModel):
+    message: str  # what was wrong and what to do about it
+    type: str  # OpenAI's error type (invalid_request_error, rate_limit_error, ...)
+    param: str | None = None  # the request field at fault, where one is
+    code: str | None = None  # accelab's error kind (the `kind` label of accelab_errors_total)
+
+
+class ErrorResponse(BaseModel):
+    """Every error answer: {"error": {"message", "type", "param", "code"}} (OpenAI's shape)."""
+
+    error: ErrorDetail
+
+
+_WHY = {
+    400: "The request cannot be served as sent (a field this model or engine does not take, a prompt too "
+    "long for the context, a token id outside the vocabulary); the message says which and how to fix it.",
+    401: "No or a wrong API key (servers started with --api-key).",
+    404: "The model named is not the one this server serves.",
+    413: "More inputs, images or tokens than this server takes in one request (--max-inputs, the KV cache).",
+    422: "The body does not follow this schema; `param` names the field.",
+    429: "The queue is full (--max-queue); retry after the Retry-After header's seconds.",
+    500: "The model failed on this request (it fails alone: the others go on).",
+    503: "The model is still loading, failed to load, or the server is draining.",
+    504: "The request waited longer than its deadline (--request-timeout).",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for the errors a route answers, each with the ErrorResponse body."""
+    return {status: {"model": ErrorResponse, "description": _WHY[status]} for status in statuses}
+
+
+MODEL_ROUTE_ERRORS = error_responses(400, 401, 404, 413, 422, 429, 500, 503, 504)
 
 
 class ApiError(Exception):

@@ -10,14 +10,14 @@ from fastapi.responses import JSONResponse
 
 from accelab.serve import openai_format as fmt
 from accelab.serve.dispatch import Submission, check_count, long_text, prepare
-from accelab.serve.errors import ApiError
+from accelab.serve.errors import MODEL_ROUTE_ERRORS, ApiError
 from accelab.serve.schemas import ClassifyRequest, EmbeddingRequest
 from accelab.serve.state import ServerState
 
 router = APIRouter()
 
 
-@router.post("/v1/embeddings")
+@router.post("/v1/embeddings", responses=MODEL_ROUTE_ERRORS)
 async def embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
     arrival = time.monotonic()
     state: ServerState = request.app.state.accelab
@@ -61,7 +61,7 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
     )
 
 
-@router.post("/v1/classify")
+@router.post("/v1/classify", responses=MODEL_ROUTE_ERRORS)
 async def classify(body: ClassifyRequest, request: Request) -> dict[str, Any]:
     arrival = time.monotonic()
     state: ServerState = request.app.state.accelab

@@ -22,7 +22,7 @@ from accelab.serve import openai_format as fmt, structured, tools
 from accelab.serve.dispatch import Submission, check_count, long_text, prepare
 from accelab.serve.engines.base import Completion, GenUnit, Prompt, SamplingParams
 from accelab.serve.engines.sampling import describe
-from accelab.serve.errors import ApiError
+from accelab.serve.errors import MODEL_ROUTE_ERRORS, ApiError
 from accelab.serve.schemas import ChatRequest, CompletionRequest, _Sampling, unsupported_fields
 from accelab.serve.state import ServerState
 from accelab.serve.worker import JobOutcome
@@ -32,7 +32,16 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 
-@router.post("/v1/chat/completions")
+STREAMED = {
+    200: {
+        "description": "The answer: one JSON object, or with `stream: true` server-sent events (`data: {chunk}` "
+        'lines, then `data: [DONE]`; an error after the first event arrives as a `data: {"error": ...}` event).',
+        "content": {"application/json": {}, "text/event-stream": {"schema": {"type": "string"}}},
+    }
+}
+
+
+@router.post("/v1/chat/completions", responses={**STREAMED, **MODEL_ROUTE_ERRORS})
 async def chat_completions(body: ChatRequest, request: Request) -> Any:
     arrival = time.monotonic()
     state: ServerState = request.app.state.accelab
@@ -56,7 +65,7 @@ async def chat_completions(body: ChatRequest, request: Request) -> Any:
     return await _generate(state, engine, units, body, env, arrival, request, tool_calls=calls)
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", responses={**STREAMED, **MODEL_ROUTE_ERRORS})
 async def completions(body: CompletionRequest, request: Request) -> Any:
     arrival = time.monotonic()
     state: ServerState = request.app.state.accelab
