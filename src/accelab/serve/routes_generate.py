@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 
-STREAMED = {
+STREAMED: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "The answer: one JSON object, or with `stream: true` server-sent events (`data: {chunk}` "
         'lines, then `data: [DONE]`; an error after the first event arrives as a `data: {"error": ...}` event).',
