@@ -13,10 +13,17 @@ from collections.abc import AsyncIterator, Callable
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from accelab.serve.config import ServeConfig
 from accelab.serve.engines.base import ROUTES_OF_TASK, Engine
-from accelab.serve.errors import ApiError, api_error_handler, error_responses, validation_error_handler
+from accelab.serve.errors import (
+    ApiError,
+    api_error_handler,
+    error_responses,
+    http_error_handler,
+    validation_error_handler,
+)
 from accelab.serve.metrics import CONTENT_TYPE_LATEST, ServeMetrics
 from accelab.serve.middleware import GuardMiddleware
 from accelab.serve.routes_encode import router as encode_router
@@ -48,6 +55,7 @@ def create_app(
     app.add_middleware(GuardMiddleware, state=state)
     app.add_exception_handler(ApiError, api_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
+    app.add_exception_handler(StarletteHTTPException, http_error_handler)
     app.include_router(generate_router)
     app.include_router(encode_router)
     _add_probes(app, state)

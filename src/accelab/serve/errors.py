@@ -9,6 +9,7 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 # status -> (OpenAI error type, metrics error kind)
 _KINDS = {
@@ -118,3 +119,15 @@ async def validation_error_handler(request: Request, exc: Exception) -> JSONResp
     message, param = validation_message(exc)
     request.state.error_kind = "invalid"
     return ApiError(422, message, param=param).response()
+
+
+async def http_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    """Starlette's and FastAPI's own errors (a body that is not JSON, an unknown path or method)
+    in the same shape as every other error."""
+    assert isinstance(exc, StarletteHTTPException), "registered for HTTPException"
+    message = str(exc.detail)
+    if message == "There was an error parsing the body":
+        message = "the body is not valid JSON; send one JSON object (Content-Type: application/json)"
+    error = ApiError(exc.status_code, message, headers=dict(exc.headers or {}))
+    request.state.error_kind = error.kind
+    return error.response()
