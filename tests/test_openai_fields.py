@@ -406,8 +406,8 @@ def test_fields_the_server_does_not_honour_are_refused_by_name(url):
     assert text(chat(url, max_tokens=4, user="someone", store=False)) == text(chat(url, max_tokens=4))
 
 
-EXTREMES = [  # values the schema allows that once answered 500 (schemathesis sent top_p 5e-324, which
-    # some JSON parsers read as 0.0, a 422 then: 1e-300 is as small for float32 and parses everywhere)
+EXTREMES = [  # values the schema allows that once answered 500 (schemathesis sent top_p 5e-324: a denormal,
+    # read as 0.0 where the parsing thread flushes denormals to zero, a 422 then; 1e-300 is as small for float32)
     {"top_p": 1e-300, "temperature": 1.0, "seed": 1},
     {"repetition_penalty": 0.01, "temperature": 1.0, "seed": 1},
     {"temperature": 1e-300},
