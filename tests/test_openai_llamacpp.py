@@ -16,6 +16,7 @@ from collections import Counter
 import httpx
 import pytest
 import torch
+from sampling_extremes import EXTREMES, check_extreme
 
 from accelab.catalog.fetch import is_fetched
 
@@ -368,23 +369,6 @@ def test_fields_the_server_does_not_honour_are_refused_by_name(server):
     assert chat(url, 400, max_tokens=4, logit_bias={"99999": 5})["error"]["param"] == "logit_bias"
 
 
-EXTREMES = [  # values the schema allows that once answered 500 (schemathesis sent top_p 5e-324: a denormal,
-    # read as 0.0 where the parsing thread flushes denormals to zero, a 422 then; 1e-300 is as small for float32)
-    {"top_p": 1e-300, "temperature": 1.0, "seed": 1},
-    {"repetition_penalty": 0.01, "temperature": 1.0, "seed": 1},
-    {"temperature": 1e-300},
-    {"temperature": 2.0, "top_p": 1e-300, "repetition_penalty": 0.01, "presence_penalty": 2.0, "seed": 2},
-]
-
-
 @pytest.mark.parametrize("extreme", EXTREMES, ids=",".join)
 def test_extreme_sampling_values_answer_200_and_tiny_ones_are_greedy(server, extreme):
-    """A temperature below 1e-5 is greedy (vLLM's rule), a tiny top_p keeps the most likely token,
-    and a repetition penalty below 0.01 is outside the schema: a 422 naming the field."""
-    greedy = text(chat(server[0], max_tokens=8))
-    reply = chat(server[0], max_tokens=8, **extreme)
-    assert reply["choices"][0]["finish_reason"] in ("stop", "length") and reply["usage"]["completion_tokens"] >= 1
-    if extreme.get("temperature") == 1e-300 or extreme.get("top_p") == 1e-300 and "repetition_penalty" not in extreme:
-        assert text(reply) == greedy  # one token left to pick at every step: the greedy one
-    refused = chat(server[0], 422, max_tokens=8, repetition_penalty=5e-324)  # outside the schema: its 422
-    assert refused["error"]["param"] == "repetition_penalty"
+    check_extreme(chat, text, server[0], extreme)

@@ -299,6 +299,7 @@ class ContinuousWorker:
             if result is not None and chunk.seq.state == "running" and not chunk.seq.cancelled:
                 sampled += 1
                 self._take_token(row, result, now)
+        cost = self._costs.step_cost(step.chunks) if self._costs is not None and step.chunks else None
         with self._cond:
             reused, self._reused_seen = self._scheduler.reused_tokens - self._reused_seen, self._scheduler.reused_tokens
             report = StepReport(
@@ -315,7 +316,7 @@ class ContinuousWorker:
                 reused_tokens=reused,
                 batch=len(step.chunks),
                 preempted_tokens=sum(seq.length for seq in step.preempted),
-                cost=self._costs.step_cost(step.chunks) if self._costs is not None and step.chunks else None,
+                cost=cost,
             )
         _call(self.hooks.on_step, report)
 
