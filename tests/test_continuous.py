@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from fakes_serve import POISON, FakeGenerationEngine, word_id
+from fakes_serve import POISON, FakeGenerationEngine, FakeStepEngine, word_id
 
 from accelab.serve.batcher import QueueFull
 from accelab.serve.continuous import ContinuousWorker
@@ -117,6 +117,39 @@ def test_a_client_that_goes_away_frees_its_slot_and_kv_at_the_next_step(setup):
     assert 0 in worker.engine.released
     gone_steps = sum(1 for step in worker.engine.steps if any(i.seq_id == 0 for i in step))
     assert gone_steps < 30  # it stopped long before its 200 tokens
+
+
+class FaultyReuse(FakeStepEngine):
+    """FAKE: a prefix cache of the engine's own whose first claim fails (a bug's stand-in)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.faults = 1
+
+    def reuse_prefix(self, seq_id: int, tokens) -> int:
+        if self.faults:
+            self.faults -= 1
+            raise RuntimeError("FAKE scheduling fault")
+        return 0
+
+
+def test_a_fault_while_scheduling_fails_the_held_requests_and_the_worker_serves_the_next():
+    fake = FakeGenerationEngine(name="fake", delay_s=0.002)
+    engine = FaultyReuse(fake)
+    config = SchedulerConfig(max_running=4, max_step_tokens=64, kv_blocks=64, block_size=4)
+    worker = ContinuousWorker(engine, config, decode=fake.decode, eos_ids=())
+    worker.start()
+    try:
+        answers = Answers()
+        worker.submit(answers.job("first", max_tokens=3))
+        answers.wait_for("first")
+        [first] = answers.outcomes["first"]
+        assert first.error_kind == "model_error" and "FAKE scheduling fault" in str(first.error)
+        worker.submit(answers.job("next", max_tokens=3))
+        answers.wait_for("next")
+        assert answers.outcomes["next"][0].outputs[0].text == " w0 w1 w2"
+    finally:
+        assert worker.stop(timeout_s=10)
 
 
 def test_waiting_past_the_deadline_is_answered_504_and_never_runs(setup):

@@ -372,3 +372,23 @@ def test_fields_the_server_does_not_honour_are_refused_by_name(server):
 @pytest.mark.parametrize("extreme", EXTREMES, ids=",".join)
 def test_extreme_sampling_values_answer_200_and_tiny_ones_are_greedy(server, extreme):
     check_extreme(chat, text, server[0], extreme)
+
+
+def test_a_stream_cut_short_frees_its_slots_for_the_next_request_at_once(server):
+    """Found by fuzzing: a client that reads a few events of a stream holding every slot and
+    hangs up, then sends the next request at once. The cancelled sequences kept their llama.cpp
+    slots until after the next admission, the scheduler found none free, its worker thread died,
+    and every request after that waited out its deadline (504)."""
+    url, state = server
+    body = {"model": MODEL, "prompt": [PROMPT] * 6, "max_tokens": 64, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=300) as r:
+        assert r.status_code == 200
+        events = 0
+        for line in r.iter_lines():
+            events += line.startswith("data: ")
+            if events == 8:  # more events than slots: every slot is decoding
+                break
+    for _ in range(3):
+        answer = chat(url, max_tokens=4)
+        assert answer["choices"][0]["message"]["content"]
+    assert state.continuous is None or state.continuous.alive

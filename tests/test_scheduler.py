@@ -188,3 +188,51 @@ def test_reused_prefix_is_not_prefilled_again_but_the_last_token_always_is(clock
     assert shape(step) == [("a", 3, 2), ("b", 1, 1)]
     assert a.generated == [7] and b.generated == [7]
     assert sched.reused_tokens == 4 and sched.used_blocks == 2  # reused tokens still hold their blocks
+
+
+class Slots:
+    """An engine's own per-sequence state, as llama.cpp's slots are: `reuse` claims one at
+    admission (and fails when none is free), `release` gives it back."""
+
+    def __init__(self, n: int):
+        self.free, self.events = n, []
+
+    def reuse(self, seq) -> int:
+        assert self.free > 0, f"no free slot for {seq.payload}: one that left was not released first"
+        self.free -= 1
+        self.events.append(("claim", seq.payload))
+        return 0
+
+    def release(self, seq) -> None:
+        self.free += 1
+        self.events.append(("release", seq.payload))
+
+
+def test_a_sequence_that_leaves_releases_the_engines_state_before_another_is_admitted_in_that_step(clock):
+    """Found by fuzzing the llama.cpp server: a stream cut short (its sequences cancelled) and the
+    next request in the same step took a slot still held by the cancelled one, and the worker died."""
+    slots = Slots(1)
+    config = SchedulerConfig(max_running=1, max_step_tokens=8)
+    sched = Scheduler(config, clock, reuse=slots.reuse, release=slots.release)
+    a = sched.add("a", (1, 2), max_tokens=4)
+    run_step(sched)
+    sched.cancel(a)
+    sched.add("b", (3, 4), max_tokens=4)
+    step = run_step(sched)
+    assert step.dropped == [a] and shape(step) == [("b", 0, 2)]
+    assert slots.events == [("claim", "a"), ("release", "a"), ("claim", "b")]
+
+
+def test_a_preempted_sequence_releases_the_engines_state_at_once(clock):
+    slots = Slots(2)
+    config = SchedulerConfig(max_running=2, max_step_tokens=16, kv_blocks=2, block_size=2)
+    sched = Scheduler(config, clock, reuse=slots.reuse, release=slots.release)
+    old = sched.add("old", (1, 2), max_tokens=3)
+    young = sched.add("young", (3, 4), max_tokens=3)
+    run_step(sched)
+    step = run_step(sched)
+    assert step.preempted == [young] and slots.events[-1] == ("release", "young") and slots.free == 1
+    sched.finish(old)
+    assert slots.events[-1] == ("release", "old") and slots.free == 2
+    run_step(sched)  # young comes back: it claims a slot again
+    assert slots.events[-1] == ("claim", "young") and slots.free == 1

@@ -4,8 +4,10 @@ so a client generated from /openapi.json handles the answers the server sends.""
 
 from __future__ import annotations
 
+import jsonschema
 import pytest
 
+from accelab.serve import openai_format as fmt
 from accelab.serve.app import create_app
 from accelab.serve.config import ServeConfig
 from accelab.serve.errors import ApiError, ErrorResponse
@@ -41,6 +43,22 @@ def test_generation_routes_document_their_event_streams_and_probes_their_503(spe
     assert list(spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == [
         "text/plain; version=1.0.0; charset=utf-8"
     ]
+
+
+def test_each_event_of_a_stream_is_what_the_event_stream_schema_documents(spec):
+    """OpenAPI tools (schemathesis, generated clients) read text/event-stream as one object per event
+    ({"data": ..., "event": ...}) and check each against the documented schema; a schema of
+    `string` failed every streamed answer."""
+    env = fmt.Envelope(kind="completion", model="tiny", truncated=0, n=1)
+    stream = fmt.sse(fmt.chunk(env, 0, text="hi")) + fmt.sse({"error": {"message": "m"}}) + fmt.sse("[DONE]")
+    events = [{"event": "message", "data": block.removeprefix("data: ")} for block in stream.split("\n\n") if block]
+    assert len(events) == 3
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        schema = spec["paths"][path]["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]
+        for event in events:
+            jsonschema.validate(event, schema)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({"event": "message"}, schema)  # an event without data
 
 
 @pytest.mark.parametrize("status", sorted(int(s) for s in ERRORS))

@@ -132,7 +132,9 @@ class ContinuousWorker:
             self.config = config
         self._forked_from: dict[int, Sequence[_Row]] = {}  # a queued choice -> the choice whose KV it shares
         wants_reuse = (self._reuse or self._fork) and not config.prefix_caching
-        self._scheduler: Scheduler[_Row] = Scheduler(config, clock, reuse=self._reused if wants_reuse else None)
+        self._scheduler: Scheduler[_Row] = Scheduler(
+            config, clock, reuse=self._reused if wants_reuse else None, release=lambda seq: engine.release(seq.id)
+        )
         self._block_bytes = engine.kv_bytes_per_token * config.block_size
         self._cond = threading.Condition()
         self._stopping = False
@@ -242,13 +244,23 @@ class ContinuousWorker:
                     self._busy = False
 
     def _next_step(self) -> Step[_Row]:
-        """Under the lock: cancel what the routes gave up on, then schedule."""
-        for seq in self._scheduler.sequences():
-            if seq.payload.unit.cancelled and not seq.cancelled:
-                self._scheduler.cancel(seq)
-                if seq.state == "done":  # it was waiting: answer its job now
-                    self._fail(seq.payload.run, ClientGone("the client went away"), "cancelled")
-        return self._scheduler.schedule()
+        """Under the lock: cancel what the routes gave up on, then schedule. A fault while
+        scheduling (a bug) fails the requests the scheduler holds, with the error, and the
+        worker goes on: the next request finds a working server."""
+        try:
+            for seq in self._scheduler.sequences():
+                if seq.payload.unit.cancelled and not seq.cancelled:
+                    self._scheduler.cancel(seq)
+                    if seq.state == "done":  # it was waiting: answer its job now
+                        self._fail(seq.payload.run, ClientGone("the client went away"), "cancelled")
+            return self._scheduler.schedule()
+        except Exception as err:  # the worker thread must survive anything
+            held = self._scheduler.sequences()
+            log.exception("continuous scheduler error: failing the %d sequences it held", len(held))
+            for seq in held:
+                self._scheduler.finish(seq)
+                self._fail(seq.payload.run, err, "model_error")
+            return Step()
 
     def _wait_s(self) -> float | None:
         deadline = self._scheduler.next_deadline()
@@ -265,8 +277,6 @@ class ContinuousWorker:
                 ),
                 "timeout",
             )
-        for seq in step.dropped + step.preempted:
-            self.engine.release(seq.id)
         for seq in step.dropped:
             self._fail(seq.payload.run, ClientGone("the client went away"), "cancelled")
         for seq in step.admitted:
@@ -291,7 +301,6 @@ class ContinuousWorker:
             if isinstance(result, BaseException):
                 with self._cond:
                     self._scheduler.finish(chunk.seq)
-                self.engine.release(chunk.seq.id)
                 self._fail(row.run, result, "oom" if is_out_of_memory(result) else "model_error")
                 continue
             with self._cond:
@@ -369,7 +378,6 @@ class ContinuousWorker:
         assert row.seq is not None
         with self._cond:
             self._scheduler.finish(row.seq)
-        self.engine.release(row.seq.id)
         run = row.run
         run.completions[row.index] = self._completion(row, piece.finished, now)
         if len(run.completions) == len(run.rows) and not run.done:

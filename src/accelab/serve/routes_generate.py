@@ -32,11 +32,17 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 
+# one server-sent event as OpenAPI tools read a stream: its `data` is a JSON chunk, a JSON error or "[DONE]"
+SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}, "id": {"type": "string"}},
+}
 STREAMED: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "The answer: one JSON object, or with `stream: true` server-sent events (`data: {chunk}` "
         'lines, then `data: [DONE]`; an error after the first event arrives as a `data: {"error": ...}` event).',
-        "content": {"application/json": {}, "text/event-stream": {"schema": {"type": "string"}}},
+        "content": {"application/json": {}, "text/event-stream": {"schema": SSE_EVENT}},
     }
 }
 

@@ -155,13 +155,20 @@ class Step(Generic[T]):
 
 class Scheduler(Generic[T]):
     def __init__(
-        self, config: SchedulerConfig, clock: Callable[[], float], reuse: Callable[[Sequence[T]], int] | None = None
+        self,
+        config: SchedulerConfig,
+        clock: Callable[[], float],
+        reuse: Callable[[Sequence[T]], int] | None = None,
+        release: Callable[[Sequence[T]], None] | None = None,
     ):
         if reuse is not None and config.prefix_caching:
             raise ValueError("prefix_caching and an engine's own `reuse` are two prefix caches; choose one")
         self.config = config
         self._clock = clock
         self._reuse = reuse  # admitted sequence -> leading tokens whose KV the engine holds already
+        # the engine's own state of a sequence that leaves (finished, dropped or preempted) goes
+        # the moment its blocks do: a sequence admitted later in the same step may need it (a slot)
+        self._release = release
         self._waiting: deque[Sequence[T]] = deque()
         self._running: list[Sequence[T]] = []  # in admission order
         self._cancelled: list[Sequence[T]] = []  # running ones, dropped at the next step
@@ -456,3 +463,5 @@ class Scheduler(Generic[T]):
     def _free(self, seq: Sequence[T]) -> None:
         self.pool.release(seq.block_table)
         seq.block_table, seq.block_keys = [], []
+        if self._release is not None:
+            self._release(seq)
