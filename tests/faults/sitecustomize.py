@@ -8,6 +8,10 @@ gets the faults it names, comma-separated:
   say the fault was injected. Used by tests/test_quality_e2e.py and tests/test_bench_e2e.py.
 - serve-errors:<flag file>: while the flag file exists, every forward of the loaded model raises
   (an error burst for a running server; tests/test_monitoring.py).
+- slow-serve:<plan>:<ms>: an `accelab serve --plan <plan>` process sleeps <ms> more in every
+  continuous-batching step: a deliberately slow candidate (tests/test_tune_serve.py).
+- ballast-serve:<plan>:<MiB>: an `accelab serve --plan <plan>` process holds <MiB> of touched
+  memory: a candidate over a memory limit (tests/test_tune_serve.py).
 - fake-gpu:<bytes>: FAKE GPU memory readings for the server's GPU gauges (this machine has no
   GPU): one device reporting <bytes> allocated, twice that reserved, 1.5x peak. Only the metrics
   see it; the model still runs on the CPU (tests/test_monitoring.py)."""
@@ -15,7 +19,7 @@ gets the faults it names, comma-separated:
 import os
 
 FAULT = os.environ.get("ACCELAB_TEST_FAULT")
-KINDS = ("perturb-weights", "serve-errors", "fake-gpu")
+KINDS = ("perturb-weights", "serve-errors", "fake-gpu", "slow-serve", "ballast-serve")
 
 
 def _perturb_weights(size: str) -> None:
@@ -92,9 +96,49 @@ def _fake_gpu(allocated: str) -> None:
     metrics._gpu_gauges = functools.partial(metrics._gpu_gauges, cuda=_FakeCuda(int(allocated or 1 << 30)))
 
 
+def _serving(plan: str) -> bool:
+    """Whether this process is `accelab serve ... --plan <plan>`."""
+    import sys
+
+    argv = sys.argv
+    return "serve" in argv and any(a == "--plan" and b == plan for a, b in zip(argv, argv[1:]))
+
+
+def _slow_serve(arg: str) -> None:
+    plan, _, ms = arg.rpartition(":")
+    if not _serving(plan):
+        return
+    import time
+
+    from accelab.serve.continuous import ContinuousWorker
+
+    original = ContinuousWorker._compute
+
+    def slow_compute(self, chunks):
+        time.sleep(float(ms) / 1000)
+        return original(self, chunks)
+
+    ContinuousWorker._compute = slow_compute
+
+
+_BALLAST: list[bytearray] = []
+
+
+def _ballast_serve(arg: str) -> None:
+    plan, _, mib = arg.rpartition(":")
+    if _serving(plan):
+        _BALLAST.append(bytearray(b"\x01") * (int(mib) << 20))  # every page written: resident
+
+
 if FAULT:
     for fault in FAULT.split(","):
         kind, _, arg = fault.partition(":")
         if kind not in KINDS:
             raise ValueError(f"ACCELAB_TEST_FAULT={FAULT!r}: {kind!r} is not one of {', '.join(KINDS)}")
-        {"perturb-weights": _perturb_weights, "serve-errors": _serve_errors, "fake-gpu": _fake_gpu}[kind](arg)
+        {
+            "perturb-weights": _perturb_weights,
+            "serve-errors": _serve_errors,
+            "fake-gpu": _fake_gpu,
+            "slow-serve": _slow_serve,
+            "ballast-serve": _ballast_serve,
+        }[kind](arg)

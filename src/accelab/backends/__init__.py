@@ -106,7 +106,7 @@ Check = Callable[[ModelSpec, Plan, torch.device], None]
 Load = Callable[[ModelSpec, Plan, torch.device], Runnable]
 
 # Plan fields a backend honours; any other change from the baseline is torch's (autocast, compile, ...)
-_BACKEND_FIELDS = {"backend", "backend_options", "threads", "batch_size", "placement"}
+_BACKEND_FIELDS = {"backend", "backend_options", "threads", "batch_size", "placement", "server"}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

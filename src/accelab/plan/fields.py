@@ -27,6 +27,9 @@ Placement = Literal["auto", "cpu", "cuda", "device-map", "cpu-offload", "disk-of
 MemoryFormat = Literal["contiguous", "channels_last"]
 Backend = Literal["torch", "onnxruntime", "openvino", "llamacpp", "vllm"]
 Tristate = Literal["auto", "on", "off"]
+# `accelab serve` options a Plan may carry (`Plan.server`): how many sequences decode at once,
+# the tokens of one step, the KV cache's tokens
+SERVER_SETTINGS = ("max_batch_size", "max_step_tokens", "kv_cache_tokens")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -52,6 +55,9 @@ class Plan:
     cudnn_benchmark: bool = False
     backend: Backend = "torch"
     backend_options: tuple[tuple[str, str], ...] = ()  # ("ort_opt_level", "99"), ...
+    # the `accelab serve` settings a serving tune measured this plan with (SERVER_SETTINGS); the
+    # server takes them where its own options are left at their defaults
+    server: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         hints = get_type_hints(Plan)
@@ -65,6 +71,12 @@ class Plan:
             parse_max_memory(self.max_memory)
         if self.backend_options:
             check_options(self.backend, dict(self.backend_options))
+        for key, value in self.server:
+            if key not in SERVER_SETTINGS:
+                names = ", ".join(SERVER_SETTINGS)
+                raise ValueError(f"Plan field server has {key!r}; the server settings are: {names}")
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"Plan field server: {key}={value!r} must be a whole number, 1 or more")
         if self.placement in ("device-map", "cpu-offload", "disk-offload") and self.backend != "torch":
             raise ValueError(f"placement={self.placement!r} needs backend='torch' (got {self.backend!r})")
 
@@ -72,6 +84,7 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["backend_options"] = dict(self.backend_options)
+        data["server"] = dict(self.server)
         return data
 
     @classmethod
@@ -82,6 +95,8 @@ class Plan:
         data = dict(data)
         if isinstance(data.get("backend_options"), dict):
             data["backend_options"] = tuple(sorted((str(k), str(v)) for k, v in data["backend_options"].items()))
+        if isinstance(data.get("server"), dict):
+            data["server"] = tuple(sorted((str(k), v) for k, v in data["server"].items()))
         return cls(**data)
 
     def to_yaml(self) -> str:

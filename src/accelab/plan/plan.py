@@ -34,8 +34,15 @@ def _coerce(name: str, raw: str) -> Any:
             return int(raw)
         except ValueError:
             raise ValueError(f"Plan field {name}={raw!r} must be a whole number") from None
-    if name == "backend_options":
+    if name in ("backend_options", "server"):
         pairs = [p.split(":", 1) for p in raw.split(";") if p]
+        if any(len(p) != 2 for p in pairs):
+            raise ValueError(f"Plan field {name}={raw!r} must look like key:value;key:value")
+        if name == "server":
+            try:
+                return tuple(sorted((k, int(v)) for k, v in pairs))
+            except ValueError:
+                raise ValueError(f"Plan field server={raw!r}: each setting must be a whole number") from None
         return tuple(sorted((k, v) for k, v in pairs))
     return raw
 

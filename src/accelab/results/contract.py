@@ -124,6 +124,9 @@ SLO: Final = "slo"
 GOODPUT_FRACTION: Final = "goodput_fraction"
 GOODPUT_RATE: Final = "goodput_rate"
 GOOD_REQUESTS: Final = "good_requests"
+# a window of a serving tune
+GOODPUT_TOKEN_THROUGHPUT: Final = "goodput_token_throughput"
+TUNE_ROUND: Final = "tune_round"
 MAX_RATE: Final = "max_rate"
 SEARCH: Final = "search"
 PROBES: Final = "probes"
@@ -294,6 +297,17 @@ FIND_MAX: Final = LOADTEST.extended(
 max_rate  req/s  the highest rate that met the goodput target (None: none did)
 search    -      accelab.loadtest.findmax.FindMax.to_dict(): best_rate, lowest_failing, probes
 probes    -      every probe in search order, each with the PROBE keys
+"""),
+)
+TUNE_SERVE: Final = LOADTEST.extended(
+    "accelab.tuner.serving.measure_window and window_result (one window of a serving tune, kind tune-serve)",
+    *keys("""
+goodput_token_throughput  tokens/s  output tokens of the requests that met every objective / duration_s
+noise                     -         accelab.measure.noise.Window.to_dict() of the window: steal, others' cores, ...
+tune_candidate            -         the candidate plan, as `accelab serve --plan` takes it
+tune_round                -         the round (0-based); candidates take turns A B C ... C B A
+tune_seq                  -         the window's place in the tune, 0-based
+peak_rss_mb               MiB       the peak RSS of the candidate server's processes so far
 """),
 )
 # the workload keys of a loadtest Result the report reads (run.build_result writes more)

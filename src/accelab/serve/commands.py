@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 import typer
+from click.core import ParameterSource
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,13 @@ def serve_command(
     the_plan = load_plan(plan, set_)
     the_device = resolve_device(the_plan, device)
     name = served_name or model
-    config = ServeConfig.from_options(ctx.params, model_name=name, plan_name=the_plan.name)
+    typed = frozenset(k for k in ctx.params if ctx.get_parameter_source(k) not in (None, ParameterSource.DEFAULT))
+    config = ServeConfig.from_options(
+        ctx.params, model_name=name, plan_name=the_plan.name, plan_settings=dict(the_plan.server), given=typed
+    )
+    if the_plan.server:
+        used = {k: getattr(config, k) for k, _ in the_plan.server}
+        log.info("server settings of plan %s: %s", the_plan.name, ", ".join(f"{k}={v}" for k, v in used.items()))
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         typer.secho(
             f"warning: listening on {host} without --api-key: anyone who reaches it can use it",

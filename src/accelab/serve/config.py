@@ -76,10 +76,20 @@ class ServeConfig:
         self.scheduler_config(max_context=None)  # its own checks (e.g. step tokens > batch size), now
 
     @classmethod
-    def from_options(cls, options: Mapping[str, Any], *, model_name: str, plan_name: str) -> ServeConfig:
+    def from_options(
+        cls,
+        options: Mapping[str, Any],
+        *,
+        model_name: str,
+        plan_name: str,
+        plan_settings: Mapping[str, int] | None = None,
+        given: frozenset[str] = frozenset(),
+    ) -> ServeConfig:
         """The config of `accelab serve`'s options (its parameters by name), for the model and
-        plan it serves."""
-        return cls(model_name=model_name, plan_name=plan_name, **fields_of(cls, options, renamed=OPTION_FIELDS))
+        plan it serves. `plan_settings` (a tuned Plan's `server`: the settings it was measured
+        with) fill the options not in `given` (those the user typed)."""
+        merged = {**options, **{k: v for k, v in (plan_settings or {}).items() if k not in given}}
+        return cls(model_name=model_name, plan_name=plan_name, **fields_of(cls, merged, renamed=OPTION_FIELDS))
 
     def scheduler_config(self, *, max_context: int | None) -> SchedulerConfig:
         """The continuous scheduler's limits; `max_context` (the model's) sizes the default KV cache."""

@@ -18,7 +18,11 @@ def tune_command(
     goal: str = typer.Option("throughput", help="throughput | latency."),
     percentile: str = typer.Option("p99", help="For --goal latency: p50 | p99."),
     task: str | None = typer.Option(None),
-    scenario: str = typer.Option("auto", help="forward | generate | auto."),
+    scenario: str = typer.Option(
+        "auto",
+        help="forward | generate | auto: plans measured call by call; serve: candidate servers "
+        "measured under --concurrency users (with --slo, --rounds, --window, --prompt-file).",
+    ),
     batch_size: int | None = typer.Option(
         None,
         "--batch-size",
@@ -49,6 +53,20 @@ def tune_command(
     json_out: Path | None = typer.Option(None, "--json"),
     db: Path | None = typer.Option(None),
     fresh: bool = typer.Option(False, "--fresh", help="Ignore earlier measurements of the same tune in the store."),
+    concurrency: str = typer.Option(
+        "8", "--concurrency", help="--scenario serve: closed-loop users, or levels such as 1,8,16."
+    ),
+    slo: str | None = typer.Option(
+        None,
+        "--slo",
+        help="--scenario serve: per-request objectives, e.g. ttft_p99=500ms,itl_p99=100ms "
+        "(ttft, itl, e2e); goodput counts the output tokens of requests that meet them all.",
+    ),
+    prompt_file: Path | None = typer.Option(
+        None, "--prompt-file", help="--scenario serve: your prompts, a JSON list of strings or one per line."
+    ),
+    rounds: int = typer.Option(2, "--rounds", help="--scenario serve: rounds of windows per load (A B C ... C B A)."),
+    window: float = typer.Option(15.0, "--window", help="--scenario serve: seconds of load per window."),
 ) -> None:
     """Search the plan space for a goal under memory, latency and quality limits; write the best Plan."""
     from accelab.catalog.resolve import resolve
@@ -60,6 +78,34 @@ def tune_command(
 
     def split(text: str | None) -> list[str] | None:
         return [p.strip() for p in text.split(",") if p.strip()] if text else None
+
+    if scenario == "serve":
+        from accelab.loadtest.run import load_inputs
+        from accelab.results.result import command_line
+        from accelab.tuner.serving import ServeTuneRequest, parse_levels, parse_serve_slo, tune_serve
+
+        request = ServeTuneRequest(
+            spec=resolve(model, task),
+            model=model,
+            concurrency=parse_levels(concurrency),
+            slo=parse_serve_slo(slo),
+            max_memory=max_memory,
+            quality=quality,
+            include=tuple(split(include) or ()) or None,
+            exclude=tuple(split(exclude) or ()),
+            prompts=tuple(load_inputs("chat", prompt_file)) if prompt_file else (),
+            rounds=rounds,
+            window_s=window,
+            device=device,
+            out=out,
+            json_out=json_out,
+            db=db,
+            fresh=fresh,
+        )
+        served = tune_serve(request, command=command_line())
+        if served.plan is None:
+            raise typer.Exit(3)
+        return
 
     outcome = tune(
         TuneRequest(

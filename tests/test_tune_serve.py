@@ -1,0 +1,151 @@
+"""`accelab tune --scenario serve`: candidate servers under the same closed-loop load, ranked by
+goodput within the memory limit and the quality tolerance.
+
+End to end (real `accelab serve` processes of SmolLM2, real load, a real SQLite store): a
+candidate slowed on purpose (FAULT INJECTION, tests/faults: +150 ms a step) ranks last with
+its goodput ratio, a candidate holding 3 GiB of ballast is left out for --max-memory with its
+peak, the winner's Plan keeps the server settings it was measured with and `accelab serve`
+takes them, and a second run resumes from the store without starting a server. The rest is the
+ranking and the option parsing alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from accelab.catalog.fetch import is_fetched
+from accelab.loadtest.summary import SLO
+from accelab.plan.plan import Plan, load_plan
+from accelab.results import contract as K
+from accelab.serve.config import ServeConfig
+from accelab.tuner.serving import Candidate, parse_levels, parse_serve_slo, rank
+
+FAULTS = Path(__file__).parent / "faults"
+MODEL = "smollm2-135m"
+
+
+# -- the ranking alone ------------------------------------------------------------------------------
+def candidate(key: str, goodputs: list[float], **kwargs) -> Candidate:
+    rows = {r: {K.GOODPUT_TOKEN_THROUGHPUT: g, K.OUTPUT_TOKEN_THROUGHPUT: g} for r, g in enumerate(goodputs)}
+    return Candidate(key=key, plan=Plan(name=key), windows={8: rows}, **kwargs)
+
+
+def test_the_most_goodput_wins_and_every_other_candidate_says_why_it_lost():
+    ranking = rank(
+        [
+            candidate("slow", [50.0, 60.0]),
+            candidate("fast", [200.0, 180.0]),
+            candidate("big", [400.0, 400.0], excluded="peak memory 3000 MiB over --max-memory 2GiB"),
+            candidate("bad", [500.0, 500.0], excluded="quality fail (balanced): perplexity_change 0.4"),
+        ],
+        8,
+    )
+    assert ranking.winner == "fast" and ranking.tie_with is None
+    assert ranking.order == ["fast", "slow", "big", "bad"]
+    assert ranking.why["slow"].startswith("goodput 55.0 tokens/s, 0.29x the winner's 190.0")
+    assert "paired rounds 0.25, 0.33" in ranking.why["slow"]
+    assert ranking.why["big"].startswith("peak memory") and ranking.why["bad"].startswith("quality fail")
+
+
+def test_a_runner_up_within_three_percent_round_by_round_is_a_tie():
+    ranking = rank([candidate("a", [100.0, 104.0]), candidate("b", [99.0, 102.0])], 8)
+    assert ranking.winner == "a" and ranking.tie_with == "b"
+    assert "a tie within the noise" in ranking.why["b"]
+
+
+def test_no_winner_when_no_request_met_the_slo():
+    ranking = rank([candidate("a", [0.0, 0.0]), candidate("b", [0.0, 0.0])], 8)
+    assert ranking.winner is None and ranking.why == {"a": "no request met the SLO", "b": "no request met the SLO"}
+
+
+def test_slo_and_levels_parse_with_clear_errors():
+    assert parse_serve_slo("ttft_p99=500ms,itl_p99=100ms") == SLO(ttft=0.5, tpot=0.1)
+    assert parse_serve_slo("e2e=2s") == SLO(e2e=2.0) and parse_serve_slo(None) == SLO()
+    with pytest.raises(ValueError, match="must look like KEY=TIME"):
+        parse_serve_slo("latency=1s")
+    assert parse_levels("16,1,8") == (1, 8, 16)
+    with pytest.raises(ValueError, match="whole numbers"):
+        parse_levels("8 users")
+    with pytest.raises(ValueError, match="1 or more users"):
+        parse_levels("0")
+
+
+def test_a_plan_carries_server_settings_and_the_typed_options_win():
+    plan = load_plan("bf16", ["server=max_batch_size:8;max_step_tokens:512"])
+    assert Plan.from_yaml(plan.to_yaml()) == plan
+    options = {"max_batch_size": 32, "max_step_tokens": None, "kv_cache_tokens": None}
+    config = ServeConfig.from_options(options, model_name="m", plan_name="p", plan_settings=dict(plan.server))
+    assert (config.max_batch_size, config.max_step_tokens) == (8, 512)
+    typed = ServeConfig.from_options(
+        {**options, "max_batch_size": 4}, model_name="m", plan_name="p", plan_settings=dict(plan.server),
+        given=frozenset({"max_batch_size"}),
+    )  # fmt: skip
+    assert (typed.max_batch_size, typed.max_step_tokens) == (4, 512)
+    with pytest.raises(ValueError, match="the server settings are: max_batch_size"):
+        Plan(server=(("batch", 8),))
+    with pytest.raises(ValueError, match="whole number"):
+        load_plan("bf16", ["server=max_batch_size:many"])
+
+
+def test_only_generation_models_are_tuned_for_serving():
+    from accelab.catalog.resolve import resolve
+    from accelab.tuner.serving import ServeTuneRequest
+
+    with pytest.raises(ValueError, match="measures generation servers.*--scenario forward"):
+        ServeTuneRequest(spec=resolve("minilm-l6", fetch=False), model="minilm-l6")
+
+
+# -- end to end -------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_tune_ranks_a_slowed_candidate_last_leaves_out_one_over_memory_and_resumes(tmp_path):
+    if not is_fetched(MODEL):
+        pytest.skip(f"run `accelab models fetch {MODEL}` first")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(FAULTS), os.environ.get("PYTHONPATH")])),
+        "ACCELAB_TEST_FAULT": "slow-serve:bf16:150,ballast-serve:int8-bf16:3072",
+    }
+    out, report, db = tmp_path / "serve.yaml", tmp_path / "tune.json", tmp_path / "results.db"
+    command = [
+        sys.executable, "-m", "accelab", "tune", MODEL, "--scenario", "serve", "--include", "baseline,bf16,int8-bf16",
+        "--concurrency", "2", "--rounds", "2", "--window", "3", "--max-memory", "2500MiB", "--slo", "ttft_p99=30s",
+        "--out", str(out), "--json", str(report), "--db", str(db),
+    ]  # fmt: skip
+    first = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-4000:]
+    summary = json.loads(report.read_text())
+    [level] = summary["levels"]
+    assert level["winner"] == "baseline" and level["order"][:2] == ["baseline", "bf16"]
+    slowed = level["why"]["bf16"]
+    assert slowed.startswith("goodput") and float(slowed.split(", ")[1].split("x")[0]) < 0.5, slowed
+    assert "over --max-memory 2500MiB" in level["why"]["int8-bf16"]
+    assert summary["candidates"]["int8-bf16"]["peak_rss_mb"] > 3072
+    assert summary["candidates"]["baseline"]["peak_rss_mb"] < 2500
+    assert summary["candidates"]["bf16"]["quality"] == "pass"  # verify's rules, balanced
+    assert "starting int8-bf16" in first.stdout and "winner" in first.stdout
+
+    plan_text = out.read_text()
+    assert plan_text.startswith("# ") and "winner at 2 users: baseline" in plan_text
+    plan = Plan.from_yaml(plan_text)
+    assert dict(plan.server) == {"max_batch_size": 2, "max_step_tokens": 256}
+
+    # the same tune again: every window and the exclusion come from the store, no server starts
+    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-4000:]
+    assert "windows measured before are reused" in again.stdout and "starting" not in again.stdout
+    assert json.loads(report.read_text())["levels"][0]["winner"] == "baseline"
+
+    # the winner's plan serves with the settings it was measured with
+    from serving import ServerProcess
+
+    server = ServerProcess("-m", "accelab", "serve", MODEL, "--plan", str(out), "--port", "0", timeout_s=300)
+    try:
+        server.wait_ready(300)
+    finally:
+        server.stop()
+    assert any("max_batch_size=2, max_step_tokens=256" in line for line in server.log), "".join(server.log)[-2000:]
