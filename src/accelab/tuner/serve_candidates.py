@@ -84,18 +84,24 @@ class CandidateServer:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def rss_mb(self) -> float:
-        """Resident memory of the server and every process it started, MiB."""
+    def processes(self) -> list[psutil.Process]:
+        """The server and every process it started (vLLM's engine core, ...)."""
         if not self.alive:
-            return 0.0
+            return []
         assert self.process is not None
         try:
             root = psutil.Process(self.process.pid)
-            procs = [root, *root.children(recursive=True)]
+            return [root, *root.children(recursive=True)]
         except psutil.NoSuchProcess:
-            return 0.0
+            return []
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.processes()]
+
+    def rss_mb(self) -> float:
+        """Resident memory of the server and every process it started, MiB."""
         total = 0
-        for proc in procs:
+        for proc in self.processes():
             with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
                 total += proc.memory_info().rss
         return total / MIB

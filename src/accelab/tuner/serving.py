@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import statistics
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -34,6 +34,7 @@ from accelab.loadtest.client import LoadConfig, run_load
 from accelab.loadtest.summary import SLO, summarize_run
 from accelab.measure import noise
 from accelab.measure.noise import Meter
+from accelab.plan.apply import resolve_device
 from accelab.plan.plan import Plan, load_plan
 from accelab.plan.runtime import Unsupported
 from accelab.quality.collect import QualityConfig
@@ -176,7 +177,7 @@ class ServeTuneOutcome:
 # -- the space -------------------------------------------------------------------------------------
 def serve_space(request: ServeTuneRequest) -> tuple[list[Candidate], dict[str, str]]:
     """The candidate plans that can serve this model here, and why the others are left out."""
-    device = torch.device(request.device or "cpu")
+    device = resolve_device(Plan(), request.device)
     keys = list(request.include) if request.include else list(SERVE_CANDIDATES)
     if "baseline" not in keys:
         keys.insert(0, "baseline")
@@ -236,8 +237,7 @@ def measure_window(server: CandidateServer, request: ServeTuneRequest, users: in
         stream=True,
         timeout_s=600,
     )
-    assert server.process is not None
-    with Meter([server.process.pid]) as meter:
+    with Meter([*server.pids(), os.getpid()]) as meter:  # the server's processes and this client are not noise
         records = run_load(config, server.served_name)
     summary = summarize_run(records, request.slo)
     good_tokens = sum(r.output_tokens for r in records if request.slo.met_by(r))
