@@ -148,4 +148,24 @@ def test_tune_ranks_a_slowed_candidate_last_leaves_out_one_over_memory_and_resum
         server.wait_ready(300)
     finally:
         server.stop()
-    assert any("max_batch_size=2, max_step_tokens=256" in line for line in server.log), "".join(server.log)[-2000:]
+    log = "".join(server.log)
+    assert "server settings of plan serve-tuned-baseline: max_batch_size=2, max_step_tokens=256" in log, log[-2000:]
+    assert "up to 2 sequences, 256 tokens per step" in log, log[-2000:]  # what the scheduler was given
+
+
+def test_accelab_serve_takes_a_plans_server_settings_unless_the_option_is_typed(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from accelab.cli import app
+    from accelab.serve import server as serve_module
+
+    configs = []
+    monkeypatch.setattr(serve_module, "run_server", lambda config, factory, access_log=False: configs.append(config))
+    plan = tmp_path / "serve.yaml"
+    plan.write_text(load_plan("baseline", ["server=max_batch_size:2;max_step_tokens:300"]).to_yaml())
+    runner = CliRunner()
+    first = runner.invoke(app, ["serve", MODEL, "--plan", str(plan)])
+    typed = runner.invoke(app, ["serve", MODEL, "--plan", str(plan), "--max-batch-size", "5"])
+    assert first.exit_code == typed.exit_code == 0, first.output + typed.output
+    assert [(c.max_batch_size, c.max_step_tokens) for c in configs] == [(2, 300), (5, 300)]
+    assert "server settings of plan baseline+server=" in first.output + first.stderr

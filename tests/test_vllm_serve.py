@@ -13,6 +13,7 @@ import time
 import httpx
 import psutil
 import pytest
+from sampling_extremes import EXTREMES, check_extreme
 
 from accelab.catalog.fetch import is_fetched
 
@@ -170,6 +171,25 @@ def test_a_client_that_hangs_up_mid_stream_frees_its_sequence(server):
         time.sleep(0.05)
     after = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2})
     assert after.status_code == 200
+
+
+def chat(url: str, status: int = 200, **body) -> dict:
+    r = httpx.post(
+        f"{url}/v1/chat/completions", json={"model": MODEL, "messages": QUESTION, "temperature": 0, **body}, timeout=300
+    )
+    assert r.status_code == status, r.text
+    return r.json()
+
+
+def reply_text(reply: dict) -> str:
+    return reply["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("extreme", EXTREMES, ids=",".join)
+def test_extreme_sampling_values_answer_200_and_tiny_ones_are_greedy(server, extreme):
+    """The values that once answered 500 on the torch engine, on vLLM's: a temperature below 1e-5
+    reaches vLLM as 0 (greedy), a tiny top_p keeps its most likely token."""
+    check_extreme(chat, reply_text, server.url, extreme)
 
 
 def test_sigterm_finishes_in_flight_streams_refuses_new_ones_and_stops_the_engine(server):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 
 import typer
-from click.core import ParameterSource
 
 log = logging.getLogger(__name__)
 
@@ -118,13 +117,13 @@ def serve_command(
     the_plan = load_plan(plan, set_)
     the_device = resolve_device(the_plan, device)
     name = served_name or model
-    typed = frozenset(k for k in ctx.params if ctx.get_parameter_source(k) not in (None, ParameterSource.DEFAULT))
+    typed = frozenset(k for k in ctx.params if _typed(ctx, k))
     config = ServeConfig.from_options(
         ctx.params, model_name=name, plan_name=the_plan.name, plan_settings=dict(the_plan.server), given=typed
     )
     if the_plan.server:
-        used = {k: getattr(config, k) for k, _ in the_plan.server}
-        log.info("server settings of plan %s: %s", the_plan.name, ", ".join(f"{k}={v}" for k, v in used.items()))
+        used = ", ".join(f"{k}={getattr(config, k)}" for k, _ in the_plan.server)
+        typer.echo(f"server settings of plan {the_plan.name}: {used} (an option you give wins)", err=True)
     if host not in ("127.0.0.1", "localhost", "::1") and api_key is None:
         typer.secho(
             f"warning: listening on {host} without --api-key: anyone who reaches it can use it",
@@ -140,3 +139,11 @@ def serve_command(
         require_ray()
         raise typer.Exit(run_replicas(config, factory, replicas=replicas, ray_address=ray_address))
     raise typer.Exit(run_server(config, factory, access_log=access_log))
+
+
+def _typed(ctx: typer.Context, name: str) -> bool:
+    """Whether the user gave option `name` (on the command line or in its environment variable),
+    rather than leaving its default. (Typer carries its own copy of click: the source's name is
+    compared, not click's enum.)"""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")

@@ -92,6 +92,9 @@ class _Row:
     seq: Sequence[_Row] | None = None
     last_token_at: float | None = None
     children: list[_Row] = field(default_factory=list)  # the other choices (n > 1), queued after its prefill
+    # a queued choice (n > 1) of an engine that forks by sequence (llama.cpp): the choice whose KV it
+    # takes at admission; cleared then (it lives and dies with the row: no table to outlive it)
+    forked_from: Sequence[_Row] | None = None
 
 
 @dataclass(kw_only=True, slots=True, eq=False)
@@ -130,7 +133,6 @@ class ContinuousWorker:
         if self._paged is not None:  # its KV lives in the pool's blocks: the pool's prefix cache is real
             config = replace(config, prefix_caching=True)
             self.config = config
-        self._forked_from: dict[int, Sequence[_Row]] = {}  # a queued choice -> the choice whose KV it shares
         wants_reuse = (self._reuse or self._fork) and not config.prefix_caching
         self._scheduler: Scheduler[_Row] = Scheduler(
             config, clock, reuse=self._reused if wants_reuse else None, release=lambda seq: engine.release(seq.id)
@@ -433,13 +435,13 @@ class ContinuousWorker:
                 except QueueFull as err:
                     self._fail(row.run, err, "model_error")
                     break
-                self._forked_from[child.seq.id] = row.seq
+                child.forked_from = row.seq
         row.children = []
 
     def _reused(self, seq: Sequence[_Row]) -> int:
         """Under the lock, at admission: leading tokens of `seq` whose KV the engine holds already
         (the parent choice's prompt, or a finished sequence's prefix)."""
-        parent = self._forked_from.pop(seq.id, None)
+        parent, seq.payload.forked_from = seq.payload.forked_from, None
         if parent is not None and parent.state == "running" and self._fork is not None:
             n = len(seq.prompt) - 1  # the last prompt token is fed again: its logits pick this choice's first
             if n > 0:
