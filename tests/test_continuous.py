@@ -211,3 +211,57 @@ def test_stop_finishes_what_is_queued_then_refuses_more(setup):
 
     with pytest.raises(ShuttingDown):
         worker.submit(answers.job("late"))
+
+
+class ForkingSteps(FakeStepEngine):
+    """FAKE: an engine that forks a choice's KV by sequence (as llama.cpp's does): records each fork."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.forks: list[tuple[int, int, int]] = []
+
+    def fork(self, parent_seq_id: int, child_seq_id: int, n_tokens: int) -> None:
+        self.forks.append((parent_seq_id, child_seq_id, n_tokens))
+
+
+def test_two_hundred_requests_of_three_choices_leave_nothing_behind_in_the_worker():
+    """Each n=3 request queues two choices after its first prefilled; admitted, each forks the
+    first's KV. Afterwards no sequence, row or fork link is held anywhere in the worker."""
+    import gc
+
+    fake = FakeGenerationEngine(name="fake", delay_s=0.0)
+    engine = ForkingSteps(fake)
+    config = SchedulerConfig(max_running=32, max_step_tokens=64, kv_blocks=256, block_size=4)
+    worker = ContinuousWorker(engine, config, decode=fake.decode, eos_ids=())
+    worker.start()
+    outcomes: dict[int, JobOutcome] = {}
+    wave_done = threading.Event()
+
+    def done(i: int, outcome: JobOutcome) -> None:
+        outcomes[i] = outcome
+        if len(outcomes) % 10 == 0:
+            wave_done.set()
+
+    jobs: list[Job] = []
+    try:
+        for wave in range(20):  # 10 requests at a time: their choices join while the first still decodes
+            wave_done.clear()
+            for i in range(wave * 10, wave * 10 + 10):
+                prompt = Prompt(ids=(word_id("tell"), word_id(f"story{i}")), prompt_tokens=2)
+                params = SamplingParams(max_tokens=3, temperature=0)
+                first = GenUnit(prompt=prompt, params=params, on_text=lambda t: None)
+                others = [GenUnit(prompt=prompt, params=params, fork_of=first, on_text=lambda t: None) for _ in "ab"]
+                job = Job(key="generate", units=[first, *others], run=lambda units: [], done=lambda o, i=i: done(i, o))
+                worker.submit(job)
+                jobs.append(job)
+            assert wave_done.wait(30), f"wave {wave}: {len(outcomes)} of {wave * 10 + 10} answered"
+    finally:
+        assert worker.stop(timeout_s=10)
+    bad = {i: o.error or [c.text for c in o.outputs] for i, o in outcomes.items() if not o.ok or len(o.outputs) != 3}
+    assert not bad and all([c.text for c in o.outputs] == [" w0 w1 w2"] * 3 for o in outcomes.values()), bad
+    assert len(engine.forks) == 400 and all(n == 1 for _, _, n in engine.forks)  # 2 choices x 200, 1 shared token
+    assert worker.idle and worker._scheduler.sequences() == []
+    assert sorted(set(engine.released)) == list(range(600))  # every sequence's engine state freed
+    gc.collect()
+    kept = [o for o in gc.get_objects() if type(o).__name__ == "_JobRun" and any(o.job is j for j in jobs)]
+    assert kept == []  # no job run (with its rows, sequences and fork links) outlives its answer

@@ -31,7 +31,9 @@ MODEL = "smollm2-135m"
 
 # -- the ranking alone ------------------------------------------------------------------------------
 def candidate(key: str, goodputs: list[float], **kwargs) -> Candidate:
-    rows = {r: {K.GOODPUT_TOKEN_THROUGHPUT: g, K.OUTPUT_TOKEN_THROUGHPUT: g} for r, g in enumerate(goodputs)}
+    rows = {
+        r: {K.GOODPUT_TOKEN_THROUGHPUT: g, K.OUTPUT_TOKEN_THROUGHPUT: g, K.ERRORS: 0} for r, g in enumerate(goodputs)
+    }
     return Candidate(key=key, plan=Plan(name=key), windows={8: rows}, **kwargs)
 
 
@@ -169,3 +171,24 @@ def test_accelab_serve_takes_a_plans_server_settings_unless_the_option_is_typed(
     assert first.exit_code == typed.exit_code == 0, first.output + typed.output
     assert [(c.max_batch_size, c.max_step_tokens) for c in configs] == [(2, 300), (5, 300)]
     assert "server settings of plan baseline+server=" in first.output + first.stderr
+
+
+def test_the_table_names_plans_with_options_in_brackets_as_given():
+    """rich reads `[...]` as markup: a plan such as llamacpp[llama_quant=q8_0] must print whole."""
+    import io
+
+    from rich.console import Console
+
+    from accelab.catalog.resolve import resolve
+    from accelab.tuner.serving import ServeTuneOutcome, ServeTuneRequest, render
+
+    key = "llamacpp[llama_quant=q8_0]"
+    candidates = [candidate("baseline", [10.0, 10.0]), candidate(key, [20.0, 21.0])]
+    outcome = ServeTuneOutcome(
+        group="g", candidates={c.key: c for c in candidates}, pruned={"vllm-bf16[vllm_mode=compiled]": "no venv"},
+        rankings=[rank(candidates, 8)],
+    )  # fmt: skip
+    console = Console(file=io.StringIO(), width=250)
+    render(outcome, ServeTuneRequest(spec=resolve(MODEL, fetch=False), model=MODEL), console)
+    printed = console.file.getvalue()
+    assert key in printed and "vllm-bf16[vllm_mode=compiled]: no venv" in printed

@@ -428,13 +428,10 @@ class ContinuousWorker:
                     with contextlib.suppress(QueueFull):
                         child.seq = self._scheduler.fork(row.seq, child)
                         continue
-                try:
-                    child.seq = self._scheduler.add(
-                        child, child.unit.prompt.ids, max_tokens=child.unit.params.max_tokens
-                    )
-                except QueueFull as err:
-                    self._fail(row.run, err, "model_error")
-                    break
+                # counted against max_queue when its request came in: never refused for the queue now
+                child.seq = self._scheduler.add(
+                    child, child.unit.prompt.ids, max_tokens=child.unit.params.max_tokens, accepted=True
+                )
                 child.forked_from = row.seq
         row.children = []
 

@@ -217,12 +217,21 @@ class Scheduler(Generic[T]):
 
     # -- requests -------------------------------------------------------------------------
     def add(
-        self, payload: T, prompt: tuple[int, ...], *, max_tokens: int, timeout_s: float | None = None
+        self,
+        payload: T,
+        prompt: tuple[int, ...],
+        *,
+        max_tokens: int,
+        timeout_s: float | None = None,
+        accepted: bool = False,
     ) -> Sequence[T]:
+        """Queue a sequence. `accepted`: its request was admitted already (a later choice of an
+        n > 1 request, counted against max_queue when the request came), so the bound does not
+        refuse it now."""
         if not prompt:
             raise ValueError("a sequence needs at least one prompt token")
         self.check_fits(len(prompt), max_tokens)
-        if len(self._waiting) >= self.config.max_queue:
+        if not accepted and len(self._waiting) >= self.config.max_queue:
             raise QueueFull(f"{len(self._waiting)} sequences are waiting (max_queue={self.config.max_queue})")
         now = self._clock()
         seq = Sequence(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import statistics
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -369,7 +370,7 @@ def run_serve_tune(request: ServeTuneRequest, console: Console | None = None) ->
         try:
             with MemoryWatch(servers) as watch:
                 for server in servers:
-                    console.print(f"starting {server.key}: accelab {' '.join(server.command()[3:])}")
+                    console.print(f"starting {escape(server.key)}: accelab {escape(shlex.join(server.command()[3:]))}")
                     server.start(Path(logs))
                 wait_all_ready(servers, request.ready_timeout_s)
                 watch.sample()
@@ -402,7 +403,7 @@ def run_serve_tune(request: ServeTuneRequest, console: Console | None = None) ->
                             seq += 1
                             candidate.windows.setdefault(users, {})[rnd] = row
                             store.add(window_result(candidate, request, group, users, rnd, row))
-                            console.print(_window_line(candidate, users, rnd, row))
+                            console.print(escape(_window_line(candidate, users, rnd, row)))
                             if not candidate.server.alive:
                                 candidate.excluded = f"died under load: {candidate.server.log_tail()}"
         finally:
@@ -535,7 +536,7 @@ def render(outcome: ServeTuneOutcome, request: ServeTuneRequest, console: Consol
             steal = max((s for s in steals if s is not None), default=None)
             verdict = "[bold green]winner[/]" if key == ranking.winner else escape(ranking.why.get(key, ""))
             table.add_row(
-                key,
+                escape(key),
                 _fmt(c.median(users, K.GOODPUT_TOKEN_THROUGHPUT), 1),
                 _fmt(c.median(users, K.OUTPUT_TOKEN_THROUGHPUT), 1),
                 _fmt(_median([_p99(w, K.TTFT_MS) for w in rows])),
@@ -548,9 +549,10 @@ def render(outcome: ServeTuneOutcome, request: ServeTuneRequest, console: Consol
             )
         console.print(table)
     for key, why in outcome.pruned.items():
-        console.print(f"  not measured: {key}: {escape(why)}")
+        console.print(f"  not measured: {escape(key)}: {escape(why)}")
     if len(outcome.rankings) > 1:
-        console.print("winners: " + "; ".join(f"{r.users} users: {r.winner or 'none'}" for r in outcome.rankings))
+        winners = "; ".join(f"{r.users} users: {r.winner or 'none'}" for r in outcome.rankings)
+        console.print(f"winners: {escape(winners)}")
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -613,5 +615,5 @@ def tune_serve(request: ServeTuneRequest, console: Console | None = None, comman
     if request.out:
         header = plan_header(outcome, request, command or f"accelab tune {request.model} --scenario serve")
         request.out.write_text("".join(f"# {line}\n" for line in header.splitlines()) + outcome.plan.to_yaml())
-        console.print(f"[bold green]best serving plan: {outcome.rankings[-1].winner}[/] -> {request.out}")
+        console.print(f"[bold green]best serving plan: {escape(str(outcome.rankings[-1].winner))}[/] -> {request.out}")
     return outcome
