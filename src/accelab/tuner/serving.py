@@ -248,6 +248,28 @@ def measure_window(server: CandidateServer, request: ServeTuneRequest, users: in
     return row
 
 
+def warm_up(server: CandidateServer, request: ServeTuneRequest) -> None:
+    """Every prompt once, short answers, from the most users the tune runs: the shapes a server
+    meets first (each prompt length's prefill, each batch of decodes) cost it one-time work
+    (kernels chosen, memory mapped) that no window should pay: measured on SmolLM2, a first
+    1-user window without this ran torch fp32 at half its speed of the next round."""
+    prompts = request.prompts or _sample_prompts()
+    config = LoadConfig(
+        url=server.url,
+        endpoint="chat",
+        inputs=prompts,
+        model=server.served_name,
+        concurrency=max(request.concurrency),
+        duration_s=300,
+        requests=len(prompts),
+        warmup=0,
+        max_tokens=8,
+        stream=True,
+        timeout_s=600,
+    )
+    run_load(config, server.served_name)
+
+
 def _sample_prompts() -> tuple[str, ...]:
     return tuple(inputs.prompts(52))
 
@@ -384,6 +406,16 @@ def run_serve_tune(request: ServeTuneRequest, console: Console | None = None) ->
                         candidate.server.stop()
                         store.add(excluded_result(candidate, request, group))
                 live = [c for c in to_serve if c.excluded is None]
+                for candidate in live:
+                    assert candidate.server is not None
+                    console.print(f"warming up {escape(candidate.key)}: every prompt once")
+                    try:
+                        warm_up(candidate.server, request)
+                    except Exception as err:  # noqa: BLE001 - this candidate fails alone
+                        candidate.excluded = f"failed while warming up: {type(err).__name__}: {err}"
+                        candidate.server.stop()
+                        store.add(excluded_result(candidate, request, group))
+                live = [c for c in live if c.excluded is None]
                 seq = len(done)
                 for users in request.concurrency:
                     for rnd in range(request.rounds):
