@@ -173,6 +173,14 @@ def test_a_client_that_hangs_up_mid_stream_frees_its_sequence(server):
     assert after.status_code == 200
 
 
+def test_readyz_names_the_engine_process_that_runs_the_model(server):
+    """Whoever counts the server's memory (tune --scenario serve) must count vLLM's engine too,
+    which a server may share with an earlier run and so not have started itself."""
+    body = httpx.get(f"{server.url}/readyz").json()
+    assert body["status"] == "ready" and body["worker_pids"]
+    assert set(body["worker_pids"]) <= {p.pid for p in server.engines}
+
+
 def chat(url: str, status: int = 200, **body) -> dict:
     r = httpx.post(
         f"{url}/v1/chat/completions", json={"model": MODEL, "messages": QUESTION, "temperature": 0, **body}, timeout=300

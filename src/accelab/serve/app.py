@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -80,9 +81,13 @@ def _add_probes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/readyz", responses=_READY)
     async def readyz() -> JSONResponse:
-        body = {"status": state.status, "model": state.config.model_name}
+        body: dict[str, Any] = {"status": state.status, "model": state.config.model_name}
         if state.load_error:
             body["error"] = state.load_error
+        # processes outside this one that run the model (vLLM's engine), for whoever counts its memory
+        workers = getattr(getattr(state.engine, "runnable", None), "worker_pids", ())
+        if workers:
+            body["worker_pids"] = list(workers)
         return JSONResponse(body, status_code=200 if state.status == "ready" else 503)
 
     app.add_api_route("/health", readyz, methods=["GET"], responses=_READY)  # the name vLLM uses; guidellm probes it

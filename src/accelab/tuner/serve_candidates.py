@@ -41,6 +41,7 @@ class CandidateServer:
     log: Path | None = None
     peak_rss_mb: float = 0.0
     error: str | None = None  # why it did not start, or died
+    worker_pids: tuple[int, ...] = ()  # other processes running its model, as its /readyz says
 
     @property
     def url(self) -> str:
@@ -77,7 +78,10 @@ class CandidateServer:
             self.error = f"exited with code {self.process.returncode}: {self.log_tail()}"
             return None
         with contextlib.suppress(httpx.TransportError):
-            return httpx.get(f"{self.url}/readyz", timeout=5).status_code == 200
+            answer = httpx.get(f"{self.url}/readyz", timeout=5)
+            if answer.status_code == 200:
+                self.worker_pids = tuple(answer.json().get("worker_pids", ()))
+                return True
         return False
 
     @property
@@ -85,15 +89,18 @@ class CandidateServer:
         return self.process is not None and self.process.poll() is None
 
     def processes(self) -> list[psutil.Process]:
-        """The server and every process it started (vLLM's engine core, ...)."""
+        """The server, every process it started, and the processes its /readyz names as running
+        its model (vLLM's engine, which a server may share with an earlier run), with theirs."""
         if not self.alive:
             return []
         assert self.process is not None
-        try:
-            root = psutil.Process(self.process.pid)
-            return [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return []
+        found: dict[int, psutil.Process] = {}
+        for pid in (self.process.pid, *self.worker_pids):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                root = psutil.Process(pid)
+                for proc in (root, *root.children(recursive=True)):
+                    found[proc.pid] = proc
+        return list(found.values())
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.processes()]
