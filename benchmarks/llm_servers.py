@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
-import signal
 import socket
 import statistics
 import subprocess
@@ -32,6 +31,7 @@ from accelab.catalog import inputs
 from accelab.loadtest.client import LoadConfig, run_load
 from accelab.loadtest.summary import SLO, summarize_run
 from accelab.measure.noise import Meter
+from accelab.tuner.serve_candidates import stop_session
 
 ROOT = Path(__file__).resolve().parents[1]
 MIX = (16, 128, 32, 96, 64, 128, 24, 80)  # max_tokens of successive requests: short and long answers
@@ -155,16 +155,8 @@ def wait_ready(server: Server, timeout_s: float = 1200) -> None:
 
 
 def stop(server: Server) -> None:
-    if server.process is None or server.process.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(server.process.pid, signal.SIGTERM)
-    try:
-        server.process.wait(60)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.process.pid, signal.SIGKILL)
-        server.process.wait(10)
+    if server.process is not None:
+        stop_session(server.process)
 
 
 # -- one window ----------------------------------------------------------------------------------

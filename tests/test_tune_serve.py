@@ -180,7 +180,8 @@ def test_the_table_names_plans_with_options_in_brackets_as_given():
     from rich.console import Console
 
     from accelab.catalog.resolve import resolve
-    from accelab.tuner.serving import ServeTuneOutcome, ServeTuneRequest, render
+    from accelab.tuner.serve_report import render
+    from accelab.tuner.serving import ServeTuneOutcome, ServeTuneRequest
 
     key = "llamacpp[llama_quant=q8_0]"
     candidates = [candidate("baseline", [10.0, 10.0]), candidate(key, [20.0, 21.0])]

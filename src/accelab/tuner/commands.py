@@ -82,7 +82,8 @@ def tune_command(
     if scenario == "serve":
         from accelab.loadtest.run import load_inputs
         from accelab.results.result import command_line
-        from accelab.tuner.serving import ServeTuneRequest, parse_levels, parse_serve_slo, tune_serve
+        from accelab.tuner.serve_report import tune_serve
+        from accelab.tuner.serving import ServeTuneRequest, parse_levels, parse_serve_slo
 
         request = ServeTuneRequest(
             spec=resolve(model, task),

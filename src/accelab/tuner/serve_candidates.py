@@ -114,17 +114,23 @@ class CandidateServer:
         return total / MIB
 
     def stop(self) -> None:
-        if not self.alive:
-            return
-        assert self.process is not None
+        if self.process is not None:
+            stop_session(self.process)
+
+
+def stop_session(process: subprocess.Popen) -> None:
+    """SIGTERM to a process started in a session of its own (and so to everything it started),
+    SIGKILL after a minute."""
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(60)
+    except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(10)
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)
 
 
 def wait_all_ready(servers: list[CandidateServer], timeout_s: float) -> None:
