@@ -23,6 +23,7 @@ def accelab(*args, env=None, check=True):
 QUICK = ["--warmup", "1", "--min-iters", "3", "--min-seconds", "0.5"]
 
 
+@pytest.mark.alone  # beside the other worker's load every round is noisy and dropped
 def test_bench_minilm_forward(tmp_path):
     out, db = tmp_path / "m.json", tmp_path / "r.db"
     proc = accelab(

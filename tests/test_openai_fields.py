@@ -409,4 +409,4 @@ def test_fields_the_server_does_not_honour_are_refused_by_name(url):
 
 @pytest.mark.parametrize("extreme", EXTREMES, ids=",".join)
 def test_extreme_sampling_values_answer_200_and_tiny_ones_are_greedy(url, extreme):
-    check_extreme(chat, text, url, extreme)
+    check_extreme(chat, url, extreme)

@@ -371,7 +371,7 @@ def test_fields_the_server_does_not_honour_are_refused_by_name(server):
 
 @pytest.mark.parametrize("extreme", EXTREMES, ids=",".join)
 def test_extreme_sampling_values_answer_200_and_tiny_ones_are_greedy(server, extreme):
-    check_extreme(chat, text, server[0], extreme)
+    check_extreme(chat, server[0], extreme)
 
 
 def test_a_stream_cut_short_frees_its_slots_for_the_next_request_at_once(server):

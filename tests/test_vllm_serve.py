@@ -1,8 +1,8 @@
 """`accelab serve smollm2-135m --plan vllm`: the real vLLM engine (from .venv-vllm) behind accelab's
-server, one server for the module (its own engine: vllm_max_num_seqs=16 keys it apart from the
-engines other modules reuse), through the official openai client and raw HTTP: routes, streaming,
-errors, concurrent streams, /metrics, a client that hangs up, and SIGTERM drain (last: it stops the
-server and its engine)."""
+server, one server for the module (with an engine of its own: a server never attaches to another
+process's engine, even one of the same options in the same /tmp), through the official openai
+client and raw HTTP: routes, streaming, errors, concurrent streams, /metrics, a client that hangs
+up, and SIGTERM drain (last: it stops the server and its engine)."""
 
 from __future__ import annotations
 
@@ -197,7 +197,7 @@ def reply_text(reply: dict) -> str:
 def test_extreme_sampling_values_answer_200_and_tiny_ones_are_greedy(server, extreme):
     """The values that once answered 500 on the torch engine, on vLLM's: a temperature below 1e-5
     reaches vLLM as 0 (greedy), a tiny top_p keeps its most likely token."""
-    check_extreme(chat, reply_text, server.url, extreme)
+    check_extreme(chat, server.url, extreme, text=reply_text)
 
 
 def test_sigterm_finishes_in_flight_streams_refuses_new_ones_and_stops_the_engine(server):

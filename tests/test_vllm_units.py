@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from accelab.backends import vllm_cli, vllm_wire as W
+from accelab.backends import vllm_cli, vllm_launch, vllm_wire as W
 from accelab.plan.backend_options import VllmOptions
 from accelab.plan.plan import Plan, load_plan
 from accelab.plan.presets import PRESETS
@@ -120,6 +120,19 @@ def test_every_message_round_trips_through_one_json_line():
     assert W.EngineConfig.from_json(config.to_json()) == config
     with pytest.raises(ValueError, match="unknown vLLM engine message"):
         W.decode(b'{"kind": "Nope"}')
+
+
+def test_measuring_engines_are_shared_and_a_servers_engine_is_its_own():
+    install = vllm_launch.VllmInstall(python=Path("/v/bin/python"), venv=Path("/v"), distribution="vllm", version="1")
+    env: dict[str, str] = {}
+
+    def key(keep_s: float, owner: int | None = None, seqs: int = 8) -> str:
+        config = W.EngineConfig(model="/m", max_num_seqs=seqs, keep_s=keep_s)
+        return vllm_launch.engine_key(config, install, env, owner=owner)
+
+    assert key(600) == key(30)  # how long it stays up is not what it runs: measurements share it
+    assert key(600) != key(600, seqs=16)
+    assert key(0, owner=101) != key(0, owner=102) and key(0, owner=101) != key(600)  # one per server
 
 
 # -- the environment and the install -------------------------------------------------------------

@@ -8,7 +8,10 @@ machine whose `pip install vllm` agrees with accelab's own packages).
 An engine is keyed by what it runs (model files, engine config, vLLM venv); its Unix socket sits at
 a fixed path for that key, so every measuring child of a compare or tune finds the engine the first
 one started. An engine started for measurements stays up `ACCELAB_VLLM_KEEP_S` seconds (default
-600) after its last client; one started by `accelab serve` (keep 0) leaves with its server.
+600) after its last client. One started by `accelab serve` (keep 0) is the server's own: its key
+holds the server's pid, so no other process attaches to it and no server attaches to an engine
+that would outlive it (a second server, or a test run beside another in the same /tmp, starts its
+own), and it leaves with its server.
 """
 
 from __future__ import annotations
@@ -96,8 +99,9 @@ def _model_stamp(model: str) -> list[tuple[str, int, int]]:
     return sorted((p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in files)
 
 
-def engine_key(config: EngineConfig, install: VllmInstall, env: dict[str, str]) -> str:
-    """Same model files, engine config, vLLM, CPU binding and engine code -> the same engine."""
+def engine_key(config: EngineConfig, install: VllmInstall, env: dict[str, str], *, owner: int | None = None) -> str:
+    """Same model files, engine config, vLLM, CPU binding and engine code -> the same engine;
+    `owner`: the pid of the one process an engine kept 0 s belongs to (serve's)."""
     settings = {k: env.get(k) for k in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "CUDA_VISIBLE_DEVICES")}
     code = hashlib.sha256(ENGINE_SCRIPT.read_bytes() + ENGINE_SCRIPT.with_name("vllm_wire.py").read_bytes())
     blob = json.dumps(
@@ -109,6 +113,7 @@ def engine_key(config: EngineConfig, install: VllmInstall, env: dict[str, str]) 
             settings,
             __version__,
             code.hexdigest(),
+            owner,
         ],
         sort_keys=True,
     )
@@ -168,7 +173,7 @@ def connect_engine(
     if install is None:
         raise RuntimeError(reason)
     env = vllm_cli.vllm_env(dict(os.environ), install.venv, kv_cache_gib=kv_cache_gib, threads=threads)
-    key = engine_key(config, install, env)
+    key = engine_key(config, install, env, owner=os.getpid() if config.keep_s == 0 else None)
     base = runtime_dir() / key
     address = EngineAddress(socket=base.with_suffix(".sock"), log=base.with_suffix(".log"), key=key)
     with _locked(base.with_suffix(".lock")):  # one start per key, however many children ask at once

@@ -110,6 +110,11 @@ class Contender:
     def kept(self) -> tuple[int, ...]:
         return tuple(i for i in range(len(self.rounds)) if self.usable(i))
 
+    @property
+    def short_of_calls(self) -> bool:
+        """Its quiet rounds hold fewer calls than --min-iters asked for (noisy rounds are dropped)."""
+        return sum(self.rounds[i].calls for i in self.kept) < self.workload.min_iters
+
 
 def paired_usable(a: Contender, b: Contender) -> list[bool]:
     n = min(len(a.rounds), len(b.rounds))
@@ -117,10 +122,13 @@ def paired_usable(a: Contender, b: Contender) -> list[bool]:
 
 
 def needs_more(contenders: Sequence[Contender], config: RoundsConfig) -> bool:
-    """Too few quiet rounds for a figure: of the only plan, or of a plan paired with the reference."""
+    """Too few quiet rounds for a figure (of the only plan, or of a plan paired with the reference),
+    or too few calls in them for --min-iters."""
     active = [c for c in contenders if c.active]
     if not active:
         return False
+    if any(c.short_of_calls for c in active):
+        return True
     if len(contenders) == 1:
         return len(active[0].kept) < config.min_usable
     reference = next((c for c in contenders if c.loaded is not None and c.loaded.status == "ok"), None)
