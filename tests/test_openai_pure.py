@@ -36,6 +36,9 @@ def test_request_checks_name_the_field():
         )
     with pytest.raises(ValueError, match="logit_bias keys are token ids"):
         ChatRequest(messages=Q, logit_bias={"abc": 1})
+    # "²" is a digit to isdigit(), not to int() (found by fuzzing)
+    with pytest.raises(ValueError, match="logit_bias keys are token ids"):
+        ChatRequest(messages=Q, logit_bias={"\u00b2": 1})
     with pytest.raises(ValueError, match="json_schema needs|needs json_schema"):
         ChatRequest(messages=Q, response_format={"type": "json_schema"})
 

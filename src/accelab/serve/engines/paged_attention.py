@@ -44,6 +44,7 @@ class _Group:
     tables: torch.Tensor  # [B, max_blocks] block ids (padding: block 0, masked)
     keep: torch.Tensor | None  # [n] flat indices of the real queries in [B * Q]; None: all are real
     targets: torch.Tensor  # [n] their index in T
+    span: tuple[int, int] | None = None  # (first, end): rows are tokens first..end-1 in order, no padding
     masks: dict[int | None, torch.Tensor] = field(default_factory=dict)  # window -> [B, 1, Q, L] bool
 
     def mask(self, window: int | None, length: int) -> torch.Tensor:
@@ -106,12 +107,14 @@ def _group(members: list[tuple[int, Any]], block_size: int, device: torch.device
         targets.extend(range(offset, offset + n))
     as_long = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
     padded = len(keep) != len(members) * width
+    in_order = not padded and targets == list(range(targets[0], targets[0] + len(targets)))
     return _Group(
         rows=as_long(rows),
         q_pos=as_long(q_pos),
         tables=as_long(tables),
         keep=as_long(keep) if padded else None,
         targets=as_long(targets),
+        span=(targets[0], targets[0] + len(targets)) if in_order else None,
     )
 
 
@@ -188,7 +191,10 @@ def attend(
     out = None if len(groups) == 1 and groups[0].keep is None else packed.new_empty(packed.shape)
     for group in groups:
         keys, values = cache.gather(layer, group.tables)  # [B, KVH, L, D]
-        q = packed[group.rows].transpose(1, 2)  # [B, H, Q, D]
+        if group.span is not None:  # its tokens side by side in the step: a view, not a copy
+            q = packed[group.span[0] : group.span[1]].view(*group.rows.shape, heads, dim).transpose(1, 2)
+        else:
+            q = packed[group.rows].transpose(1, 2)  # [B, H, Q, D]
         mask = group.mask(window, keys.shape[2])
         o = _attend(q, keys, values, mask, scaling, softcap, sinks).transpose(1, 2).reshape(-1, heads, dim)
         if out is None:  # one group, unpadded: its rows are all the step's tokens, in order
