@@ -19,8 +19,9 @@ def test_no_package_imports_a_layer_above_it_and_no_package_cycle():
     assert import_graph.cycles(import_graph.graph_of(found)) == []
 
 
-def test_no_file_cycle():
+def test_no_file_cycle_not_even_through_type_checking_imports():
     assert import_graph.cycles(import_graph.graph_of(import_graph.file_edges(SRC))) == []
+    assert import_graph.cycles(import_graph.graph_of(import_graph.file_edges(SRC, type_checking=True))) == []
 
 
 def test_the_file_graph_sees_lazy_imports_and_leaves_out_type_checking_ones(tmp_path):

@@ -6,7 +6,8 @@ and between its files (cycles).
 Packages: every `import` counts, at module level, inside a function (a lazy import is still a
 dependency) or under `if TYPE_CHECKING:`. A package is a first-level name under accelab
 (accelab.plan, accelab.serve, ...; a top-level module such as accelab/runtimes.py is its own).
-The layers, lowest first, are the data flow of DESIGN.md: a package may import those below it;
+The layers, lowest first, follow the data flow (README, Concepts: a ModelSpec and a Plan make a
+Runnable, measured under a Workload into a Result): a package may import those below it;
 an import of one above is an upward arrow, and a cycle is a strongly connected set of two or
 more packages.
 
@@ -336,11 +337,12 @@ def edges(src: Path) -> dict[tuple[str, str], list[str]]:
     return found
 
 
-def file_edges(src: Path) -> dict[tuple[str, str], list[int]]:
-    """Module -> module arrows that run (TYPE_CHECKING imports left out), each with its lines."""
+def file_edges(src: Path, *, type_checking: bool = False) -> dict[tuple[str, str], list[int]]:
+    """Module -> module arrows that run, each with its lines; `type_checking`: the imports under
+    `if TYPE_CHECKING:` too (a cycle of those runs nothing, but still ties two files together)."""
     found: dict[tuple[str, str], list[int]] = defaultdict(list)
     for imp in imports(src):
-        if not imp.type_checking:
+        if type_checking or not imp.type_checking:
             found[(imp.source, imp.module)].append(imp.line)
     return found
 
@@ -426,7 +428,11 @@ def main() -> None:
                     f"      {a.removeprefix('accelab.')} -> {b.removeprefix('accelab.')}"
                     f"  (line {', '.join(map(str, arrows[(a, b)]))})"
                 )
-    sys.exit(1 if up or unknown or groups or cycles(graph) else 0)
+    typed = cycles(graph_of(file_edges(src, type_checking=True)))
+    print(f"file cycles counting TYPE_CHECKING imports ({len(typed)}):" + ("" if typed else " none"))
+    for group in typed:
+        print("  " + " <-> ".join(m.removeprefix("accelab.") for m in group))
+    sys.exit(1 if up or unknown or groups or typed or cycles(graph) else 0)
 
 
 if __name__ == "__main__":

@@ -14,10 +14,13 @@ Every job gets exactly one `done` call, from this thread:
   leave at the next step and their KV-cache entries are freed.
 
 n > 1 choices of one prompt: the first choice is queued alone; once it has prefilled the
-prompt and picked its first token, the others join the queue, and when admitted each starts
-with the first choice's KV of the prompt less its last token (`engine.fork`, or the engine's
-prefix cache), so the prompt is prefilled once. Echo's prompt log-probabilities come from one
-`engine.score` of the prompt at admission.
+prompt and picked its first token, the others start from its KV of the prompt, so the prompt is
+prefilled once. On a paged engine (prefix caching) each runs at once on the first choice's
+blocks (`Scheduler.fork`: shared, the partial last block copied on write), or queues and finds
+them in the prefix cache when no slot or block is free; on an engine that keeps state per
+sequence (llama.cpp) each queues, and at admission `engine.fork` copies the first choice's KV of
+the prompt less its last token (fed again: its logits pick the choice's first token). Echo's
+prompt log-probabilities come from one `engine.score` of the prompt at admission.
 """
 
 from __future__ import annotations
@@ -33,13 +36,14 @@ from typing import Any
 
 from accelab.serve.engines.base import (
     Completion,
+    ContinuousHooks,
     CostsSteps,
     GenUnit,
     PagedKV,
     PayloadTooLarge,
-    StepCost,
     StepEngine,
     StepInput,
+    StepReport,
     SupportsFork,
     SupportsPrefixReuse,
     SupportsScore,
@@ -54,33 +58,6 @@ log = logging.getLogger(__name__)
 
 class ClientGone(Exception):
     pass
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class StepReport:
-    """What one step did, for the metrics."""
-
-    running: int
-    waiting: int
-    kv_used: int  # blocks
-    kv_free: int
-    tokens: int  # tokens fed to the model
-    sampled: int  # tokens generated
-    preempted: int
-    seconds: float
-    reused_tokens: int = 0  # prompt tokens this step's admissions took from the engine's prefix cache
-    kv_cached: int = 0  # free blocks still holding a prefix a later sequence may take (prefix caching)
-    kv_block_bytes: int = 0  # bytes of one block in the engine's cache (all layers, keys and values)
-    batch: int = 0  # sequences fed to the model in this step
-    preempted_tokens: int = 0  # tokens of the sequences preempted: fed to the model again at readmission
-    cost: StepCost | None = None  # what the step must read and compute (engines that say: CostsSteps)
-
-
-@dataclass(kw_only=True, slots=True)
-class ContinuousHooks:
-    on_step: Callable[[StepReport], None] = lambda report: None
-    on_token_gap: Callable[[float], None] = lambda seconds: None  # inter-token latency of one sequence
-    on_retry: Callable[[str], None] = lambda reason: None  # a failed step run again sequence by sequence
 
 
 @dataclass(kw_only=True, slots=True, eq=False)

@@ -15,8 +15,16 @@ from typing import Any, Literal
 from accelab.plan.runtime import Unsupported
 from accelab.serve import machine_bound
 from accelab.serve.config import ServeConfig
-from accelab.serve.continuous import ContinuousHooks, ContinuousWorker, StepReport
-from accelab.serve.engines.base import ROUTES_OF_TASK, CostsSteps, Engine, SchedulesItself, generates
+from accelab.serve.continuous import ContinuousWorker
+from accelab.serve.engines.base import (
+    ROUTES_OF_TASK,
+    ContinuousHooks,
+    CostsSteps,
+    Engine,
+    SchedulesItself,
+    StepReport,
+    generates,
+)
 from accelab.serve.errors import ApiError
 from accelab.serve.machine_bound import MachineBound
 from accelab.serve.metrics import ServeMetrics

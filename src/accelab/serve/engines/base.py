@@ -13,7 +13,6 @@ from accelab.catalog.facts import GENERATE_TASKS
 
 if TYPE_CHECKING:
     from accelab.serve.config import ServeConfig
-    from accelab.serve.continuous import ContinuousHooks
     from accelab.serve.scheduler import SchedulerConfig
     from accelab.serve.worker import SelfSchedulingWorker
 
@@ -355,3 +354,31 @@ class ClassificationEngine(Engine, Protocol):
     def prepare_image(self, data: str, *, top_k: int, where: str) -> ImageInput: ...
 
     def classify(self, units: list[ImageInput]) -> list[list[Label]]: ...
+
+
+# -- what a serving worker reports after each step (the metrics' side) ---------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepReport:
+    """What one step did, for the metrics."""
+
+    running: int
+    waiting: int
+    kv_used: int  # blocks
+    kv_free: int
+    tokens: int  # tokens fed to the model
+    sampled: int  # tokens generated
+    preempted: int
+    seconds: float
+    reused_tokens: int = 0  # prompt tokens this step's admissions took from the engine's prefix cache
+    kv_cached: int = 0  # free blocks still holding a prefix a later sequence may take (prefix caching)
+    kv_block_bytes: int = 0  # bytes of one block in the engine's cache (all layers, keys and values)
+    batch: int = 0  # sequences fed to the model in this step
+    preempted_tokens: int = 0  # tokens of the sequences preempted: fed to the model again at readmission
+    cost: StepCost | None = None  # what the step must read and compute (engines that say: CostsSteps)
+
+
+@dataclass(kw_only=True, slots=True)
+class ContinuousHooks:
+    on_step: Callable[[StepReport], None] = lambda report: None
+    on_token_gap: Callable[[float], None] = lambda seconds: None  # inter-token latency of one sequence
+    on_retry: Callable[[str], None] = lambda reason: None  # a failed step run again sequence by sequence

@@ -26,8 +26,7 @@ from accelab.serve.engines.vllm_worker import VllmWorker
 
 if TYPE_CHECKING:
     from accelab.serve.config import ServeConfig
-    from accelab.serve.continuous import ContinuousHooks
-    from accelab.serve.engines.base import StepEngine
+    from accelab.serve.engines.base import ContinuousHooks, StepEngine
     from accelab.serve.scheduler import SchedulerConfig
 
 log = logging.getLogger(__name__)

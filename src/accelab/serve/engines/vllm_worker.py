@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from accelab.backends import vllm_wire as W
-from accelab.serve.continuous import ClientGone, ContinuousHooks, StepReport
-from accelab.serve.engines.base import SAMPLING_EPS, Completion, GenUnit, PayloadTooLarge
+from accelab.serve.continuous import ClientGone
+from accelab.serve.engines.base import SAMPLING_EPS, Completion, ContinuousHooks, GenUnit, PayloadTooLarge, StepReport
 from accelab.serve.scheduler import QueueFull
 from accelab.serve.textstream import TextStream, stream_for
 from accelab.serve.worker import DeadlineExceeded, ErrorKind, Job, JobOutcome, ShuttingDown
