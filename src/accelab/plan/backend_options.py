@@ -85,7 +85,7 @@ def _check(backend: str, options: dict[str, str]) -> None:
             )
         kind = OPTION_KEYS[key][1]
         if kind is int:
-            if not (value.isascii() and value.isdigit()) or int(value) < 1:
+            if not value.isdecimal() or int(value) < 1:
                 raise ValueError(f"backend option {key}={value!r} must be a whole number of 1 or more")
         elif value not in get_args(kind):
             raise ValueError(

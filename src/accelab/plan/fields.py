@@ -159,9 +159,9 @@ def parse_max_memory(text: str) -> dict[str | int, str]:
         device, size = (s.strip() for s in part.split("=", 1))
         if not size or not size[0].isdigit():
             raise ValueError(f"max_memory size {size!r} for {device!r} must be a number with a unit, e.g. 4GiB")
-        if device.startswith("cuda:") and device[5:].isascii() and device[5:].isdigit():
+        if device.startswith("cuda:") and device[5:].isdecimal():
             result[int(device[5:])] = size
-        elif device.isascii() and device.isdigit():
+        elif device.isdecimal():
             result[int(device)] = size
         elif device in ("cpu", "disk", "mps"):
             result[device] = size

@@ -96,7 +96,7 @@ class GuardMiddleware:
             "fewer or smaller inputs per request",
         )
         declared = _header(scope, b"content-length")
-        if declared.isascii() and declared.isdigit() and int(declared) > limit:
+        if declared.isdecimal() and int(declared) > limit:
             return too_large
         chunks, size = [], 0
         while True:

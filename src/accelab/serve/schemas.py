@@ -190,7 +190,7 @@ class _Sampling(_Request):
     @classmethod
     def _bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
         for key, value in (bias or {}).items():
-            if not (key.isascii() and key.lstrip("-").isdigit()):  # "²".isdigit() is True; int("²") fails
+            if not key.lstrip("-").isdecimal():  # "²".isdigit() is True, but int("²") fails
                 raise ValueError(f'logit_bias keys are token ids (got {key!r}); send {{"1234": -100}}')
             if not -100 <= value <= 100:
                 raise ValueError(f"logit_bias values run from -100 to 100 (got {value} for token {key})")

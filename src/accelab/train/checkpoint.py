@@ -67,7 +67,7 @@ def read_state(directory: Path) -> TrainerState:
 
 def _step_of(path: Path) -> int | None:
     suffix = path.name[len(_PREFIX) :]
-    return int(suffix) if path.name.startswith(_PREFIX) and suffix.isascii() and suffix.isdigit() else None
+    return int(suffix) if path.name.startswith(_PREFIX) and suffix.isdecimal() else None
 
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
