@@ -39,7 +39,7 @@ def accelab(*args, check=True):
 
 
 def engine_pid(path) -> int | None:
-    from accelab.backends import vllm_wire as W
+    from accelab.backends import engine_wire as W
 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from accelab.backends import vllm_cli, vllm_launch, vllm_wire as W
+from accelab.backends import engine_wire as W, vllm_cli, vllm_launch
 from accelab.plan.backend_options import VllmOptions
 from accelab.plan.plan import Plan, load_plan
 from accelab.plan.presets import PRESETS
@@ -118,7 +118,9 @@ def test_every_message_round_trips_through_one_json_line():
         assert W.decode(line) == message
     config = W.EngineConfig(model="/m", max_num_seqs=8, keep_s=5)
     assert W.EngineConfig.from_json(config.to_json()) == config
-    with pytest.raises(ValueError, match="unknown vLLM engine message"):
+    ov = W.OvEngineConfig(model="/ov", precision="bf16", kv_precision="u8", max_num_seqs=16, threads=2)
+    assert W.OvEngineConfig.from_json(ov.to_json()) == ov
+    with pytest.raises(ValueError, match="unknown engine message"):
         W.decode(b'{"kind": "Nope"}')
 
 
@@ -219,7 +221,7 @@ class FakeClient:
     def __init__(self, *, kv_blocks: int = 10, block_size: int = 16, max_num_seqs: int = 4):
         self.info = W.Info(
             model="m",
-            vllm_version="0",
+            version="0",
             pid=0,
             max_model_len=256,
             max_num_seqs=max_num_seqs,
@@ -258,10 +260,10 @@ class FakeClient:
 
 
 def test_a_batch_becomes_steps_whatever_order_the_rows_tokens_arrive_in():
-    from accelab.backends.vllm import VllmModel
+    from accelab.backends.engine_model import EngineModel
 
     client = FakeClient()
-    model = VllmModel(client, config=type("C", (), {"eos_token_id": 2})(), generation_config=None)
+    model = EngineModel(client, config=type("C", (), {"eos_token_id": 2})(), generation_config=None)
     seen: list[list[int]] = []
 
     def clock(input_ids, scores):
@@ -289,10 +291,10 @@ def test_a_batch_becomes_steps_whatever_order_the_rows_tokens_arrive_in():
 
 
 def test_an_engine_failure_fails_the_call_and_aborts_the_other_rows():
-    from accelab.backends.vllm import VllmModel
+    from accelab.backends.engine_model import EngineModel
 
     client = FakeClient()
-    model = VllmModel(client, config=type("C", (), {"eos_token_id": 2})(), generation_config=None)
+    model = EngineModel(client, config=type("C", (), {"eos_token_id": 2})(), generation_config=None)
 
     def engine():
         while len(client.sent) < 2:
@@ -306,8 +308,8 @@ def test_an_engine_failure_fails_the_call_and_aborts_the_other_rows():
 
 
 def test_a_logits_processor_cannot_run_inside_vllm():
-    from accelab.backends.vllm import VllmModel
+    from accelab.backends.engine_model import EngineModel
 
-    model = VllmModel(FakeClient(), config=None, generation_config=None)
+    model = EngineModel(FakeClient(), config=None, generation_config=None)
     with pytest.raises(ValueError, match="logits_processor"):
         model.generate({"input_ids": torch.tensor([[1]])}, max_new_tokens=1, do_sample=True, logits_processor=[1])

@@ -9,7 +9,7 @@ import time
 import pytest
 from test_vllm_units import FakeClient
 
-from accelab.backends import vllm_wire as W
+from accelab.backends import engine_wire as W
 from accelab.serve.engines.base import GenUnit, PayloadTooLarge, Prompt, SamplingParams
 from accelab.serve.engines.vllm_worker import VllmWorker
 from accelab.serve.scheduler import QueueFull

@@ -3,7 +3,7 @@ socket, in the vLLM venv.
 
     .venv-vllm/bin/python -P src/accelab/backends/vllm_engine.py --socket PATH --config JSON
 
-accelab (`accelab.backends.vllm_launch`) starts it and talks `vllm_wire` messages to it: token
+accelab (`accelab.backends.vllm_launch`) starts it and talks `engine_wire` messages to it: token
 ids in, token ids out, one JSON line each. vLLM schedules (continuous batching, chunked prefill,
 its paged KV cache); accelab keeps its own tokenizer, stop rules, routes, limits and metrics.
 
@@ -33,8 +33,8 @@ log = logging.getLogger("accelab.vllm_engine")
 
 
 def _load_wire() -> Any:
-    """accelab's vllm_wire, by file path (accelab itself is not importable in the vLLM venv)."""
-    spec = importlib.util.spec_from_file_location("accelab_vllm_wire", Path(__file__).with_name("vllm_wire.py"))
+    """accelab's engine_wire, by file path (accelab itself is not importable in the vLLM venv)."""
+    spec = importlib.util.spec_from_file_location("accelab_engine_wire", Path(__file__).with_name("engine_wire.py"))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while they are built
@@ -115,7 +115,7 @@ def engine_info(engine: Any, config: Any, load_s: float) -> Any:
     vc = engine.vllm_config
     return W.Info(
         model=config.model,
-        vllm_version=vllm.__version__,
+        version=vllm.__version__,
         pid=os.getpid(),
         max_model_len=vc.model_config.max_model_len,
         max_num_seqs=vc.scheduler_config.max_num_seqs,

@@ -16,23 +16,19 @@ own), and it leaves with its server.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import logging
 import os
 import socket
-import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from accelab.backends import vllm_cli
-from accelab.backends.vllm_wire import EngineConfig
+from accelab.backends import engine_launch, vllm_cli
+from accelab.backends.engine_launch import EngineAddress
+from accelab.backends.engine_wire import EngineConfig
 from accelab.version import __version__
 
 log = logging.getLogger(__name__)
@@ -103,7 +99,7 @@ def engine_key(config: EngineConfig, install: VllmInstall, env: dict[str, str], 
     """Same model files, engine config, vLLM, CPU binding and engine code -> the same engine;
     `owner`: the pid of the one process an engine kept 0 s belongs to (serve's)."""
     settings = {k: env.get(k) for k in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND", "CUDA_VISIBLE_DEVICES")}
-    code = hashlib.sha256(ENGINE_SCRIPT.read_bytes() + ENGINE_SCRIPT.with_name("vllm_wire.py").read_bytes())
+    code = hashlib.sha256(ENGINE_SCRIPT.read_bytes() + ENGINE_SCRIPT.with_name("engine_wire.py").read_bytes())
     blob = json.dumps(
         [
             asdict(replace(config, keep_s=0.0)),
@@ -121,10 +117,7 @@ def engine_key(config: EngineConfig, install: VllmInstall, env: dict[str, str], 
 
 
 def runtime_dir() -> Path:
-    """Short on purpose: a Unix socket's path must fit in 107 bytes."""
-    path = Path(tempfile.gettempdir()) / f"accelab-vllm-{os.getuid()}"
-    path.mkdir(mode=0o700, exist_ok=True)
-    return path
+    return engine_launch.runtime_dir("vllm")
 
 
 def keep_seconds() -> float:
@@ -141,25 +134,6 @@ def keep_seconds() -> float:
 
 
 # -- starting and connecting ---------------------------------------------------------------------
-@dataclass(frozen=True, kw_only=True, slots=True)
-class EngineAddress:
-    socket: Path
-    log: Path
-    key: str
-
-
-def try_connect(path: Path) -> socket.socket | None:
-    if not path.exists():
-        return None
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(str(path))
-    except OSError:
-        sock.close()
-        return None
-    return sock
-
-
 def connect_engine(
     config: EngineConfig,
     *,
@@ -174,70 +148,12 @@ def connect_engine(
         raise RuntimeError(reason)
     env = vllm_cli.vllm_env(dict(os.environ), install.venv, kv_cache_gib=kv_cache_gib, threads=threads)
     key = engine_key(config, install, env, owner=os.getpid() if config.keep_s == 0 else None)
-    base = runtime_dir() / key
-    address = EngineAddress(socket=base.with_suffix(".sock"), log=base.with_suffix(".log"), key=key)
-    with _locked(base.with_suffix(".lock")):  # one start per key, however many children ask at once
-        sock = try_connect(address.socket)
-        if sock is not None:
-            log.info("reusing vLLM engine %s (%s)", key, address.socket)
-            return sock, address
-        address.socket.unlink(missing_ok=True)  # a dead engine's socket
-        process = _start(config, install, env, address)
-        return _wait_ready(process, address, timeout_s), address
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _start(config: EngineConfig, install: VllmInstall, env: dict[str, str], address: EngineAddress) -> subprocess.Popen:
-    command = [
-        str(install.python),
-        "-P",
-        str(ENGINE_SCRIPT),
-        "--socket",
-        str(address.socket),
-        "--config",
-        config.to_json(),
-    ]
-    log.info("starting vLLM engine %s (%s): %s; log %s", address.key, install.describe(), config.model, address.log)
-    with open(address.log, "wb") as out:
-        # its own session: an engine kept for later measurements outlives the child that started it,
-        # and a Ctrl-C of accelab's process group does not tear it down half-way
-        return subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-
-
-def _wait_ready(process: subprocess.Popen, address: EngineAddress, timeout_s: float) -> socket.socket:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        sock = try_connect(address.socket)
-        if sock is not None:
-            return sock
-        if process.poll() is not None:
-            raise RuntimeError(
-                f"the vLLM engine exited with {process.returncode} before it was ready; its log "
-                f"({address.log}) ends:\n{log_tail(address.log)}"
-            )
-        time.sleep(0.5)
-    process.terminate()
-    raise RuntimeError(
-        f"the vLLM engine was not ready after {timeout_s:.0f} s (stopped it); its log ({address.log}) "
-        f"ends:\n{log_tail(address.log)}"
+    log.info("vLLM engine %s: %s (%s)", key, config.model, install.describe())
+    return engine_launch.connect_or_start(
+        kind="vllm",
+        key=key,
+        command=[str(install.python), "-P", str(ENGINE_SCRIPT), "--config", config.to_json()],
+        env=env,
+        name="vLLM engine",
+        timeout_s=timeout_s,
     )
-
-
-def log_tail(path: Path, lines: int = 15) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return "(no log)"
-    useful = [line for line in text if not line.startswith("WARNING: Location")]  # pip's noise on this machine
-    return "\n".join(useful[-lines:])

@@ -19,6 +19,12 @@ OrtProvider = Literal["auto", "cpu", "cuda"]
 OrtQuantOps = Literal["all", "matmul", "attention"]  # which ops int8 dynamic quantisation converts
 OvPrecision = Literal["f32", "bf16"]
 OvHint = Literal["LATENCY", "THROUGHPUT"]
+# the weights OpenVINO GenAI generates with: as exported, or compressed by NNCF (optimum-intel's
+# exporter, --weight-format); int4 is asymmetric with a group of 64 (SmolLM2's 576 is no multiple of 128)
+OvWeights = Literal["fp32", "int8", "int4"]
+# the KV cache's precision; same: the inference precision (OpenVINO's own CPU default is u8, a
+# quantisation the plan would not have asked for)
+OvKvPrecision = Literal["same", "u8", "bf16", "f32"]
 # gguf: the file as it is; q4_0 / q8_0: requantised by llama.cpp (q4_0 has AVX2/AVX512 repacked
 # kernels); "-pure" also requantises the token embedding (tied to the output layer), else Q8_0
 LlamaQuant = Literal["gguf", "q4_0", "q4_0-pure", "q8_0"]
@@ -38,6 +44,12 @@ OPTION_KEYS: dict[str, tuple[str, object]] = {
     "ort_provider": ("onnxruntime", OrtProvider),
     "ov_precision": ("openvino", OvPrecision),
     "ov_hint": ("openvino", OvHint),
+    "ov_weights": ("openvino", OvWeights),
+    "ov_kv_precision": ("openvino", OvKvPrecision),
+    "ov_max_num_seqs": ("openvino", int),
+    "ov_max_num_batched_tokens": ("openvino", int),
+    "ov_kv_cache_gib": ("openvino", int),
+    "ov_prefix_caching": ("openvino", OnOff),
     "llama_threads": ("llamacpp", int),
     "n_ctx": ("llamacpp", int),
     "n_batch": ("llamacpp", int),
@@ -132,12 +144,33 @@ class OvOptions:
     # f32 by default: OpenVINO itself would pick bf16 on CPUs with AVX512-BF16 or AMX, which is a
     # precision change the plan did not ask for
     precision: OvPrecision = "f32"
-    hint: OvHint = "LATENCY"
+    hint: OvHint = "LATENCY"  # forward passes (the graph backend); generation schedules its own steps
+    # text generation (OpenVINO GenAI's ContinuousBatchingPipeline, accelab.backends.openvino_genai):
+    weights: OvWeights = "fp32"
+    kv_precision: OvKvPrecision = "same"
+    max_num_seqs: int | None = None  # sequences scheduled at once (serve: --max-batch-size when unset)
+    max_num_batched_tokens: int | None = None  # tokens per step (prefill chunks + decodes); None: 256
+    kv_cache_gib: int = 1  # the KV-cache pool, allocated at start (its blocks are the capacity /metrics shows)
+    # off by default, as for vLLM: a bench repeats one batch, and a prefix cache would skip its prefills
+    prefix_caching: OnOff = "off"
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> OvOptions:
         _check("openvino", options)
-        return cls(**_checked(options, "ov_"))
+        values: dict[str, Any] = {}
+        for key, value in options.items():
+            values[key.removeprefix("ov_")] = int(value) if OPTION_KEYS[key][1] is int else value
+        return cls(**values)
+
+    @property
+    def kv_cache_precision(self) -> str:
+        return self.precision if self.kv_precision == "same" else self.kv_precision
+
+    def generation_only(self) -> list[str]:
+        """The options set here that only text generation reads (a forward-pass plan refuses them)."""
+        base = OvOptions()
+        names = ("weights", "kv_precision", "max_num_seqs", "max_num_batched_tokens", "kv_cache_gib", "prefix_caching")
+        return [f"ov_{n}={getattr(self, n)}" for n in names if getattr(self, n) != getattr(base, n)]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from accelab.backends import vllm_wire as W
+from accelab.backends import engine_wire as W
 from accelab.serve.continuous import ClientGone
 from accelab.serve.engines.base import SAMPLING_EPS, Completion, ContinuousHooks, GenUnit, PayloadTooLarge, StepReport
 from accelab.serve.scheduler import QueueFull

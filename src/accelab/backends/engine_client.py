@@ -1,4 +1,5 @@
-"""accelab's side of the vLLM engine socket: submit token ids, get each request's tokens back.
+"""accelab's side of an engine process's socket (vLLM's, OpenVINO GenAI's): submit token ids, get
+each request's tokens back.
 
 One reader thread per connection reads the engine's messages and calls each request's handler
 (in that thread: handlers must be quick and thread-safe); writes from any thread go through one
@@ -16,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from accelab.backends import vllm_wire as W
+from accelab.backends import engine_wire as W
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +28,8 @@ class EngineGone(RuntimeError):
     pass
 
 
-class VllmClient:
-    def __init__(self, sock: socket.socket, *, name: str = "vLLM engine"):
+class EngineClient:
+    def __init__(self, sock: socket.socket, *, name: str = "engine"):
         self._sock = sock
         self._file = sock.makefile("rb")
         self._write_lock = threading.Lock()
@@ -42,7 +43,7 @@ class VllmClient:
         if not first:
             raise EngineGone(f"the {name} closed the connection before saying what it runs")
         self.info: W.Info = W.decode(first)
-        self._reader = threading.Thread(target=self._read, name="accelab-vllm-reader", daemon=True)
+        self._reader = threading.Thread(target=self._read, name="accelab-engine-reader", daemon=True)
         self._reader.start()
 
     # -- sending -----------------------------------------------------------------------------------
@@ -76,12 +77,12 @@ class VllmClient:
 
     # -- blocking helpers ------------------------------------------------------------------------
     def score(self, prompt_ids: list[int], timeout_s: float = 600) -> list[float]:
-        """log p(token i | tokens < i) for i >= 1, from vLLM's prompt logprobs."""
+        """log p(token i | tokens < i) for i >= 1, computed by the engine."""
         box: queue.Queue = queue.Queue()
         self.submit(W.Score(id=self.new_id(), prompt_ids=prompt_ids), box.put)
         answer = box.get(timeout=timeout_s)
         if isinstance(answer, W.Failed):
-            raise RuntimeError(f"vLLM could not score the text: {answer.error}")
+            raise RuntimeError(f"the {self.name} could not score the text: {answer.error}")
         return answer.logprobs
 
     # -- the reader thread ------------------------------------------------------------------------
@@ -99,12 +100,14 @@ class VllmClient:
                 if handler is not None:
                     _safely(handler, message)
                 elif isinstance(message, W.Failed) and not message.id:
-                    log.error("the vLLM engine refused a message: %s", message.error)
+                    log.error("the %s refused a message: %s", self.name, message.error)
         except (OSError, ValueError) as err:
             if not self.closed:
-                log.warning("reading from the vLLM engine failed: %r", err)
+                log.warning("reading from the %s failed: %r", self.name, err)
         finally:
-            self._fail_all("the vLLM engine process went away (its log is in the accelab-vllm runtime directory)")
+            self._fail_all(
+                f"the {self.name} process went away (its log is in accelab's runtime directory for it, under /tmp)"
+            )
 
     def _fail_all(self, reason: str) -> None:
         with self._lock:
@@ -133,4 +136,4 @@ def _safely(callback: Callable[[Any], None], message: Any) -> None:
     try:
         callback(message)
     except Exception:  # a broken handler must not stop the reader
-        log.exception("a vLLM message handler failed")
+        log.exception("an engine message handler failed")

@@ -1,8 +1,8 @@
-"""What crosses between accelab and its vLLM engine process: small typed messages, one JSON
-object a line over a Unix socket.
+"""What crosses between accelab and an engine process in a venv of its own (vLLM's, OpenVINO
+GenAI's): small typed messages, one JSON object a line over a Unix socket.
 
-Both sides import this module: accelab as `accelab.backends.vllm_wire`, the engine process (in
-the vLLM venv, which has no accelab) by file path. Standard library only. Token ids travel, never
+Both sides import this module: accelab as `accelab.backends.engine_wire`, the engine process (in
+a venv which has no accelab) by file path. Standard library only. Token ids travel, never
 text: accelab tokenises with the model's own tokenizer and decodes what comes back, so stop
 strings, streaming text and the token counts are the same code as for every other engine.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EngineConfig:
-    """How the engine process builds vLLM's engine (its AsyncEngineArgs); None: vLLM's default."""
+    """How the vLLM engine process builds vLLM's engine (its AsyncEngineArgs); None: vLLM's default."""
 
     model: str  # a directory in the Hugging Face layout
     device: str = "cpu"  # cpu | cuda
@@ -35,6 +35,28 @@ class EngineConfig:
 
     @classmethod
     def from_json(cls, text: str) -> EngineConfig:
+        return cls(**json.loads(text))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OvEngineConfig:
+    """How the OpenVINO GenAI engine process builds its ContinuousBatchingPipeline."""
+
+    model: str  # the OpenVINO export (openvino_model.xml and the tokenizer models beside it)
+    precision: str = "f32"  # INFERENCE_PRECISION_HINT: f32 | bf16
+    kv_precision: str = "f32"  # KV_CACHE_PRECISION: f32 | bf16 | u8
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    kv_cache_bytes: int = 2**30  # the pool, in whole blocks of 32 tokens
+    prefix_caching: bool = False
+    threads: int | None = None  # INFERENCE_NUM_THREADS; None: OpenVINO's (every core)
+    keep_s: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> OvEngineConfig:
         return cls(**json.loads(text))
 
 
@@ -84,7 +106,7 @@ class Info:
     """The engine's answer to a new connection: what it runs and its capacity."""
 
     model: str
-    vllm_version: str
+    version: str  # of the runtime
     pid: int
     max_model_len: int
     max_num_seqs: int
@@ -95,6 +117,7 @@ class Info:
     enforce_eager: bool
     prefix_caching: bool
     load_s: float  # engine start to ready (weights, KV cache, compile)
+    runtime: str = "vLLM"  # who schedules the steps: vLLM, OpenVINO GenAI
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -120,7 +143,7 @@ class Failed:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Stats:
-    """vLLM's scheduler after one step."""
+    """The engine's scheduler after one step."""
 
     running: int
     waiting: int
@@ -143,6 +166,6 @@ def decode(line: bytes | str) -> Any:
     data = json.loads(line)
     kind = KINDS.get(data.pop("kind", None))
     if kind is None:
-        raise ValueError(f"unknown vLLM engine message {line[:80]!r}")
+        raise ValueError(f"unknown engine message {line[:80]!r}")
     names = {f.name for f in fields(kind)}
     return kind(**{k: v for k, v in data.items() if k in names})
