@@ -28,7 +28,13 @@ VLLM_TORCH_SPEC ?= $(TORCH_SPEC)
 # CPU torch; text generation needs none of them.
 VLLM_DROP ?= torchvision torchaudio torchcodec
 
-.PHONY: install models browser monitoring demo test test-unit lint clean vllm guidellm
+# OpenVINO GenAI (backend openvino for text generation) in its own venv: optimum-intel, its exporter,
+# resolves transformers 5.5, and PyPI's torchvision (a CUDA build) breaks the exporter beside the CPU
+# torch (~1-2 min, downloads only; torch named again so pip keeps the pinned CPU build)
+OPENVINO_VENV ?= .venv-openvino
+OPENVINO_SPEC ?= openvino-genai==2026.4.1.0 optimum-intel[openvino]==2.2.0
+
+.PHONY: install models browser monitoring demo test test-unit lint clean vllm guidellm openvino
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +73,17 @@ $(VLLM_VENV)/.installed:
 
 vllm: $(VLLM_VENV)/.installed
 
+$(OPENVINO_VENV)/.installed:
+	$(PYTHON) -m venv $(OPENVINO_VENV)
+	$(OPENVINO_VENV)/bin/pip install --quiet --upgrade pip
+	$(OPENVINO_VENV)/bin/pip install --quiet "$(TORCH_SPEC)"
+	$(OPENVINO_VENV)/bin/pip install --quiet "$(TORCH_SPEC)" $(foreach p,$(OPENVINO_SPEC),"$(p)")
+	$(OPENVINO_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+	$(OPENVINO_VENV)/bin/python -c "import openvino_genai, optimum.intel"
+	touch $@
+
+openvino: $(OPENVINO_VENV)/.installed
+
 # guidellm (the load tester the OpenAI-API test runs against accelab serve) in its own venv: it
 # pins click 8.4 and multidict 6, older than the main venv's (~1-2 min, downloads only)
 GUIDELLM_VENV ?= .venv-guidellm
@@ -79,7 +96,7 @@ $(GUIDELLM_VENV)/.installed:
 
 guidellm: $(GUIDELLM_VENV)/.installed
 
-demo: models vllm
+demo: models vllm openvino
 	$(BIN)/accelab env
 	PATH=$(abspath $(BIN)):$$PATH bash examples/demo.sh
 
@@ -106,7 +123,7 @@ lint: install
 	$(BIN)/mypy
 
 # lint first: a finding fails in a minute, before the models, the other venvs and the tests
-test: lint models browser vllm monitoring guidellm
+test: lint models browser vllm openvino monitoring guidellm
 	$(BIN)/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # the inner loop (~2 min): the tests that need no fetched model, no compile and no full command
@@ -115,4 +132,4 @@ test-unit: install
 	$(BIN)/python -m pytest $(PYTEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(GUIDELLM_VENV) build dist src/*.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(OPENVINO_VENV) $(GUIDELLM_VENV) build dist src/*.egg-info

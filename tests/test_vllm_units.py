@@ -218,6 +218,8 @@ def test_tune_searches_vllm_and_prunes_bf16_where_bf16_is_slow():
 class FakeClient:
     """FAKE engine client: records what is sent; the test delivers the engine's messages."""
 
+    name = "FAKE engine"
+
     def __init__(self, *, kv_blocks: int = 10, block_size: int = 16, max_num_seqs: int = 4):
         self.info = W.Info(
             model="m",

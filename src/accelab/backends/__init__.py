@@ -1,4 +1,4 @@
-"""Alternative runtimes: ONNX Runtime, OpenVINO and llama.cpp behind the same Runnable as torch.
+"""Alternative runtimes: ONNX Runtime, OpenVINO, llama.cpp and vLLM behind the same Runnable as torch.
 
 Each backend is an entry of `BACKENDS` (a check, then a loader) that `accelab.runtimes`, the one
 seam for loading a runnable, puts beside torch; `load_backend` runs one directly.
@@ -9,7 +9,11 @@ Backend options (`Plan.backend_options`, see `accelab.plan.backend_options.OPTIO
     onnxruntime  ort_fusion on|off, ort_opt_level 0|1|2|99, ort_quant none|int8-dynamic,
                  ort_per_channel on|off, ort_reduce_range on|off, ort_quant_ops all|matmul|attention,
                  ort_provider auto|cpu|cuda
-    openvino     ov_precision f32|bf16, ov_hint LATENCY|THROUGHPUT
+    openvino     ov_precision f32|bf16, ov_hint LATENCY|THROUGHPUT (forward passes); text generation runs
+                 OpenVINO GenAI's ContinuousBatchingPipeline in its own venv and process
+                 (accelab.backends.openvino_genai): ov_weights fp32|int8|int4, ov_kv_precision
+                 same|u8|bf16|f32, ov_max_num_seqs N, ov_max_num_batched_tokens N, ov_kv_cache_gib N,
+                 ov_prefix_caching on|off
     llamacpp     llama_threads N, n_ctx N, n_batch N, llama_quant gguf|q4_0|q4_0-pure|q8_0
     vllm         vllm_dtype, vllm_mode eager|compiled, vllm_max_num_seqs N, vllm_max_num_batched_tokens N,
                  vllm_block_size, vllm_prefix_caching on|off, vllm_kv_cache_gib N, vllm_max_model_len N
@@ -26,8 +30,9 @@ from typing import Literal
 
 import torch
 
-from accelab.backends import export, vllm
+from accelab.backends import export, openvino_genai, vllm
 from accelab.catalog.spec import ModelSpec
+from accelab.plan.backend_options import OvOptions
 from accelab.plan.plan import Plan
 from accelab.plan.runtime import Runnable, Unsupported
 from accelab.plan.techniques.system import threads_for
@@ -62,8 +67,27 @@ def _graph_check(spec: ModelSpec, plan: Plan, device: torch.device) -> None:
 def _openvino_check(spec: ModelSpec, plan: Plan, device: torch.device) -> None:
     from accelab.backends.openvino import check_device
 
+    if spec.task == "text-generation":
+        openvino_genai.check_model(spec, device)
+        return
+    generation_only = OvOptions.parse(plan.option).generation_only()
+    if generation_only:
+        raise Unsupported(
+            f"{', '.join(generation_only)}: options of OpenVINO GenAI's text generation; {spec.name} is "
+            f"{spec.task}, which runs as one compiled forward graph (ov_precision, ov_hint)"
+        )
     _graph_check(spec, plan, device)
     check_device(device)
+
+
+def _openvino_installed(spec: ModelSpec, plan: Plan, device: torch.device) -> None:
+    """Generation needs OpenVINO GenAI's venv; forward passes the openvino package here."""
+    if spec.task == "text-generation":
+        openvino_genai.check_install()
+    elif not is_installed("openvino"):
+        raise Unsupported(
+            f"backend openvino needs the openvino package, which is not installed: {INSTALL['openvino'][1]}"
+        )
 
 
 def _llamacpp_check(spec: ModelSpec, plan: Plan, device: torch.device) -> None:
@@ -93,6 +117,8 @@ def _onnxruntime(spec: ModelSpec, plan: Plan, device: torch.device) -> Runnable:
 def _openvino(spec: ModelSpec, plan: Plan, device: torch.device) -> Runnable:
     from accelab.backends import openvino
 
+    if spec.task == "text-generation":
+        return openvino_genai.load(spec, plan, device)
     return openvino.load(spec, plan, device, threads_for(plan))
 
 
@@ -142,7 +168,9 @@ class Backend:
 
 BACKENDS: dict[BackendName, Backend] = {
     "onnxruntime": Backend(name="onnxruntime", model_check=_graph_check, loader=_onnxruntime),
-    "openvino": Backend(name="openvino", model_check=_openvino_check, loader=_openvino),
+    "openvino": Backend(
+        name="openvino", model_check=_openvino_check, loader=_openvino, install_check=_openvino_installed
+    ),
     "llamacpp": Backend(name="llamacpp", model_check=_llamacpp_check, loader=_llamacpp),
     "vllm": Backend(name="vllm", model_check=_vllm_check, loader=_vllm, install_check=_vllm_installed),
 }

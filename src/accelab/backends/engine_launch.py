@@ -59,7 +59,7 @@ def connect_or_start(
     log lines when it exits or is not ready within `timeout_s`."""
     base = runtime_dir(kind) / key
     address = EngineAddress(socket=base.with_suffix(".sock"), log=base.with_suffix(".log"), key=key)
-    with _locked(base.with_suffix(".lock")):
+    with locked(base.with_suffix(".lock")):
         sock = try_connect(address.socket)
         if sock is not None:
             log.info("reusing %s %s (%s)", name, key, address.socket)
@@ -81,7 +81,8 @@ def connect_or_start(
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock between processes, held while the block runs."""
     with open(path, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:

@@ -89,7 +89,7 @@ def find_vllm() -> tuple[VllmInstall | None, str]:
 
 
 # -- the engine's key and files --------------------------------------------------------------------
-def _model_stamp(model: str) -> list[tuple[str, int, int]]:
+def model_stamp(model: str) -> list[tuple[str, int, int]]:
     path = Path(model)
     files = [p for p in path.iterdir() if p.is_file()] if path.is_dir() else []
     return sorted((p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in files)
@@ -103,7 +103,7 @@ def engine_key(config: EngineConfig, install: VllmInstall, env: dict[str, str], 
     blob = json.dumps(
         [
             asdict(replace(config, keep_s=0.0)),
-            _model_stamp(config.model),
+            model_stamp(config.model),
             str(install.python),
             install.version,
             settings,
@@ -120,16 +120,18 @@ def runtime_dir() -> Path:
     return engine_launch.runtime_dir("vllm")
 
 
-def keep_seconds() -> float:
-    raw = os.environ.get(KEEP_ENV)
+def keep_seconds(variable: str = KEEP_ENV) -> float:
+    """How long an engine for measurements outlives its last client: `variable` from the
+    environment, else 600 s."""
+    raw = os.environ.get(variable)
     if raw is None:
         return KEEP_S_DEFAULT
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(f"{KEEP_ENV}={raw!r} must be a number of seconds (0: stop with the last client)") from None
+        raise ValueError(f"{variable}={raw!r} must be a number of seconds (0: stop with the last client)") from None
     if value < 0:
-        raise ValueError(f"{KEEP_ENV}={raw!r} must be 0 or more seconds")
+        raise ValueError(f"{variable}={raw!r} must be 0 or more seconds")
     return value
 
 

@@ -41,6 +41,16 @@ _PRESETS = [
         backend_options=(("ort_fusion", "on"), ("ort_quant", "int8-dynamic"), ("ort_reduce_range", "off")),
     ),
     Plan(name="openvino", backend="openvino"),
+    Plan(name="openvino-bf16", backend="openvino", backend_options=(("ov_precision", "bf16"),)),
+    # text generation on OpenVINO GenAI with NNCF-compressed weights (the fastest engine measured
+    # on this project's CPU at int8 + bf16: README, OpenVINO GenAI runtime)
+    Plan(name="openvino-int8", backend="openvino", backend_options=(("ov_weights", "int8"),)),
+    Plan(
+        name="openvino-int8-bf16",
+        backend="openvino",
+        backend_options=(("ov_weights", "int8"), ("ov_precision", "bf16")),
+    ),
+    Plan(name="openvino-int4", backend="openvino", backend_options=(("ov_weights", "int4"),)),
     Plan(name="llamacpp", backend="llamacpp"),
     # vLLM's engine (its own venv, see accelab.backends.vllm): fp32 like the baseline, and bf16
     Plan(name="vllm", backend="vllm"),

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from starlette.types import Receive
 
-from accelab.serve.engines.base import ContextTooLong, PayloadTooLarge
+from accelab.serve.engines.base import ContextTooLong, FieldNotSupported, PayloadTooLarge
 from accelab.serve.errors import ApiError
 from accelab.serve.state import ServerState
 from accelab.serve.worker import Job, JobOutcome, QueueFull, ShuttingDown
@@ -24,7 +24,7 @@ INLINE_CHARS = 20_000  # text up to this long is tokenised on the event loop; lo
 
 async def prepare(fn: Callable[[], R], *, offload: bool) -> R:
     """Run `fn` (tokenising, templating, decoding images); ValueError -> 422, longer than the
-    model takes -> 400, past a server limit -> 413.
+    model takes or a field the engine cannot honour -> 400, past a server limit -> 413.
 
     `offload` runs it in a thread: for images (PIL decoding, image processors, milliseconds)
     and long texts (a megabyte takes the tokenizer most of a second). Short text goes inline:
@@ -37,6 +37,8 @@ async def prepare(fn: Callable[[], R], *, offload: bool) -> R:
         raise ApiError(413, str(err)) from None
     except ContextTooLong as err:
         raise ApiError(400, str(err), kind="too_long") from None
+    except FieldNotSupported as err:
+        raise ApiError(400, str(err)) from None
     except ValueError as err:
         raise ApiError(422, str(err)) from None
 

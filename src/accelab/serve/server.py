@@ -23,7 +23,7 @@ from accelab.runtimes import load_runnable
 from accelab.serve.config import ServeConfig
 from accelab.serve.engines import build_engine
 from accelab.serve.engines.base import Engine
-from accelab.serve.engines.vllm import build_vllm_engine
+from accelab.serve.engines.vllm import build_vllm_engine, is_engine_process
 from accelab.serve.state import ServerState
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ def engine_factory(spec: Any, plan: Any, device: Any, *, name: str) -> Callable[
     server's background loader thread)."""
 
     def build() -> Engine:
-        if plan.backend == "vllm":  # its engine process belongs to this server and leaves with it
+        if is_engine_process(spec, plan):  # its engine process belongs to this server and leaves with it
             return build_vllm_engine(spec, plan, device, name=name)
 
         return build_engine(load_runnable(spec, plan, device), name=name)

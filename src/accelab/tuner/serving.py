@@ -50,7 +50,7 @@ from accelab.tuner.space import slow_here, techniques
 from accelab.units import parse_objectives, parse_size_mib
 
 # the default candidates: torch at each precision, llama.cpp at its default and at Q8_0 (batched
-# x86 kernels), vLLM in bf16 compiled (its own defaults)
+# x86 kernels), vLLM in bf16 compiled (its own defaults), OpenVINO GenAI with int8 weights at bf16
 SERVE_CANDIDATES = (
     "baseline",
     "bf16",
@@ -58,6 +58,7 @@ SERVE_CANDIDATES = (
     "llamacpp",
     "llamacpp[llama_quant=q8_0]",
     "vllm-bf16[vllm_mode=compiled]",
+    "openvino-int8-bf16",
 )
 MAX_TOKENS_MIX = (16, 128, 32, 96, 64, 128, 24, 80)  # max_tokens of successive requests: chat's mix
 SLO_NAMES = {"ttft": "ttft", "itl": "tpot", "tpot": "tpot", "e2e": "e2e"}  # --slo name -> per-request limit

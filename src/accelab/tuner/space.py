@@ -43,6 +43,9 @@ VARIANTS: dict[str, tuple[str, ...]] = {
         "vllm",
         "vllm-bf16",
         "vllm-compiled",
+        "openvino",
+        "openvino-int8",
+        "openvino-int8-bf16",
     ),
 }
 
@@ -71,6 +74,8 @@ def techniques(plan: Plan) -> list[str]:
     used = plan_techniques(plan)
     if plan.backend == "vllm":  # vLLM's dtype is its own option, and the probes judge it like torch's
         used += {"bfloat16": ["bf16-weights"], "float16": ["fp16-weights"]}.get(plan.option.get("vllm_dtype", ""), [])
+    if plan.backend == "openvino" and plan.option.get("ov_precision") == "bf16":
+        used += ["bf16-weights"]
     return used
 
 

@@ -30,6 +30,11 @@ class PayloadTooLarge(ValueError):
     """An input past a limit of this server (the KV cache, --max-tokens): the server answers 413."""
 
 
+class FieldNotSupported(ValueError):
+    """A request field this engine cannot honour (a sampling rule its runtime lacks): the server
+    answers 400 naming the field, rather than ignoring it."""
+
+
 class ContextTooLong(ValueError):
     """An input longer than the model takes: the server answers 400 with both lengths, unless
     the request asked to truncate it."""

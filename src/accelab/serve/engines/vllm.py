@@ -1,4 +1,5 @@
-"""`accelab serve --plan vllm`: accelab's server in front of vLLM's engine.
+"""`accelab serve --plan vllm` (or an OpenVINO plan on a text-generation model): accelab's server
+in front of an engine process that schedules its own steps, vLLM's or OpenVINO GenAI's.
 
 accelab's routes, limits, errors, streaming and /metrics stay as for every engine; the prompt is
 prepared by `HFGenerationEngine` (chat template, tokenizer, context check) in this process, and the
@@ -7,7 +8,8 @@ tokens are made by vLLM's AsyncLLM in accelab's vLLM engine process, which sched
 tokenise, detokenise and validate a second time, and accelab's admission control, deadlines and
 metrics would sit outside the engine's queue instead of beside it (see README, vLLM runtime).
 
-The engine process belongs to this server (keep 0): it leaves when the server does.
+The engine process belongs to this server (keep 0): it leaves when the server does. Both engines
+speak `engine_wire`; OpenVINO GenAI's sampler has no logit_bias, so that field is a 400 there.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from accelab.backends import vllm
+from accelab.backends import openvino_genai, vllm
 from accelab.plan.runtime import Unsupported
 from accelab.runtimes import check_supported
+from accelab.serve.engines.base import FieldNotSupported
 from accelab.serve.engines.generation import HFGenerationEngine
 from accelab.serve.engines.vllm_worker import VllmWorker
 
@@ -37,17 +40,25 @@ class VllmSampling:
     seed: int | None  # the request's seed + this choice's index
 
 
+def is_engine_process(spec: Any, plan: Any) -> bool:
+    """Does this plan generate in an engine process (which then belongs to the server)?"""
+    return plan.backend == "vllm" or (plan.backend == "openvino" and spec.task == "text-generation")
+
+
 def build_vllm_engine(spec: Any, plan: Any, device: Any, *, name: str) -> VllmServeEngine:
     check_supported(plan, spec, device)
-    return VllmServeEngine(vllm.load(spec, plan, device, keep_s=0.0), name=name)
+    load = openvino_genai.load if plan.backend == "openvino" else vllm.load
+    return VllmServeEngine(load(spec, plan, device, keep_s=0.0), name=name)
 
 
 class VllmServeEngine(HFGenerationEngine):
-    """Prompts prepared here; tokens from vLLM (`continuous_worker`), or, for the warm-up and
-    `--scheduler static`, one greedy batch through the Runnable."""
+    """Prompts prepared here; tokens from the engine process (`continuous_worker`), or, for the
+    warm-up and `--scheduler static`, one greedy batch through the Runnable."""
 
     def __init__(self, runnable: Any, *, name: str):
         self.client = runnable.model.client
+        self.backend = runnable.plan.backend
+        self.runtime = self.client.info.runtime  # vLLM, OpenVINO GenAI
         super().__init__(runnable, name=name, max_context=self.client.info.max_model_len)
 
     def warmup(self) -> None:
@@ -56,30 +67,42 @@ class VllmServeEngine(HFGenerationEngine):
 
     def continuous_worker(self, config: ServeConfig, hooks: ContinuousHooks) -> VllmWorker:
         if config.scheduler == "static":
-            log.warning("--scheduler static does not apply to --plan vllm: vLLM schedules every step itself")
+            log.warning(
+                "--scheduler static does not apply to backend %s: %s schedules every step itself",
+                self.backend,
+                self.runtime,
+            )
         info = self.client.info
         if config.max_batch_size != info.max_num_seqs:
             log.info(
-                "vLLM runs up to %d sequences at once (vllm_max_num_seqs), whatever --max-batch-size says",
+                "%s runs up to %d sequences at once (%s_max_num_seqs), whatever --max-batch-size says",
+                self.runtime,
                 info.max_num_seqs,
+                "ov" if self.backend == "openvino" else "vllm",
             )
         return VllmWorker(
             self.client, max_queue=config.max_queue, decode=self.decode, eos_ids=self.eos_ids, hooks=hooks
         )
 
     def sampler(self, params: Any, prompt: Any, *, grammar: Any = None, seed_offset: int = 0) -> VllmSampling:
-        """What the routes attach to a unit: vLLM samples (temperature, top-p/k, min-p, penalties, logit
-        bias, min_tokens, ignore_eos run in its sampler); what it cannot take here is refused (422)."""
+        """What the routes attach to a unit: the engine samples (temperature, top-p/k, min-p, penalties,
+        logit bias on vLLM, min_tokens, ignore_eos run in its sampler); what it cannot take here is
+        refused with a 400 that names the field."""
         if grammar is not None:
-            raise ValueError(
-                "response_format and tools need a grammar-constrained sampler, which backend vllm "
+            raise FieldNotSupported(
+                f"response_format and tools need a grammar-constrained sampler, which backend {self.backend} "
                 "does not run in accelab yet; serve a torch plan for structured output"
             )
         if params.logprobs is not None or params.prompt_logprobs is not None:
-            raise ValueError(
-                "logprobs are not returned by backend vllm in accelab yet; drop logprobs/echo, or serve a torch plan"
+            raise FieldNotSupported(
+                f"logprobs are not returned by backend {self.backend} in accelab yet; drop logprobs/echo, "
+                "or serve a torch plan"
+            )
+        if params.logit_bias and self.backend == "openvino":
+            raise FieldNotSupported(
+                "logit_bias: OpenVINO GenAI's sampler has no logit bias; drop the field, or serve a torch or vllm plan"
             )
         return VllmSampling(seed=None if params.seed is None else params.seed + seed_offset)
 
     def step_engine(self, limits: SchedulerConfig) -> StepEngine:
-        raise Unsupported("vLLM schedules its own steps (continuous_worker)")
+        raise Unsupported(f"{self.runtime} schedules its own steps (continuous_worker)")
