@@ -28,7 +28,7 @@ def clock() -> FakeClock:
 # with no other test beside it (`_alone_or_shared`).
 SLOWEST_FIRST = (
     "test_vllm_e2e",
-    "test_vllm_serve",
+    "test_engine_process_serve",
     "test_bench_e2e",
     "test_train_e2e",
     "test_custom_models",

@@ -2,7 +2,7 @@
 is built once, and files that share something (the vLLM engines) stay on one worker. pytest 9
 moved the node id that pytest-xdist 3.8 appends the group to, and the groups silently fell apart:
 each test went to either worker, module servers were built twice, and test_vllm_e2e's clean-up
-stopped the engine of test_vllm_serve's server running beside it. This runs the installed pytest
+stopped the engine of the vLLM serve test's server running beside it. This runs the installed pytest
 and xdist on a few files and checks that a group stays on one worker."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The serving worker of `--plan vllm` against a FAKE engine client (scripted token messages,
 labelled FAKE in test_vllm_units) and a fake clock: the same contract as the continuous worker,
-with vLLM doing the scheduling. The real engine behind real HTTP is tests/test_vllm_serve.py."""
+with vLLM doing the scheduling. The real engine behind real HTTP is tests/test_engine_process_serve.py."""
 
 from __future__ import annotations
 

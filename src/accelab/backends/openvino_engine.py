@@ -222,11 +222,15 @@ class Engine:
         connection.send(message)
 
     def _stats(self) -> None:
+        """After a step and the reads: the requests still live (those the step scheduled run, the
+        others wait); a step's cache usage counts blocks that the next step frees, so none is in
+        use once no request is live."""
         metrics = self.pipe.get_metrics()
+        running = min(len(self.live), int(metrics.scheduled_requests))
         message = W.Stats(
-            running=int(metrics.scheduled_requests),
-            waiting=max(0, int(metrics.requests) - int(metrics.scheduled_requests)),
-            kv_usage=float(metrics.cache_usage) / 100.0,
+            running=running,
+            waiting=len(self.live) - running,
+            kv_usage=float(metrics.cache_usage) / 100.0 if self.live else 0.0,
         )
         for connection in list(self.watchers):
             connection.send(message)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from accelab.backends.openvino_genai import find_genai
 from accelab.backends.vllm_launch import find_vllm
 from accelab.measure import hardware
 from accelab.measure.environment import environment
@@ -242,6 +243,7 @@ CHECKS: dict[str, Callable[[_Machine], Check]] = {
     "openvino": _package("openvino", "OpenVINO", "openvino"),
     "llamacpp": _package("llama_cpp", "llama.cpp", "llama-cpp-python", " (GGUF models)"),
     "vllm": lambda m: _vllm(),
+    "openvino-genai": lambda m: _openvino_genai(),
 }
 
 
@@ -251,6 +253,14 @@ def _vllm() -> Check:
     if install is None:
         return "unsupported", reason
     return "ok", f"{install.describe()} (its own process; text-generation checkpoints)"
+
+
+def _openvino_genai() -> Check:
+    """backend openvino's text generation runs from its own venv (accelab.backends.openvino_genai)."""
+    install, reason = find_genai()
+    if install is None:
+        return "unsupported", reason
+    return "ok", f"{install.describe()} (its own process; backend openvino on text-generation checkpoints)"
 
 
 def capabilities(env: dict[str, Any], limits: HardwareLimits | None = None) -> list[Capability]:

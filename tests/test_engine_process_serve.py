@@ -1,8 +1,10 @@
-"""`accelab serve smollm2-135m --plan vllm`: the real vLLM engine (from .venv-vllm) behind accelab's
-server, one server for the module (with an engine of its own: a server never attaches to another
+"""`accelab serve smollm2-135m --plan vllm` and `--plan openvino-int8`: a real engine process (vLLM
+from .venv-vllm, OpenVINO GenAI's ContinuousBatchingPipeline from .venv-openvino) behind accelab's
+server, one server per plan (with an engine of its own: a server never attaches to another
 process's engine, even one of the same options in the same /tmp), through the official openai
 client and raw HTTP: routes, streaming, errors, concurrent streams, /metrics, a client that hangs
-up, and SIGTERM drain (last: it stops the server and its engine)."""
+up, a field the engine cannot honour, and SIGTERM drain (last for each plan: it stops the server
+and its engine)."""
 
 from __future__ import annotations
 
@@ -30,18 +32,24 @@ MODEL = "smollm2-135m"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-@pytest.fixture(scope="module")
-def server():
+# plan -> the option that caps its engine's running sequences
+PLANS = {"vllm": "vllm_max_num_seqs=16", "openvino-int8": "ov_max_num_seqs=16"}
+ENGINE_MARKS = {"vllm": ("vllm_engine.py", ".venv-vllm"), "openvino-int8": ("openvino_engine.py", ".venv-openvino")}
+
+
+@pytest.fixture(scope="module", params=list(PLANS))
+def server(request):
     from serving import ServerProcess
 
+    plan = request.param
     proc = ServerProcess(
         "-m",
         "accelab.serve",
         MODEL,
         "--plan",
-        "vllm",
+        plan,
         "--set",
-        "vllm_max_num_seqs=16",
+        PLANS[plan],
         "--port",
         "0",
         "--max-tokens",
@@ -51,18 +59,20 @@ def server():
         timeout_s=120,
     )
     try:
-        proc.wait_ready(timeout_s=900)  # the engine starts in 30 s (eager) to minutes on a busy machine
-        proc.engines = [c for c in psutil.Process(proc.proc.pid).children() if _is_engine(c)]
+        proc.wait_ready(timeout_s=900)  # vLLM's engine starts in 30 s (eager) to minutes on a busy machine
+        proc.plan = plan
+        proc.engines = [c for c in psutil.Process(proc.proc.pid).children() if _is_engine(c, plan)]
         yield proc
     finally:
         proc.stop()
 
 
-def _is_engine(process: psutil.Process) -> bool:
-    """accelab's vLLM engine: its script on the command line, or the vLLM venv's Python (vLLM may
-    retitle its processes)."""
+def _is_engine(process: psutil.Process, plan: str) -> bool:
+    """accelab's engine process for `plan`: its script on the command line, or its venv's Python
+    (vLLM may retitle its processes)."""
+    script, venv = ENGINE_MARKS[plan]
     try:
-        return any("vllm_engine.py" in part for part in process.cmdline()) or ".venv-vllm" in process.exe()
+        return any(script in part for part in process.cmdline()) or venv in process.exe()
     except psutil.Error:
         return False
 
@@ -104,7 +114,7 @@ def test_chat_and_completions_streaming_and_not(server):
         .text
         for _ in range(2)
     ]
-    assert sampled[0] == sampled[1]  # a seed repeats itself on vLLM too
+    assert sampled[0] == sampled[1]  # a seed repeats itself on the engine's sampler too
 
 
 def test_bad_requests_fail_alone_with_the_reason(server):
@@ -123,7 +133,7 @@ def test_bad_requests_fail_alone_with_the_reason(server):
     assert fine.status_code == 200 and fine.json()["usage"]["completion_tokens"] == 2
 
 
-def test_eight_concurrent_streams_and_the_metrics_follow_vllm(server):
+def test_eight_concurrent_streams_and_the_metrics_follow_the_engine(server):
     generated_before = metric(server.url, "accelab_generated_tokens_total")
     results: list = []
 
@@ -148,7 +158,7 @@ def test_eight_concurrent_streams_and_the_metrics_follow_vllm(server):
     assert len(results) == 8 and all(1 <= n <= 24 for n in results)
     assert metric(server.url, "accelab_generated_tokens_total") - generated_before == sum(results)
     assert metric(server.url, 'accelab_kv_cache_blocks{state="free"}') > 0
-    assert metric(server.url, "accelab_running_sequences") == 0  # vLLM's own count, after the step that ended them
+    assert metric(server.url, "accelab_running_sequences") == 0  # the engine's count, after the last step
     assert metric(server.url, "accelab_time_to_first_token_seconds_count") >= 8
     assert metric(server.url, "accelab_inter_token_latency_seconds_count") > 0
 
@@ -174,11 +184,24 @@ def test_a_client_that_hangs_up_mid_stream_frees_its_sequence(server):
 
 
 def test_readyz_names_the_engine_process_that_runs_the_model(server):
-    """Whoever counts the server's memory (tune --scenario serve) must count vLLM's engine too,
-    which a server may share with an earlier run and so not have started itself."""
+    """Whoever counts the server's memory (tune --scenario serve) must count the engine process too."""
     body = httpx.get(f"{server.url}/readyz").json()
     assert body["status"] == "ready" and body["worker_pids"]
-    assert all(_is_engine(psutil.Process(pid)) for pid in body["worker_pids"])
+    assert all(_is_engine(psutil.Process(pid), server.plan) for pid in body["worker_pids"])
+
+
+def test_a_field_the_engine_cannot_honour_is_a_400_that_names_it(server):
+    """Structured output and logprobs run on torch's sampler only; OpenVINO GenAI's sampler has no
+    logit_bias (vLLM's has). Nothing is silently ignored, and the server serves on."""
+    url = f"{server.url}/v1/chat/completions"
+    logprobs = httpx.post(url, json={"model": MODEL, "messages": QUESTION, "max_tokens": 2, "logprobs": True})
+    assert logprobs.status_code == 400 and "logprobs" in logprobs.text
+    bias = httpx.post(url, json={"model": MODEL, "messages": QUESTION, "max_tokens": 2, "logit_bias": {"11": -100}})
+    if server.plan == "openvino-int8":
+        assert bias.status_code == 400 and "logit_bias" in bias.text
+    else:
+        assert bias.status_code == 200
+    assert chat(server.url, max_tokens=2)["usage"]["completion_tokens"] == 2
 
 
 def chat(url: str, status: int = 200, **body) -> dict:
@@ -195,8 +218,8 @@ def reply_text(reply: dict) -> str:
 
 @pytest.mark.parametrize("extreme", EXTREMES, ids=",".join)
 def test_extreme_sampling_values_answer_200_and_tiny_ones_are_greedy(server, extreme):
-    """The values that once answered 500 on the torch engine, on vLLM's: a temperature below 1e-5
-    reaches vLLM as 0 (greedy), a tiny top_p keeps its most likely token."""
+    """The values that once answered 500 on the torch engine, on the engine process: a temperature
+    below 1e-5 reaches it as 0 (greedy), a tiny top_p keeps its most likely token."""
     check_extreme(chat, server.url, extreme, text=reply_text)
 
 

@@ -1,0 +1,104 @@
+"""backend openvino generating with OpenVINO GenAI end to end on SmolLM2 (the real engine from
+.venv-openvino): compare against the torch baseline with quality verdicts (fp32 gives the
+reference's greedy tokens), verify int8 weights against the fp32 reference, and one export per
+model and weight format. Engines this module started are stopped at its end."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from accelab.catalog.fetch import is_fetched
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.alone,  # it measures speed: see tests/conftest.py
+    pytest.mark.skipif(not is_fetched("smollm2-135m"), reason="run `accelab models fetch smollm2-135m` first"),
+]
+
+QUICK = ["--warmup", "1", "--min-iters", "3", "--min-seconds", "0.5"]
+
+
+def accelab(*args):
+    env = {**os.environ, "ACCELAB_OPENVINO_KEEP_S": "120"}  # a leftover engine leaves by itself
+    proc = subprocess.run(
+        [sys.executable, "-m", "accelab", *args], capture_output=True, text=True, timeout=1200, env=env, check=False
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"accelab {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def engine_pid(path) -> int | None:
+    from accelab.backends import engine_wire as W
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+        return W.decode(sock.makefile("rb").readline()).pid
+    except OSError:
+        return None
+    finally:
+        sock.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def stop_new_engines():
+    from accelab.backends.engine_launch import runtime_dir
+
+    before = set(runtime_dir("openvino").glob("*.sock"))
+    yield
+    for path in set(runtime_dir("openvino").glob("*.sock")) - before:
+        pid = engine_pid(path)
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)
+
+
+def test_compare_gives_rows_with_verdicts(tmp_path):
+    out = tmp_path / "c.json"
+    args = ["compare", "smollm2-135m", "--scenario", "generate", "--plans", "baseline,openvino,openvino-int8"]
+    accelab(*args, "--new-tokens", "8", "--samples", "4", "--rounds", "2", *QUICK, "--json", str(out), "--no-store")
+    rows = {r["plan"]: r for r in json.loads(out.read_text())["rows"]}
+    assert list(rows) == ["baseline", "openvino", "openvino-int8"]
+    assert all(r["status"] == "ok" and r["quality"] in ("pass", "warn", "fail") for r in rows.values()), rows
+    fp32 = rows["openvino"]
+    assert fp32["quality"] == "pass"  # fp32 weights, f32 inference and KV cache: the reference's greedy tokens
+    assert fp32["quality_metrics"]["token_agreement"] >= 0.9
+    assert "OpenVINO GenAI" in fp32["notes"] and "fp32 weights, inference f32, KV cache f32" in fp32["notes"]
+    assert "int8 weights" in rows["openvino-int8"]["notes"]
+
+
+def test_verify_int8_reports_token_agreement_and_perplexity_change(tmp_path):
+    out = tmp_path / "v.json"
+    accelab("verify", "smollm2-135m", "--plan", "openvino-int8", "--json", str(out), "--no-store")
+    quality = json.loads(out.read_text())["quality"]
+    m = quality["metrics"]
+    assert quality["verdict"] in ("pass", "warn")  # judged by the same rules as every plan, not assumed
+    assert 0.3 <= m["token_agreement"] <= 1.0 and 5 < m["perplexity_ref"] < 100
+    assert abs(m["perplexity_change"]) < 0.05  # the engine's own graph scores the text, at int8
+
+
+def test_an_export_happens_once_per_model_and_weight_format(tmp_path, monkeypatch, capsys):
+    """In a cache of its own (the fetched models linked in), the first call exports with a progress
+    line; the second reuses the folder."""
+    from accelab.backends import openvino_genai
+    from accelab.catalog.resolve import resolve
+    from accelab.paths import models_dir
+
+    spec = resolve("smollm2-135m", fetch=False)
+    (tmp_path / "models").symlink_to(models_dir())
+    monkeypatch.setenv("ACCELAB_CACHE", str(tmp_path))
+    install, reason = openvino_genai.find_genai()
+    assert install is not None, reason
+    first = openvino_genai.exported(spec, "int8", install)
+    assert "exporting smollm2-135m to OpenVINO with int8 weights" in capsys.readouterr().err
+    assert (first / "openvino_model.xml").is_file() and first.is_relative_to(tmp_path / "openvino-genai")
+    assert openvino_genai.exported(spec, "int8", install) == first
+    assert "exporting" not in capsys.readouterr().err
+    assert not [p for p in first.parent.iterdir() if p.name.startswith(".tmp-")]  # no half export left
