@@ -5,6 +5,9 @@ closed-loop streaming chat load, every server up at once.
   and `--plan int8-bf16` (int8 weights, bf16 activations);
 - `accelab serve --plan 'llamacpp[llama_quant=q8_0]'` (the catalog's GGUF requantised to Q8_0:
   llama.cpp has batched kernels for Q8_0 on x86);
+- `accelab serve --plan openvino-int8-bf16`: OpenVINO GenAI's ContinuousBatchingPipeline (int8
+  weights by NNCF, bf16 inference; .venv-openvino: `make openvino`) behind accelab's server, held to
+  the pipeline's own rate alone (`benchmarks/ov_engine_alone.py`, no accelab, no HTTP);
 - vLLM CPU's `vllm serve` (.venv-vllm: `make vllm`) at its defaults (compiled), in bf16 and in fp32;
   `--enforce-eager` (its compilation off) only with --handicapped, and labelled so;
 - llama.cpp's own `llama-server` on the same Q8_0 GGUF with one slot per user over a unified KV
@@ -53,8 +56,9 @@ BATCHED_BENCH = S.LLAMA_SERVER.parent / "llama-batched-bench"
 
 
 MODELS = {"smollm2-135m": GGUF, "llama-1b": None}  # model -> its GGUF in the model directory (None: none)
-MAIN = ("torch", "torch-bf16", "torch-int8", "llamacpp-q8_0", "vllm-bf16", "vllm-fp32", "llama-server")
-ACCELAB = ("torch", "torch-bf16", "torch-int8", "llamacpp", "llamacpp-q8_0", "before")
+MAIN = ("torch", "torch-bf16", "torch-int8", "llamacpp-q8_0", "ov-int8-bf16", "vllm-bf16", "vllm-fp32", "llama-server")
+ACCELAB = ("torch", "torch-bf16", "torch-int8", "llamacpp", "llamacpp-q8_0", "ov-int8-bf16", "before")
+OV_PLAN = "openvino-int8-bf16"
 PEERS = ("vllm-bf16", "vllm-fp32", "llama-server")  # their best documented configurations (not the handicapped)
 
 
@@ -84,6 +88,7 @@ def contenders(opts: argparse.Namespace, before_src: Path | None) -> dict[str, S
         "torch": S.accelab("accelab serve (torch fp32)", model, *common),
         "torch-bf16": S.accelab("accelab serve --plan bf16", model, *common, "--plan", "bf16"),
         "torch-int8": S.accelab("accelab serve --plan int8-bf16", model, *common, "--plan", "int8-bf16"),
+        "ov-int8-bf16": S.accelab(f"accelab serve --plan {OV_PLAN}", model, *common, "--plan", OV_PLAN),
         "vllm-bf16": S.vllm_serve(path, model, max_num_seqs=seqs, dtype="bfloat16", max_model_len=context),
         "vllm-fp32": S.vllm_serve(path, model, max_num_seqs=seqs, dtype="float32", max_model_len=context),
         "vllm-eager": S.vllm_serve(path, model, max_num_seqs=seqs, dtype="float32", eager=True, max_model_len=context),
@@ -232,6 +237,35 @@ def engine_alone(model: str, plan: str, sizes: tuple[int, ...] = (1, 8, 16), ste
     return rates
 
 
+def ov_engine_alone(model: str, plan: str = OV_PLAN) -> dict[int, float] | None:
+    """OpenVINO GenAI's pipeline alone, with the settings accelab's engine process builds for
+    `plan`, on the served chat prompt: tokens/s of 1, 8 and 16 sequences (benchmarks/ov_engine_alone.py)."""
+    from accelab.backends import openvino_genai as G
+    from accelab.catalog.load import load_processor
+    from accelab.catalog.resolve import resolve
+    from accelab.plan.backend_options import OvOptions
+    from accelab.plan.plan import load_plan
+
+    install, reason = G.find_genai()
+    if install is None:
+        print(f"no OpenVINO GenAI: {reason}", flush=True)
+        return None
+    spec = resolve(model, fetch=False)
+    options = OvOptions.parse(load_plan(plan).option)
+    config = G.engine_config(G.exported(spec, options.weights, install), options, keep_s=0, threads=None)
+    chat = [{"role": "user", "content": "Tell me a story."}]
+    ids = load_processor(spec).apply_chat_template(chat, add_generation_prompt=True, tokenize=True)
+    ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+    script = Path(__file__).with_name("ov_engine_alone.py")
+    command = [str(install.python), "-P", str(script), "--config", config.to_json()]
+    command += ["--prompt-ids", ",".join(map(str, ids))]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        print(f"ov_engine_alone failed:\n{done.stderr[-2000:]}", flush=True)
+        return None
+    return {int(k): v for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}
+
+
 def batched_bench(gguf: Path | None, threads: int) -> dict[int, float] | None:
     """llama.cpp's own batched decoding on the GGUF (llama-batched-bench): text-generation
     tokens/s of 1, 8 and 16 parallel sequences."""
@@ -369,6 +403,12 @@ def report(servers: dict[str, S.Server], extra: dict[str, Any], opts: argparse.N
             + ", ".join(f"{rate:.1f} at {size}" for size, rate in rates.items())
             + f" ({rates[8] / rates[1]:.2f}x at 8 over 1)"
         )
+    if extra.get("ov_engine_alone"):
+        rates = extra["ov_engine_alone"]
+        lines.append(
+            f"OpenVINO GenAI's pipeline alone ({OV_PLAN}'s settings, no accelab, no HTTP), 64 greedy tokens, tok/s: "
+            + ", ".join(f"{rate:.1f} at {size}" for size, rate in rates.items())
+        )
     if extra.get("batched_bench"):
         rates = extra["batched_bench"]
         lines.append(
@@ -385,7 +425,7 @@ def report(servers: dict[str, S.Server], extra: dict[str, Any], opts: argparse.N
                 f"{row['successful']} ok / {row['errored']} errors / {row['incomplete']} cut off at the end"
             )
     lines.append("")
-    lines += verdicts(servers, opts)
+    lines += verdicts(servers, opts, extra)
     lines.append("")
     lines.append("each server by hand:")
     lines += [
@@ -426,8 +466,8 @@ def best(servers: dict[str, S.Server], keys: tuple[str, ...], users: int) -> str
     return max(present, key=lambda k: S.median([r["tokens_per_s"] for r in servers[k].windows[users]]) or 0.0)
 
 
-def verdicts(servers: dict[str, S.Server], opts: argparse.Namespace) -> list[str]:
-    out = ["targets (issue 31):"]
+def verdicts(servers: dict[str, S.Server], opts: argparse.Namespace, extra: dict[str, Any]) -> list[str]:
+    out = ["targets (issues 31, 38):"]
 
     def check(text: str, ok: bool) -> None:
         out.append(f"  [{'OK' if ok else 'MISSED'}] {text}")
@@ -453,6 +493,14 @@ def verdicts(servers: dict[str, S.Server], opts: argparse.Namespace) -> list[str
             )
     ratio_line("torch-bf16", "torch", 8, 1.6, "8 users, --plan bf16 over the fp32 baseline, tokens/s")
     ratio_line(best(servers, ACCELAB, 1), "vllm-bf16", 1, 1.0, "1 user, accelab's best over vLLM bf16, tokens/s")
+    alone = (extra.get("ov_engine_alone") or {}).get(8)
+    if alone and "ov-int8-bf16" in servers and 8 in servers["ov-int8-bf16"].windows:
+        served = S.median([r["tokens_per_s"] for r in servers["ov-int8-bf16"].windows[8]]) or 0.0
+        check(
+            f"8 users, accelab serve --plan {OV_PLAN} at {served:.1f} tok/s over its pipeline alone at 8 "
+            f"sequences, {alone:.1f} tok/s: {served / alone:.2f}x (target >= 0.95x)",
+            served >= 0.95 * alone,
+        )
     return out
 
 
@@ -507,6 +555,8 @@ def main() -> int:
                     check=False,
                     capture_output=True,
                 )
+        if "ov-int8-bf16" in servers:
+            extra["ov_engine_alone"] = ov_engine_alone(opts.model)
         if not opts.no_extras:
             plans = ["baseline", "bf16", "int8-bf16"] + (["llamacpp[llama_quant=q8_0]"] if MODELS[opts.model] else [])
             extra["engine_alone"] = {plan: engine_alone(opts.model, plan) for plan in plans}
