@@ -102,3 +102,28 @@ def test_an_export_happens_once_per_model_and_weight_format(tmp_path, monkeypatc
     assert openvino_genai.exported(spec, "int8", install) == first
     assert "exporting" not in capsys.readouterr().err
     assert not [p for p in first.parent.iterdir() if p.name.startswith(".tmp-")]  # no half export left
+
+
+def test_tune_for_serving_measures_the_openvino_server_with_its_engine_memory(tmp_path):
+    """`tune --scenario serve` starts `accelab serve --plan openvino-int8-bf16` beside the baseline,
+    counts the engine process in its memory, and judges its quality with verify's rules."""
+    report = tmp_path / "tune.json"
+    accelab(
+        "tune", "smollm2-135m", "--scenario", "serve", "--include", "baseline,openvino-int8-bf16",
+        "--concurrency", "2", "--rounds", "1", "--window", "3", "--slo", "ttft_p99=30s",
+        "--out", str(tmp_path / "serve.yaml"), "--json", str(report), "--db", str(tmp_path / "r.db"),
+    )  # fmt: skip
+    summary = json.loads(report.read_text())
+    [level] = summary["levels"]
+    assert set(level["order"]) == {"baseline", "openvino-int8-bf16"}, level
+    ov = summary["candidates"]["openvino-int8-bf16"]
+    assert ov["quality"] in ("pass", "warn")
+    assert ov["peak_rss_mb"] > 150  # the engine process holds the weights: counted with the server's
+
+
+def test_the_default_generate_space_searches_openvino_plans():
+    from accelab.catalog.resolve import resolve
+    from accelab.tuner.space import search_space
+
+    space = search_space(resolve("smollm2-135m", fetch=False), "generate", "cpu", max_batch=4)
+    assert {"openvino", "openvino-int8", "openvino-int8-bf16"} <= set(space.variants), space.pruned

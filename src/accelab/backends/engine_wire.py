@@ -150,6 +150,7 @@ class Stats:
     kv_usage: float  # fraction of KV blocks in use
     preempted: int = 0
     prefix_hit_tokens: int = 0
+    seconds: float | None = None  # the step's own time, where the engine measures it (else the gap between two)
 
 
 Message = Submit | Abort | Score | Watch | Info | Tokens | Scored | Failed | Stats

@@ -122,6 +122,7 @@ class Engine:
             self._take(block=not busy)
             if not self.live and not self.pipe.has_non_finished_requests():
                 continue
+            started = time.perf_counter()
             try:
                 self.pipe.step()
             except Exception as err:
@@ -129,9 +130,10 @@ class Engine:
                 for pid in list(self.live):
                     self._end(pid, W.Failed(id=self.live[pid][1], error=f"{type(err).__name__}: {err}"))
                 continue
+            seconds = time.perf_counter() - started
             self._read()
             if self.watchers:
-                self._stats()
+                self._stats(seconds)
 
     def _take(self, *, block: bool) -> None:
         try:
@@ -221,7 +223,7 @@ class Engine:
         self.by_request.pop((id(connection), request_id), None)
         connection.send(message)
 
-    def _stats(self) -> None:
+    def _stats(self, seconds: float) -> None:
         """After a step and the reads: the requests still live (those the step scheduled run, the
         others wait); a step's cache usage counts blocks that the next step frees, so none is in
         use once no request is live."""
@@ -231,6 +233,7 @@ class Engine:
             running=running,
             waiting=len(self.live) - running,
             kv_usage=float(metrics.cache_usage) / 100.0 if self.live else 0.0,
+            seconds=seconds,
         )
         for connection in list(self.watchers):
             connection.send(message)

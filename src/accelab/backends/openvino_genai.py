@@ -18,6 +18,7 @@ verify, tune and serve take OpenVINO plans like any other.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -137,6 +138,17 @@ def check_install() -> None:
         raise Unsupported(reason)
 
 
+def check_bf16(options: OvOptions) -> None:
+    """ov_precision=bf16 (or a bf16 KV cache) only where the CPU has native bf16, as for forward graphs."""
+    if "bf16" not in (options.precision, options.kv_cache_precision) or importlib.util.find_spec("openvino") is None:
+        return
+    import openvino as ov
+
+    from accelab.backends.openvino import check_precision
+
+    check_precision(replace(options, precision="bf16"), ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+
+
 # -- the export, cached ----------------------------------------------------------------------------
 def export_dir(spec: ModelSpec, weights: str, install: GenAIInstall) -> Path:
     blob = json.dumps(
@@ -234,6 +246,7 @@ def connect(
     if install is None:
         raise Unsupported(reason)
     options = OvOptions.parse(plan.option)
+    check_bf16(options)
     export = exported(spec, options.weights, install)
     config = engine_config(export, options, keep_s=keep_s, threads=plan.threads, max_num_seqs=max_num_seqs)
     key = engine_key(config, install, owner=os.getpid() if keep_s == 0 else None)

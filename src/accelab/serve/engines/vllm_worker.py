@@ -262,7 +262,7 @@ class VllmWorker:
             tokens=0,
             sampled=self._sampled,
             preempted=stats.preempted,
-            seconds=now - self._last_stats,
+            seconds=stats.seconds if stats.seconds is not None else now - self._last_stats,
             reused_tokens=hits,
             batch=stats.running,
         )
