@@ -58,7 +58,7 @@ def test_generation_checks_the_layout_and_the_device(tmp_path):
 
 def test_presets_name_the_weight_formats():
     assert PRESETS["openvino-int8"].option == {"ov_weights": "int8"}
-    assert PRESETS["openvino-int8-bf16"].option == {"ov_weights": "int8", "ov_precision": "bf16"}
+    assert PRESETS["openvino-int8-bf16"].option == {"ov_precision": "bf16", "ov_weights": "int8"}
     assert PRESETS["openvino-int4"].option == {"ov_weights": "int4"}
 
 

@@ -76,6 +76,7 @@ LAZY_OK = {
     "llama_cpp": "optional: the [llamacpp] extra (built from source)",
     "ray": "optional: the [ray] extra",
     "vllm": "optional: lives in its own venv",
+    "openvino_genai": "optional: lives in its own venv",
     "openai": "optional: the [test] extra",
     "lm_eval": "optional: the [test] extra",
 }

@@ -48,7 +48,7 @@ _PRESETS = [
     Plan(
         name="openvino-int8-bf16",
         backend="openvino",
-        backend_options=(("ov_weights", "int8"), ("ov_precision", "bf16")),
+        backend_options=(("ov_precision", "bf16"), ("ov_weights", "int8")),
     ),
     Plan(name="openvino-int4", backend="openvino", backend_options=(("ov_weights", "int4"),)),
     Plan(name="llamacpp", backend="llamacpp"),
