@@ -112,3 +112,14 @@ def test_the_kv_pool_in_blocks_follows_the_cache_precision(tmp_path):
     assert engine.kv_blocks(tmp_path, "bf16", 147_456_000) == (200, 8192)
     u8_blocks, _ = engine.kv_blocks(tmp_path, "u8", 147_456_000)
     assert 350 < u8_blocks < 400  # a byte a value, and a scale and zero point per head
+
+
+def test_the_servers_batch_size_sizes_the_engine_unless_the_plan_does():
+    """`accelab serve --max-batch-size 16` runs up to 16 sequences in the pipeline (OpenVINO's own
+    default is 256); ov_max_num_seqs in the plan wins."""
+    options = OvOptions.parse({"ov_precision": "bf16", "ov_kv_cache_gib": "2"})
+    config = openvino_genai.engine_config(Path("/export"), options, keep_s=0, threads=2, max_num_seqs=16)
+    assert (config.max_num_seqs, config.precision, config.kv_precision) == (16, "bf16", "bf16")
+    assert (config.kv_cache_bytes, config.threads, config.model) == (2 * 2**30, 2, "/export")
+    planned = OvOptions.parse({"ov_max_num_seqs": "4"})
+    assert openvino_genai.engine_config(Path("/e"), planned, keep_s=0, threads=None, max_num_seqs=16).max_num_seqs == 4

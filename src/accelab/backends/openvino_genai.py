@@ -262,11 +262,20 @@ def connect(
     return EngineClient(sock, name=f"OpenVINO GenAI engine {address.key}")
 
 
-def load(spec: ModelSpec, plan: Plan, device: torch.device, *, keep_s: float | None = None) -> Runnable:
+def load(
+    spec: ModelSpec,
+    plan: Plan,
+    device: torch.device,
+    *,
+    keep_s: float | None = None,
+    max_num_seqs: int | None = None,
+) -> Runnable:
     """The Runnable on the OpenVINO GenAI engine; `keep_s`: how long the engine outlives its last
-    client (None: ACCELAB_OPENVINO_KEEP_S, default 600 s, so the next measurement reuses it)."""
+    client (None: ACCELAB_OPENVINO_KEEP_S, default 600 s, so the next measurement reuses it);
+    `max_num_seqs`: where the plan leaves it (serve's --max-batch-size; else OpenVINO's 256)."""
     started = time.perf_counter()
-    client = connect(spec, plan, device, keep_s=keep_seconds(KEEP_ENV) if keep_s is None else keep_s)
+    keep = keep_seconds(KEEP_ENV) if keep_s is None else keep_s
+    client = connect(spec, plan, device, keep_s=keep, max_num_seqs=max_num_seqs)
     info = client.info
     options = OvOptions.parse(plan.option)
     install, _ = find_genai()

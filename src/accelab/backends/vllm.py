@@ -108,12 +108,20 @@ def connect(
     return EngineClient(sock, name=f"vLLM engine {address.key}")
 
 
-def load(spec: ModelSpec, plan: Plan, device: torch.device, *, keep_s: float | None = None) -> Runnable:
+def load(
+    spec: ModelSpec,
+    plan: Plan,
+    device: torch.device,
+    *,
+    keep_s: float | None = None,
+    max_num_seqs: int | None = None,
+) -> Runnable:
     """The Runnable on vLLM's engine; `keep_s`: how long the engine outlives its last client
-    (None: ACCELAB_VLLM_KEEP_S, default 600 s, so the next measurement of this plan reuses it)."""
+    (None: ACCELAB_VLLM_KEEP_S, default 600 s, so the next measurement of this plan reuses it);
+    `max_num_seqs`: where the plan leaves it to vLLM (serve's --max-batch-size)."""
     # the engine: connect to a running one for this plan, else start it (minutes on CPU)
     started = time.perf_counter()
-    client = connect(spec, plan, device, keep_s=keep_seconds() if keep_s is None else keep_s)
+    client = connect(spec, plan, device, keep_s=keep_seconds() if keep_s is None else keep_s, max_num_seqs=max_num_seqs)
     info = client.info
     install, _ = find_vllm()
     notes = [

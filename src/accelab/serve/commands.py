@@ -132,7 +132,7 @@ def serve_command(
         )
     if replicas < 1:
         raise ValueError(f"--replicas {replicas} must be 1 or more")
-    factory = engine_factory(spec, the_plan, the_device, name=name)
+    factory = engine_factory(spec, the_plan, the_device, name=name, max_batch_size=config.max_batch_size)
     if replicas > 1 or ray_address:
         from accelab.serve.replicas import require_ray, run_replicas
 

@@ -31,13 +31,16 @@ log = logging.getLogger(__name__)
 SHUTDOWN_RESERVE_S = 1.0  # of the grace period, kept for closing connections and the worker
 
 
-def engine_factory(spec: Any, plan: Any, device: Any, *, name: str) -> Callable[[], Engine]:
+def engine_factory(
+    spec: Any, plan: Any, device: Any, *, name: str, max_batch_size: int | None = None
+) -> Callable[[], Engine]:
     """Load `spec`, apply `plan` on `device`, wrap it in the engine for its task (called in the
-    server's background loader thread)."""
+    server's background loader thread); an engine process that schedules itself runs up to
+    `max_batch_size` sequences where the plan does not say."""
 
     def build() -> Engine:
         if is_engine_process(spec, plan):  # its engine process belongs to this server and leaves with it
-            return build_vllm_engine(spec, plan, device, name=name)
+            return build_vllm_engine(spec, plan, device, name=name, max_num_seqs=max_batch_size)
 
         return build_engine(load_runnable(spec, plan, device), name=name)
 

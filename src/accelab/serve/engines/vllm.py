@@ -45,10 +45,12 @@ def is_engine_process(spec: Any, plan: Any) -> bool:
     return plan.backend == "vllm" or (plan.backend == "openvino" and spec.task == "text-generation")
 
 
-def build_vllm_engine(spec: Any, plan: Any, device: Any, *, name: str) -> VllmServeEngine:
+def build_vllm_engine(
+    spec: Any, plan: Any, device: Any, *, name: str, max_num_seqs: int | None = None
+) -> VllmServeEngine:
     check_supported(plan, spec, device)
     load = openvino_genai.load if plan.backend == "openvino" else vllm.load
-    return VllmServeEngine(load(spec, plan, device, keep_s=0.0), name=name)
+    return VllmServeEngine(load(spec, plan, device, keep_s=0.0, max_num_seqs=max_num_seqs), name=name)
 
 
 class VllmServeEngine(HFGenerationEngine):
