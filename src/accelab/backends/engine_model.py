@@ -12,6 +12,7 @@ perplexity), not torch's.
 from __future__ import annotations
 
 import queue
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,7 +21,24 @@ from accelab.backends import engine_wire as W
 from accelab.catalog.load import load_processor
 from accelab.catalog.spec import ModelSpec
 from accelab.plan.plan import Plan
-from accelab.plan.runtime import Runnable
+from accelab.plan.runtime import Runnable, Unsupported
+
+
+def check_checkpoint(spec: ModelSpec, *, backend: str, verb: str) -> None:
+    """Unsupported unless `spec` is a checkpoint in the Hugging Face layout (config.json and
+    weights), which an engine process loads (`verb`: what the backend does with it)."""
+    if spec.custom:
+        raise Unsupported(
+            f"backend {backend} {verb} checkpoints in the Hugging Face layout; {spec.name} is a custom "
+            "nn.Module built by code (save it with save_pretrained, or use backend torch)"
+        )
+    source = Path(spec.source)
+    has_config = (source / "config.json").is_file()
+    if not has_config or not [*source.glob("*.safetensors"), *source.glob("*.bin")]:
+        raise Unsupported(
+            f"backend {backend} {verb} a directory with config.json and weights; {source} has "
+            f"{'no weights' if has_config else 'no config.json'} (a GGUF-only model runs on backend llamacpp)"
+        )
 
 
 def engine_runnable(

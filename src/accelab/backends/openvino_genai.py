@@ -34,7 +34,7 @@ import torch
 
 from accelab.backends import engine_launch, engine_wire as W
 from accelab.backends.engine_client import EngineClient
-from accelab.backends.engine_model import engine_runnable
+from accelab.backends.engine_model import check_checkpoint, engine_runnable
 from accelab.backends.export import build_atomically
 from accelab.backends.vllm_launch import keep_seconds, model_stamp
 from accelab.catalog.spec import ModelSpec
@@ -115,19 +115,7 @@ def find_genai() -> tuple[GenAIInstall | None, str]:
 def check_model(spec: ModelSpec, device: torch.device) -> None:
     """Unsupported unless OpenVINO GenAI can run `spec` here: a checkpoint in the Hugging Face
     layout the exporter reads, on the CPU."""
-    if spec.custom:
-        raise Unsupported(
-            f"backend openvino exports checkpoints in the Hugging Face layout for generation; {spec.name} is "
-            "a custom nn.Module built by code (save it with save_pretrained, or use backend torch)"
-        )
-    source = Path(spec.source)
-    weights = [*source.glob("*.safetensors"), *source.glob("*.bin")]
-    if not (source / "config.json").is_file() or not weights:
-        raise Unsupported(
-            f"backend openvino exports a directory with config.json and weights for generation; {source} has "
-            f"{'no config.json' if not (source / 'config.json').is_file() else 'no weights'} "
-            "(a GGUF-only model runs on backend llamacpp)"
-        )
+    check_checkpoint(spec, backend="openvino", verb="exports for generation")
     if device.type != "cpu":
         raise Unsupported(f"accelab runs OpenVINO GenAI on its CPU plugin; this run is on {device}: use --device cpu")
 

@@ -28,7 +28,7 @@ import torch
 
 from accelab.backends import engine_wire as W
 from accelab.backends.engine_client import EngineClient
-from accelab.backends.engine_model import engine_runnable
+from accelab.backends.engine_model import check_checkpoint, engine_runnable
 from accelab.backends.vllm_launch import connect_engine, find_vllm, keep_seconds
 from accelab.catalog.spec import ModelSpec
 from accelab.plan.backend_options import VllmOptions
@@ -46,19 +46,7 @@ def check_model(spec: ModelSpec, device: torch.device) -> None:
     Face layout, on this device."""
     if spec.task != "text-generation":
         raise Unsupported(f"backend vllm runs text-generation models; {spec.name} is {spec.task}")
-    if spec.custom:
-        raise Unsupported(
-            f"backend vllm loads checkpoints in the Hugging Face layout; {spec.name} is a custom "
-            "nn.Module built by code (save it with save_pretrained, or use backend torch)"
-        )
-    source = Path(spec.source)
-    weights = [*source.glob("*.safetensors"), *source.glob("*.bin")]
-    if not (source / "config.json").is_file() or not weights:
-        raise Unsupported(
-            f"backend vllm loads a directory with config.json and safetensors weights; {source} has "
-            f"{'no config.json' if not (source / 'config.json').is_file() else 'no weights'} "
-            "(a GGUF-only model runs on backend llamacpp)"
-        )
+    check_checkpoint(spec, backend="vllm", verb="loads")
     if device.type not in ("cpu", "cuda"):
         raise Unsupported(f"backend vllm runs on cpu or cuda, not {device}")
 
