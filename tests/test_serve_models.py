@@ -128,12 +128,20 @@ def test_vision_language_chat_with_an_image_part():
     from accelab.catalog import inputs
 
     image = encode_png(inputs.photos(1)[0].resize((64, 48)))
-    with in_process_server("smolvlm-tiny") as url:
+    with in_process_server("smolvlm-tiny", max_images=2) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         content = [
             {"type": "text", "text": "What is in this photo?"},
             {"type": "image_url", "image_url": {"url": image}},
         ]
+        three = [{"type": "image_url", "image_url": {"url": image}}] * 3
+        many = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": three}]})
+        assert many.status_code == 413 and "--max-images" in many.json()["error"]["message"]
+        # the server's own address: refused before any byte is fetched (--allow-private-images to allow)
+        inside = [{"type": "image_url", "image_url": {"url": f"{url}/metrics"}}]
+        refused = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": inside}]})
+        assert refused.status_code == 400, refused.text
+        assert "image 0" in refused.text and "private, loopback" in refused.text
         reply = client.chat.completions.create(
             model="smolvlm-tiny", messages=[{"role": "user", "content": content}], max_tokens=4, temperature=0
         )

@@ -78,6 +78,21 @@ def serve_command(
         256, "--default-max-tokens", help="max_tokens of chat requests that give none."
     ),
     max_inputs: int = typer.Option(256, "--max-inputs", help="Most texts, prompts or images per request (413 above)."),
+    image_domains: str = typer.Option(
+        "",
+        "--image-domains",
+        help="Comma-separated domains whose http(s) image URLs are fetched (and their subdomains); "
+        "empty: any public host.",
+    ),
+    allow_private_images: bool = typer.Option(
+        False, "--allow-private-images", help="Also fetch image URLs on private, loopback and link-local addresses."
+    ),
+    image_timeout: float = typer.Option(10.0, "--image-timeout", help="Seconds an image URL may take (400 after)."),
+    max_image_bytes: int = typer.Option(
+        20 * 1024 * 1024, "--max-image-bytes", help="Largest image a URL may return (413 above)."
+    ),
+    max_image_pixels: int = typer.Option(40_000_000, "--max-image-pixels", help="Most pixels per image (413 above)."),
+    max_images: int = typer.Option(8, "--max-images", help="Most images in one generation request (413 above)."),
     api_key: str | None = typer.Option(
         None,
         "--api-key",

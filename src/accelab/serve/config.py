@@ -8,6 +8,7 @@ from typing import Any, Final, Literal
 
 from accelab.options import fields_of
 from accelab.serve.batcher import BatchPolicy
+from accelab.serve.images import ImagePolicy
 from accelab.serve.metrics import METRIC_ALIASES, MetricAliases
 from accelab.serve.scheduler import SchedulerConfig
 
@@ -17,7 +18,11 @@ KV_TOKENS_PER_SEQUENCE = 2048  # the default KV cache: this many tokens for each
 BLOCK_SIZE = 16  # tokens per KV-cache block
 # `accelab serve` options named apart from the ServeConfig field they set; every other option
 # named like a field sets that field (tests/test_command_options.py checks them against each other)
-OPTION_FIELDS: Final = {"request_timeout": "request_timeout_s", "grace_period": "grace_period_s"}
+OPTION_FIELDS: Final = {
+    "request_timeout": "request_timeout_s",
+    "grace_period": "grace_period_s",
+    "image_timeout": "image_timeout_s",
+}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -42,6 +47,14 @@ class ServeConfig:
     max_step_tokens: int | None = None  # tokens per step (decodes + prefill chunks); None: max(256, 2 x batch)
     kv_cache_tokens: int | None = None  # KV-cache capacity; None: 2048 per sequence, at least the model's context
     metric_aliases: MetricAliases = "none"  # "vllm": /metrics also carries vLLM's names (for its dashboards)
+    # images in requests (accelab.serve.images): http(s) URLs are fetched from these domains (empty:
+    # any public host), never from private or loopback addresses unless allowed
+    image_domains: str = ""  # comma-separated
+    allow_private_images: bool = False
+    image_timeout_s: float = 10.0
+    max_image_bytes: int = 20 * 1024 * 1024
+    max_image_pixels: int = 40_000_000
+    max_images: int = 8  # per request (413 above)
 
     def __post_init__(self) -> None:
         positive = (
@@ -52,12 +65,15 @@ class ServeConfig:
             "max_tokens",
             "default_max_tokens",
             "max_inputs",
+            "max_image_bytes",
+            "max_image_pixels",
+            "max_images",
         )
         for name in positive:
             value = getattr(self, name)
             if value < 1 and not (name == "port" and value == 0):
                 raise ValueError(f"{name}={value} must be 1 or more")
-        for name in ("max_wait_ms", "request_timeout_s", "grace_period_s"):
+        for name in ("max_wait_ms", "request_timeout_s", "grace_period_s", "image_timeout_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be 0 or more")
         if self.api_key is not None and not self.api_key.strip():
@@ -90,6 +106,17 @@ class ServeConfig:
         with) fill the options not in `given` (those the user typed)."""
         merged = {**options, **{k: v for k, v in (plan_settings or {}).items() if k not in given}}
         return cls(model_name=model_name, plan_name=plan_name, **fields_of(cls, merged, renamed=OPTION_FIELDS))
+
+    def image_policy(self) -> ImagePolicy:
+        domains = tuple(d.strip().lower().lstrip(".") for d in self.image_domains.split(",") if d.strip())
+        return ImagePolicy(
+            domains=domains,
+            allow_private=self.allow_private_images,
+            timeout_s=self.image_timeout_s,
+            max_bytes=self.max_image_bytes,
+            max_pixels=self.max_image_pixels,
+            max_images=self.max_images,
+        )
 
     def scheduler_config(self, *, max_context: int | None) -> SchedulerConfig:
         """The continuous scheduler's limits; `max_context` (the model's) sizes the default KV cache."""

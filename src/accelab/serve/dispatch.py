@@ -13,6 +13,7 @@ from starlette.types import Receive
 
 from accelab.serve.engines.base import ContextTooLong, FieldNotSupported, PayloadTooLarge
 from accelab.serve.errors import ApiError
+from accelab.serve.images import ImageRefused, ImageTooLarge
 from accelab.serve.state import ServerState
 from accelab.serve.worker import Job, JobOutcome, QueueFull, ShuttingDown
 
@@ -33,11 +34,11 @@ async def prepare(fn: Callable[[], R], *, offload: bool) -> R:
     """
     try:
         return await asyncio.to_thread(fn) if offload else fn()
-    except PayloadTooLarge as err:
+    except (PayloadTooLarge, ImageTooLarge) as err:
         raise ApiError(413, str(err)) from None
     except ContextTooLong as err:
         raise ApiError(400, str(err), kind="too_long") from None
-    except FieldNotSupported as err:
+    except (FieldNotSupported, ImageRefused) as err:
         raise ApiError(400, str(err)) from None
     except ValueError as err:
         raise ApiError(422, str(err)) from None
@@ -96,7 +97,7 @@ class Submission:
                 f"(--max-queue {state.config.max_queue}); retry after {retry} s",
                 headers={"Retry-After": str(retry)},
             ) from None
-        except PayloadTooLarge as err:
+        except (PayloadTooLarge, ImageTooLarge) as err:
             raise ApiError(413, str(err)) from None
         except ShuttingDown:
             raise ApiError(

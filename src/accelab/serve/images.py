@@ -1,22 +1,58 @@
-"""Images sent in requests: data URIs or bare base64, decoded to RGB PIL images."""
+"""Images sent in requests: data URIs, bare base64, or http(s) URLs fetched under the server's
+guards (`ImagePolicy`), decoded to RGB PIL images.
+
+The guards, every one a server option: an allow-list of domains (`--image-domains`; empty: any
+public host); hosts that resolve to a private, loopback, link-local or reserved address are refused
+unless `--allow-private-images` (a server must not be a way into its own network), and each redirect
+is checked again the same way; a timeout and a byte cap per image; a cap on pixels per image and on
+images per request. A refused or failed fetch is a 400 that names the image; a cap passed, a 413.
+Known limit: the address is checked when resolved here, and the HTTP client resolves it again to
+connect (a DNS answer that changes in between is not caught).
+"""
 
 from __future__ import annotations
 
 import base64
 import binascii
 import io
+import ipaddress
+import socket
+from dataclasses import dataclass
+from urllib.parse import urljoin, urlsplit
 
 from PIL import Image, UnidentifiedImageError
 
 MAX_PIXELS = 40_000_000  # a decompression bomb guard: 40 MP is more than any model here takes
+MAX_REDIRECTS = 3
 
 
-def decode_image(data: str, *, where: str = "image") -> Image.Image:
-    """`data:image/png;base64,...` or bare base64 -> an RGB image; ValueError says what is wrong."""
+class ImageRefused(ValueError):
+    """An image the server will not take or could not fetch: the server answers 400 naming it."""
+
+
+class ImageTooLarge(ValueError):
+    """An image past a size limit of this server (bytes, pixels): the server answers 413."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ImagePolicy:
+    domains: tuple[str, ...] = ()  # hosts (and their subdomains) URLs may name; empty: any public host
+    allow_private: bool = False  # fetch from private, loopback and link-local addresses too
+    timeout_s: float = 10.0  # per fetch, each redirect included
+    max_bytes: int = 20 * 1024 * 1024  # per fetched image
+    max_pixels: int = MAX_PIXELS  # per image, however it came
+    max_images: int = 8  # per request
+
+
+def decode_image(data: str, *, where: str = "image", policy: ImagePolicy | None = None) -> Image.Image:
+    """`data:image/png;base64,...`, bare base64 or an http(s) URL -> an RGB image; ImageRefused
+    (400) or ImageTooLarge (413) say what is wrong. Without a policy, URLs are refused."""
     if data.startswith(("http://", "https://")):
-        raise ValueError(
-            f"{where}: this server does not fetch URLs; send the image inline as data:image/png;base64,..."
-        )
+        if policy is None:
+            raise ImageRefused(
+                f"{where}: this server does not fetch URLs; send the image inline as data:image/png;base64,..."
+            )
+        return _open(fetch_image(data, policy, where=where), where, policy.max_pixels)
     if data.startswith("data:"):
         header, sep, payload = data.partition(",")
         if not sep or ";base64" not in header:
@@ -27,13 +63,86 @@ def decode_image(data: str, *, where: str = "image") -> Image.Image:
         raw = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
         raise ValueError(f"{where}: the image is not valid base64") from None
+    return _open(raw, where, policy.max_pixels if policy is not None else MAX_PIXELS)
+
+
+def _open(raw: bytes, where: str, max_pixels: int) -> Image.Image:
     try:
         image = Image.open(io.BytesIO(raw))
-        if image.width * image.height > MAX_PIXELS:
-            raise ValueError(f"{where}: {image.width}x{image.height} pixels is more than {MAX_PIXELS:,}")
+        if image.width * image.height > max_pixels:
+            raise ImageTooLarge(
+                f"{where}: {image.width}x{image.height} pixels is more than this server takes ({max_pixels:,}, "
+                "--max-image-pixels): send a smaller image"
+            )
         return image.convert("RGB")
     except (UnidentifiedImageError, OSError):
         raise ValueError(f"{where}: the bytes are not an image PIL can read (PNG, JPEG, WebP, ...)") from None
+
+
+# -- fetching ------------------------------------------------------------------------------------
+def fetch_image(url: str, policy: ImagePolicy, *, where: str = "image") -> bytes:
+    """The bytes at `url`, following up to MAX_REDIRECTS redirects, each checked by `policy`."""
+    import httpx
+
+    with httpx.Client(timeout=policy.timeout_s, follow_redirects=False, trust_env=False) as client:
+        for _ in range(MAX_REDIRECTS + 1):
+            check_url(url, policy, where=where)
+            try:
+                with client.stream("GET", url) as response:
+                    if response.is_redirect and "location" in response.headers:
+                        url = urljoin(url, response.headers["location"])
+                        continue
+                    if response.status_code >= 400:
+                        raise ImageRefused(f"{where}: fetching {url} answered HTTP {response.status_code}")
+                    return _read_capped(response, policy.max_bytes, where, url)
+            except httpx.TimeoutException:
+                raise ImageRefused(f"{where}: {url} did not answer within {policy.timeout_s:g} s") from None
+            except httpx.HTTPError as err:
+                raise ImageRefused(f"{where}: could not fetch {url}: {err}") from None
+    raise ImageRefused(f"{where}: more than {MAX_REDIRECTS} redirects from {url}")
+
+
+def _read_capped(response: object, cap: int, where: str, url: str) -> bytes:
+    too_big = ImageTooLarge(
+        f"{where}: {url} is larger than this server takes per image ({cap:,} bytes, --max-image-bytes)"
+    )
+    declared = response.headers.get("content-length", "")  # type: ignore[attr-defined]
+    if declared.isdecimal() and int(declared) > cap:
+        raise too_big
+    data = bytearray()
+    for chunk in response.iter_bytes():  # type: ignore[attr-defined]
+        data += chunk
+        if len(data) > cap:
+            raise too_big
+    return bytes(data)
+
+
+def check_url(url: str, policy: ImagePolicy, *, where: str = "image") -> None:
+    """ImageRefused unless `url` is http(s), on an allowed domain, and its host resolves to public
+    addresses only (or the policy allows private ones)."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower().rstrip(".")
+    if parts.scheme not in ("http", "https") or not host:
+        raise ImageRefused(f"{where}: {url!r} is not an http(s) URL with a host")
+    if policy.domains and not any(host == d or host.endswith("." + d) for d in policy.domains):
+        raise ImageRefused(
+            f"{where}: {host} is not among the domains this server fetches images from "
+            f"({', '.join(policy.domains)}; --image-domains)"
+        )
+    if policy.allow_private:
+        return
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        addresses = {str(info[4][0]) for info in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)}
+    except (OSError, ValueError) as err:
+        raise ImageRefused(f"{where}: cannot resolve {host}: {err}") from None
+    for address in sorted(addresses):
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+        if not ip.is_global:
+            raise ImageRefused(
+                f"{where}: {host} resolves to {ip}, a private, loopback or reserved address, which this server "
+                "does not fetch from (--allow-private-images to allow it)"
+            )
 
 
 def encode_png(image: Image.Image) -> str:

@@ -66,6 +66,8 @@ class ServerState:
         try:
             started = time.perf_counter()
             engine = self._engine_factory()
+            if hasattr(engine, "image_policy"):  # the engines that take images fetch under the server's guards
+                engine.image_policy = self.config.image_policy()
             log.info("model %s loaded in %.1f s; warming up", self.config.model_name, time.perf_counter() - started)
             engine.warmup()
             self.continuous = self._start_continuous(engine)

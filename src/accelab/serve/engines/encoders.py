@@ -12,7 +12,7 @@ from accelab.catalog.embedding import embed
 from accelab.catalog.facts import max_sequence_length
 from accelab.plan.runtime import input_device, to_device
 from accelab.serve.engines.base import ContextTooLong, ImageInput, Label, TextInput, check_token_ids
-from accelab.serve.images import decode_image, encode_png
+from accelab.serve.images import ImagePolicy, decode_image, encode_png
 
 SUB_BATCH = 16
 
@@ -102,6 +102,7 @@ class HFClassificationEngine:
         self.name = name
         self.task = runnable.task
         self.image_processor = runnable.processor
+        self.image_policy = ImagePolicy()  # the server sets its own (accelab.serve.state)
         config = getattr(runnable.model, "config", None)
         self.labels: dict[int, str] = dict(getattr(config, "id2label", None) or {})
 
@@ -110,7 +111,7 @@ class HFClassificationEngine:
         return str(self.runnable.device)
 
     def prepare_image(self, data: str, *, top_k: int = 5, where: str = "image") -> ImageInput:
-        image = decode_image(data, where=where)
+        image = decode_image(data, where=where, policy=self.image_policy)
         pixels = self.image_processor(images=image, return_tensors="pt")["pixel_values"][0]  # [3, H, W]
         return ImageInput(pixels=pixels, top_k=top_k)
 

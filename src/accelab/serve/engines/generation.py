@@ -27,6 +27,7 @@ from accelab.plan.runtime import Unsupported, input_device, to_device
 from accelab.serve.engines.base import (
     Completion,
     GenUnit,
+    PayloadTooLarge,
     Prompt,
     SamplingParams,
     StepEngine,
@@ -35,7 +36,7 @@ from accelab.serve.engines.base import (
 )
 from accelab.serve.engines.ragged import RaggedTorchEngine
 from accelab.serve.engines.sampling import SampledToken, SequenceSampler, describe, prompt_logprobs, sample
-from accelab.serve.images import decode_image
+from accelab.serve.images import ImagePolicy, decode_image
 from accelab.serve.scheduler import SchedulerConfig
 from accelab.serve.textstream import TextStream, stream_for
 
@@ -48,6 +49,7 @@ class HFGenerationEngine:
     def __init__(self, runnable: Any, *, name: str, max_context: int | None = None):
         self.runnable = runnable
         self.name = name
+        self.image_policy = ImagePolicy()  # the server sets its own (accelab.serve.state)
         self.task = runnable.task
         processor = runnable.processor
         self.tokenizer = getattr(processor, "tokenizer", processor)
@@ -119,7 +121,13 @@ class HFGenerationEngine:
 
     def _prepare_vision(self, messages: list[dict[str, Any]], urls: list[str]) -> Prompt:
         assert self.processor is not None, "images reach a vision-language model only"
-        images = tuple(decode_image(url, where=f"image {i}") for i, url in enumerate(urls))
+        policy = self.image_policy
+        if len(urls) > policy.max_images:
+            raise PayloadTooLarge(
+                f"{len(urls)} images in one request; this server takes at most {policy.max_images} "
+                "(--max-images): send fewer"
+            )
+        images = tuple(decode_image(url, where=f"image {i}", policy=policy) for i, url in enumerate(urls))
         template = [{"role": m["role"], "content": _template_parts(m["content"])} for m in messages]
         text = self.processor.apply_chat_template(template, add_generation_prompt=True, tokenize=False)
         encoded = self.processor(text=[text], images=list(images) or None, return_tensors="pt")
