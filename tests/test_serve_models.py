@@ -167,6 +167,29 @@ def test_vision_language_chat_with_an_image_part():
             },
         )
         assert bad.status_code == 422 and "image 0" in bad.json()["error"]["message"]
+        # tools reach a vision chat's prompt (in its system message), and the grammar holds the answer to a call
+        weather = {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        }
+        called = client.chat.completions.create(
+            model="smolvlm-tiny",
+            messages=[{"role": "user", "content": content}],
+            tools=[weather],
+            tool_choice="required",
+            max_tokens=48,
+            temperature=0,
+        )
+        assert called.usage.prompt_tokens > reply.usage.prompt_tokens + 10  # the tool spec is in the prompt
+        choice = called.choices[0]
+        if choice.finish_reason == "tool_calls":
+            assert choice.message.tool_calls[0].function.name == "get_weather"
+        else:  # the tiny model's city string can run to max_tokens, inside the call the grammar started
+            assert choice.finish_reason == "length", choice
+            assert choice.message.content.replace(" ", "").startswith('<tool_call>{"name":"get_weather","arguments":{')
 
 
 @needs("vit-tiny")

@@ -84,6 +84,11 @@ class HFGenerationEngine:
                 "an image-text-to-text model (e.g. smolvlm-tiny)"
             )
         if self.processor is not None:
+            if tools or any(m.get("tool_calls") for m in messages):
+                from accelab.serve import tools as tool_format
+
+                # a vision template writes role and content only: the tools go into the system message
+                messages = tool_format.messages_without_tool_format(messages, tools)
             return self._prepare_vision(messages, images)
         flat = [{**m, "content": _text_of(m["content"])} for m in messages]
         extra: dict[str, Any] = {}
