@@ -190,6 +190,11 @@ def test_vision_language_chat_with_an_image_part():
         else:  # the tiny model's city string can run to max_tokens, inside the call the grammar started
             assert choice.finish_reason == "length", choice
             assert choice.message.content.replace(" ", "").startswith('<tool_call>{"name":"get_weather","arguments":{')
+        # /metrics: the two answered requests with an image (the refused ones are not counted)
+        lines = dict(line.rsplit(" ", 1) for line in httpx.get(f"{url}/metrics").text.splitlines() if line[:1] != "#")
+        assert float(lines["accelab_request_images_sum"]) == 2 and float(lines["accelab_request_images_count"]) == 2
+        assert float(lines["accelab_image_preprocess_seconds_count"]) == 2
+        assert 0 < float(lines["accelab_image_preprocess_seconds_sum"]) < 30
 
 
 @needs("vit-tiny")

@@ -57,14 +57,16 @@ async def chat_completions(body: ChatRequest, request: Request) -> Any:
     grammar = _chat_grammar(body, specs)
     params = _params(body, body.requested_tokens, state, engine, logprobs=body.logprob_count, grammar=grammar)
     messages = [m.to_engine() for m in body.messages]
-    has_images = any(
-        isinstance(m["content"], list) and any(p["type"] == "image" for p in m["content"]) for m in messages
-    )
+    images = sum(1 for m in messages if isinstance(m["content"], list) for p in m["content"] if p["type"] == "image")
     texts = [m["content"] if isinstance(m["content"], str) else "" for m in messages]
     chat = (lambda: engine.prepare_chat(messages, tools=specs)) if specs else (lambda: engine.prepare_chat(messages))
+    started = time.monotonic()
     prompt = await prepare(
-        lambda: _fit(engine, chat(), params, body.truncate), offload=has_images or long_text(texts) or bool(specs)
+        lambda: _fit(engine, chat(), params, body.truncate), offload=bool(images) or long_text(texts) or bool(specs)
     )
+    if images:
+        state.metrics.request_images.observe(images)
+        state.metrics.image_preprocess_time.observe(time.monotonic() - started)
     units = await _units(engine, [prompt], params, body.n)
     env = fmt.Envelope(kind="chat", model=state.config.model_name, truncated=prompt.truncated, n=body.n)
     calls = specs is not None and body.tool_choice != "none"
