@@ -152,3 +152,44 @@ def test_find_max_reports_when_it_never_saturates():
 def test_find_max_reports_when_nothing_passes():
     result = find_max(lambda rate: {"goodput_fraction": 0.0}, goodput_at_least(0.95), start_rate=1.0, max_steps=5)
     assert result.best_rate is None and [p.rate for p in result.probes] == [1.0, 0.5, 0.25, 0.125, 0.0625]
+
+
+def test_images_from_the_samples_generated_or_a_folder(tmp_path):
+    import base64
+    import io
+
+    from PIL import Image
+
+    from accelab.loadtest.images import load_images
+
+    assert load_images(None) == ()
+    samples = load_images("sample:3")
+    assert len(samples) == 3 and len(set(samples)) == 3 and samples[0].startswith("data:image/png;base64,")
+    generated = load_images("generated:4", seed=1)
+    assert len(set(generated)) == 4 and generated == load_images("generated:4", seed=1) != load_images("generated:4")
+    first = Image.open(io.BytesIO(base64.b64decode(generated[0].split(",", 1)[1])))
+    assert first.size == (224, 224)
+    Image.new("RGB", (4, 4)).save(tmp_path / "a.jpg")
+    (tmp_path / "notes.txt").write_text("not an image")
+    assert [uri[:22] for uri in load_images(str(tmp_path))] == ["data:image/jpeg;base64"]
+    with pytest.raises(ValueError, match="count after ':' must be a whole number"):
+        load_images("generated:0")
+    with pytest.raises(ValueError, match="not a folder, nor sample"):
+        load_images(str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="has no .png"):
+        load_images(str(tmp_path / "empty"))
+
+
+def test_a_chat_request_carries_its_share_of_the_image_pool():
+    from accelab.loadtest.client import LoadConfig, _Sender
+
+    config = LoadConfig(
+        url="http://x", inputs=("hi", "yo"), concurrency=1, images=("A", "B", "C"), images_per_request=2
+    )
+    sender = _Sender(config, session=None, model="m")
+    content = sender.body(1)["messages"][0]["content"]
+    assert content[0] == {"type": "text", "text": "yo"}
+    assert [part["image_url"]["url"] for part in content[1:]] == ["C", "A"]  # request 1: images 2 and 3 of the pool
+    with pytest.raises(ValueError, match="--images goes with --endpoint chat"):
+        LoadConfig(url="http://x", inputs=("hi",), concurrency=1, endpoint="completions", images=("A",))

@@ -195,6 +195,24 @@ def test_vision_language_chat_with_an_image_part():
         assert float(lines["accelab_request_images_sum"]) == 2 and float(lines["accelab_request_images_count"]) == 2
         assert float(lines["accelab_image_preprocess_seconds_count"]) == 2
         assert 0 < float(lines["accelab_image_preprocess_seconds_sum"]) < 30
+        # accelab loadtest --images generated:3 --images-per-request 2: every request carries its images
+        from accelab.loadtest.client import LoadConfig, run_load
+        from accelab.loadtest.images import load_images
+
+        load = LoadConfig(
+            url=url,
+            inputs=("Describe it.",),
+            concurrency=2,
+            requests=3,
+            warmup=0,
+            max_tokens=2,
+            images=load_images("generated:3"),
+            images_per_request=2,
+        )
+        records = run_load(load, "smolvlm-tiny")
+        assert [r.status for r in records] == ["200"] * 3, [r.error for r in records]
+        after = dict(line.rsplit(" ", 1) for line in httpx.get(f"{url}/metrics").text.splitlines() if line[:1] != "#")
+        assert float(after["accelab_request_images_sum"]) == 2 + 3 * 2
 
 
 @needs("vit-tiny")

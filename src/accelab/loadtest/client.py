@@ -30,7 +30,7 @@ Endpoint = Literal["chat", "completions", "embeddings"]
 # `accelab loadtest` options named apart from the LoadConfig field they set; the other options
 # named like a field set it (LoadTestRequest.from_options; tests/test_command_options.py checks them)
 OPTION_FIELDS: Final = {"duration": "duration_s", "timeout": "timeout_s"}
-FROM_OTHER_OPTIONS: Final = frozenset({"inputs", "rate", "concurrency", "max_tokens"})  # see from_options
+FROM_OTHER_OPTIONS: Final = frozenset({"inputs", "rate", "concurrency", "max_tokens", "images"})  # see from_options
 MIN_REQUESTS = 10  # an open-loop run sends at least this many (or --requests), whatever the duration
 ENDPOINTS: dict[str, str] = {
     "chat": "/v1/chat/completions",
@@ -57,6 +57,8 @@ class LoadConfig:
     api_key: str | None = None
     seed: int = 0
     max_in_flight: int = 1024  # open loop: arrivals past this many unanswered requests fail at once
+    images: tuple[str, ...] = ()  # chat: data URIs, sent in turn after each prompt (accelab.loadtest.images)
+    images_per_request: int = 1
 
     def __post_init__(self) -> None:
         if self.endpoint not in ENDPOINTS:
@@ -71,6 +73,10 @@ class LoadConfig:
             raise ValueError(f"requests={self.requests} must be 1 or more")
         if not self.inputs:
             raise ValueError("no inputs to send; check --prompts-file")
+        if self.images and self.endpoint != "chat":
+            raise ValueError(f"--images goes with --endpoint chat, not {self.endpoint}")
+        if self.images_per_request < 1:
+            raise ValueError(f"images_per_request={self.images_per_request} must be 1 or more")
         if self.max_in_flight < 1:
             raise ValueError(f"max_in_flight={self.max_in_flight} must be 1 or more")
         if not self.max_tokens_cycle or min(self.max_tokens_cycle) < 1:
@@ -206,10 +212,18 @@ class _Sender:
         if self.config.streams:
             body["stream_options"] = {"include_usage": True}
         if self.config.endpoint == "chat":
-            body["messages"] = [{"role": "user", "content": text}]
+            body["messages"] = [{"role": "user", "content": self._content(text, index)}]
         else:
             body["prompt"] = text
         return body
+
+    def _content(self, text: str, index: int) -> str | list[dict[str, Any]]:
+        """The prompt, then request `index`'s images (the next images_per_request of the pool)."""
+        pool, k = self.config.images, self.config.images_per_request
+        if not pool:
+            return text
+        images = [{"type": "image_url", "image_url": {"url": pool[(index * k + j) % len(pool)]}} for j in range(k)]
+        return [{"type": "text", "text": text}, *images]
 
     async def one(self, index: int, t0: float) -> RequestRecord:
         record = RequestRecord(start=time.perf_counter() - t0, end=0.0, status="")

@@ -59,6 +59,13 @@ def loadtest_command(
         "--prompts-file",
         help="Inputs to send: a JSON list of strings or one per line (default: accelab's sample prompts / sentences).",
     ),
+    images: str | None = typer.Option(
+        None,
+        "--images",
+        help="Chat: send images after each prompt: sample[:N] (accelab's photos, a repeated pool), "
+        "generated[:N] (distinct random images) or a folder of PNG / JPEG / WebP files.",
+    ),
+    images_per_request: int = typer.Option(1, "--images-per-request", help="Images in each chat request."),
     api_key: str | None = typer.Option(None, "--api-key", envvar="ACCELAB_API_KEY", show_envvar=True),
     seed: int = typer.Option(0, help="Seed of the arrival schedule."),
     json_out: Path | None = typer.Option(None, "--json", help="Write the Result as JSON to this file."),

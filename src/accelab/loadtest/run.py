@@ -19,6 +19,7 @@ from rich.table import Table
 from accelab.loadtest import client
 from accelab.loadtest.client import LoadConfig, discover_model, parse_max_tokens, run_load
 from accelab.loadtest.findmax import FindMax, find_max, goodput_at_least
+from accelab.loadtest.images import load_images
 from accelab.loadtest.plot import plot_cdf, plot_find_max
 from accelab.loadtest.summary import SLO, parse_slo, summarize_run
 from accelab.options import fields_of
@@ -160,6 +161,7 @@ class LoadTestRequest:
             rate=rate,
             concurrency=concurrency,
             max_tokens=parse_max_tokens(options["max_tokens"]),
+            images=load_images(options["images"], seed=options["seed"]),
         )
         return cls(config=config, slo=slo, **fields_of(cls, options, renamed=OPTION_FIELDS, skip={"config", "slo"}))
 
