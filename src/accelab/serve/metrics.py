@@ -248,16 +248,10 @@ class ServeMetrics:
             registry=r,
         )
         self.request_images = Histogram(
-            "accelab_request_images",
-            "Images per chat request that sent any.",
-            buckets=(1, 2, 4, 8, 16, 32, 64),
-            registry=r,
+            "accelab_request_images", "Images per chat request that sent any.", buckets=BATCH_BUCKETS, registry=r
         )
         self.image_preprocess_time = Histogram(
-            "accelab_image_preprocess_seconds",
-            "Fetching, decoding and processing a chat request's images with its prompt, per request that sent any.",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+            "accelab_image_preprocess_seconds", "A chat request's images fetched, decoded, processed.", registry=r
         )
         self.prefill_time = Histogram(
             "accelab_request_prefill_seconds",
