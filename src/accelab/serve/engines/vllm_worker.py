@@ -1,4 +1,5 @@
-"""The executor of `accelab serve --plan vllm`: jobs go to vLLM's engine, which schedules them.
+"""The executor of `accelab serve --plan vllm` (and of OpenVINO GenAI plans, whose engine process
+speaks the same wire): jobs go to the engine, which schedules them.
 
 It takes the server's `Job`s like the continuous worker (`accelab.serve.continuous`) and keeps
 the same contract (every job gets exactly one `done`; 429 / 413 / 503 at submit; a job that waited
