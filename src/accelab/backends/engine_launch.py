@@ -24,6 +24,30 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 
+KEEP_S_DEFAULT = 600.0
+
+
+def keep_seconds(variable: str) -> float:
+    """How long an engine for measurements outlives its last client: `variable` from the
+    environment, else 600 s."""
+    raw = os.environ.get(variable)
+    if raw is None:
+        return KEEP_S_DEFAULT
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{variable}={raw!r} must be a number of seconds (0: stop with the last client)") from None
+    if value < 0:
+        raise ValueError(f"{variable}={raw!r} must be 0 or more seconds")
+    return value
+
+
+def model_stamp(model: str) -> list[tuple[str, int, int]]:
+    path = Path(model)
+    files = [p for p in path.iterdir() if p.is_file()] if path.is_dir() else []
+    return sorted((p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in files)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EngineAddress:
     socket: Path

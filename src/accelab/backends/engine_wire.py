@@ -118,6 +118,7 @@ class Info:
     prefix_caching: bool
     load_s: float  # engine start to ready (weights, KV cache, compile)
     runtime: str = "vLLM"  # who schedules the steps: vLLM, OpenVINO GenAI
+    refuses: list[str] = field(default_factory=list)  # Submit fields its sampler lacks (sent: a 400 names them)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -113,6 +113,7 @@ class Engine:
             prefix_caching=config.prefix_caching,
             load_s=time.perf_counter() - started,
             runtime="OpenVINO GenAI",
+            refuses=["logit_bias"],
         )
 
     # -- the engine thread -------------------------------------------------------------------------

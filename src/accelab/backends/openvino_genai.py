@@ -28,15 +28,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from accelab.backends import engine_launch, engine_wire as W
 from accelab.backends.engine_client import EngineClient
+from accelab.backends.engine_launch import keep_seconds, model_stamp
 from accelab.backends.engine_model import check_checkpoint, engine_runnable
 from accelab.backends.export import build_atomically
-from accelab.backends.vllm_launch import keep_seconds, model_stamp
 from accelab.catalog.spec import ModelSpec
 from accelab.paths import cache_dir
 from accelab.plan.backend_options import OvOptions
@@ -227,13 +226,15 @@ def engine_key(config: W.OvEngineConfig, install: GenAIInstall, *, owner: int | 
 
 
 def connect(
-    spec: ModelSpec, plan: Plan, device: torch.device, *, keep_s: float, max_num_seqs: int | None = None
+    spec: ModelSpec,
+    plan: Plan,
+    install: GenAIInstall,
+    options: OvOptions,
+    *,
+    keep_s: float,
+    max_num_seqs: int | None = None,
 ) -> EngineClient:
     """A client of the engine for this plan (started now, or the one already running)."""
-    install, reason = find_genai()
-    if install is None:
-        raise Unsupported(reason)
-    options = OvOptions.parse(plan.option)
     check_bf16(options)
     export = exported(spec, options.weights, install)
     config = engine_config(export, options, keep_s=keep_s, threads=plan.threads, max_num_seqs=max_num_seqs)
@@ -262,14 +263,16 @@ def load(
     client (None: ACCELAB_OPENVINO_KEEP_S, default 600 s, so the next measurement reuses it);
     `max_num_seqs`: where the plan leaves it (serve's --max-batch-size; else OpenVINO's 256)."""
     started = time.perf_counter()
-    keep = keep_seconds(KEEP_ENV) if keep_s is None else keep_s
-    client = connect(spec, plan, device, keep_s=keep, max_num_seqs=max_num_seqs)
-    info = client.info
+    install, reason = find_genai()
+    if install is None:
+        raise Unsupported(reason)
     options = OvOptions.parse(plan.option)
-    install, _ = find_genai()
+    keep = keep_seconds(KEEP_ENV) if keep_s is None else keep_s
+    client = connect(spec, plan, install, options, keep_s=keep, max_num_seqs=max_num_seqs)
+    info = client.info
     export = Path(info.model)
     notes = [
-        f"OpenVINO GenAI {info.version} ContinuousBatchingPipeline ({install.describe() if install else '?'}), "
+        f"OpenVINO GenAI {info.version} ContinuousBatchingPipeline ({install.describe()}), "
         f"engine pid {info.pid}: {options.weights} weights, inference {options.precision}, KV cache "
         f"{options.kv_cache_precision} in {info.kv_blocks} blocks of {info.block_size}, max_num_seqs "
         f"{info.max_num_seqs}, {info.max_num_batched_tokens} tokens per step, prefix caching "
@@ -279,7 +282,3 @@ def load(
     ]
     weight_bytes = sum(p.stat().st_size for p in export.glob("openvino_model.bin")) or None
     return engine_runnable(client, spec, plan, device, notes=notes, weight_bytes=weight_bytes)
-
-
-def describe_engine(info: Any) -> str:
-    return f"{info.runtime} {info.version}, pid {info.pid}"

@@ -28,8 +28,9 @@ import torch
 
 from accelab.backends import engine_wire as W
 from accelab.backends.engine_client import EngineClient
+from accelab.backends.engine_launch import keep_seconds
 from accelab.backends.engine_model import check_checkpoint, engine_runnable
-from accelab.backends.vllm_launch import connect_engine, find_vllm, keep_seconds
+from accelab.backends.vllm_launch import KEEP_ENV, connect_engine, find_vllm
 from accelab.catalog.spec import ModelSpec
 from accelab.plan.backend_options import VllmOptions
 from accelab.plan.plan import Plan
@@ -109,7 +110,9 @@ def load(
     `max_num_seqs`: where the plan leaves it to vLLM (serve's --max-batch-size)."""
     # the engine: connect to a running one for this plan, else start it (minutes on CPU)
     started = time.perf_counter()
-    client = connect(spec, plan, device, keep_s=keep_seconds() if keep_s is None else keep_s, max_num_seqs=max_num_seqs)
+    client = connect(
+        spec, plan, device, keep_s=keep_seconds(KEEP_ENV) if keep_s is None else keep_s, max_num_seqs=max_num_seqs
+    )
     info = client.info
     install, _ = find_vllm()
     notes = [

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from accelab.backends import engine_launch, vllm_cli
-from accelab.backends.engine_launch import EngineAddress
+from accelab.backends.engine_launch import EngineAddress, model_stamp
 from accelab.backends.engine_wire import EngineConfig
 from accelab.version import __version__
 
@@ -35,7 +35,6 @@ log = logging.getLogger(__name__)
 
 VENV_ENV = "ACCELAB_VLLM_VENV"
 KEEP_ENV = "ACCELAB_VLLM_KEEP_S"
-KEEP_S_DEFAULT = 600.0
 START_TIMEOUT_S = 900.0  # 2-4 min on 2 busy cores; a first compiled start compiles for another minute
 ENGINE_SCRIPT = Path(__file__).with_name("vllm_engine.py")
 INSTALL_HINT = (
@@ -89,12 +88,6 @@ def find_vllm() -> tuple[VllmInstall | None, str]:
 
 
 # -- the engine's key and files --------------------------------------------------------------------
-def model_stamp(model: str) -> list[tuple[str, int, int]]:
-    path = Path(model)
-    files = [p for p in path.iterdir() if p.is_file()] if path.is_dir() else []
-    return sorted((p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in files)
-
-
 def engine_key(config: EngineConfig, install: VllmInstall, env: dict[str, str], *, owner: int | None = None) -> str:
     """Same model files, engine config, vLLM, CPU binding and engine code -> the same engine;
     `owner`: the pid of the one process an engine kept 0 s belongs to (serve's)."""
@@ -118,21 +111,6 @@ def engine_key(config: EngineConfig, install: VllmInstall, env: dict[str, str], 
 
 def runtime_dir() -> Path:
     return engine_launch.runtime_dir("vllm")
-
-
-def keep_seconds(variable: str = KEEP_ENV) -> float:
-    """How long an engine for measurements outlives its last client: `variable` from the
-    environment, else 600 s."""
-    raw = os.environ.get(variable)
-    if raw is None:
-        return KEEP_S_DEFAULT
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{variable}={raw!r} must be a number of seconds (0: stop with the last client)") from None
-    if value < 0:
-        raise ValueError(f"{variable}={raw!r} must be 0 or more seconds")
-    return value
 
 
 # -- starting and connecting ---------------------------------------------------------------------

@@ -15,6 +15,7 @@ speak `engine_wire`; OpenVINO GenAI's sampler has no logit_bias, so that field i
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,16 +41,26 @@ class VllmSampling:
     seed: int | None  # the request's seed + this choice's index
 
 
+def engine_process_loader(spec: Any, plan: Any) -> Callable[..., Any] | None:
+    """The loader of the engine process this plan generates in (which then belongs to the
+    server), or None where accelab's own engines run it."""
+    if plan.backend == "vllm":
+        return vllm.load
+    if plan.backend == "openvino" and spec.task == "text-generation":
+        return openvino_genai.load
+    return None
+
+
 def is_engine_process(spec: Any, plan: Any) -> bool:
-    """Does this plan generate in an engine process (which then belongs to the server)?"""
-    return plan.backend == "vllm" or (plan.backend == "openvino" and spec.task == "text-generation")
+    return engine_process_loader(spec, plan) is not None
 
 
 def build_vllm_engine(
     spec: Any, plan: Any, device: Any, *, name: str, max_num_seqs: int | None = None
 ) -> VllmServeEngine:
     check_supported(plan, spec, device)
-    load = openvino_genai.load if plan.backend == "openvino" else vllm.load
+    load = engine_process_loader(spec, plan)
+    assert load is not None, f"backend {plan.backend} generates in accelab's own engines"
     return VllmServeEngine(load(spec, plan, device, keep_s=0.0, max_num_seqs=max_num_seqs), name=name)
 
 
@@ -100,10 +111,11 @@ class VllmServeEngine(HFGenerationEngine):
                 f"logprobs are not returned by backend {self.backend} in accelab yet; drop logprobs/echo, "
                 "or serve a torch plan"
             )
-        if params.logit_bias and self.backend == "openvino":
-            raise FieldNotSupported(
-                "logit_bias: OpenVINO GenAI's sampler has no logit bias; drop the field, or serve a torch or vllm plan"
-            )
+        for name in self.client.info.refuses:  # what the engine's own sampler lacks
+            if getattr(params, name):
+                raise FieldNotSupported(
+                    f"{name}: {self.runtime}'s sampler does not take it; drop the field, or serve a torch plan"
+                )
         return VllmSampling(seed=None if params.seed is None else params.seed + seed_offset)
 
     def step_engine(self, limits: SchedulerConfig) -> StepEngine:
