@@ -6,6 +6,9 @@ Layout (pure modules first; only `refs`, `plots`, `write` and `commands` touch f
   regress.py   the regression rule: baseline vs candidate, like with like (no I/O)
   series.py    plot-ready series: latency CDFs, batch curves, Pareto fronts, load curves, training
   document.py  the report as sections of tables, figures and notes (no HTML, no matplotlib)
+  build.py     Results -> a Document: summary, regress, environment, runs; the order of sections
+  speedup.py   the speed-up and quality section: each group's reference and the speed-ups over it
+  figure_sections.py  the sections that are figures: latency, batch, Pareto, load, training
   plots.py     matplotlib (Agg, no pyplot) figures -> PNG bytes
   render.py    one self-contained HTML file, or markdown with PNGs beside it
   refs.py      REF -> Results: run id (prefix), tag, or a JSON file
