@@ -6,7 +6,7 @@ is tests/test_report_e2e.py."""
 import pytest
 from test_report_helpers import ENV, OTHER_ENV, OTHER_FINGERPRINT, bench, train
 
-from accelab.report import regress
+from accelab.report.pairing import machine_differences
 from accelab.report.regress import Thresholds, compare, judge
 
 
@@ -209,8 +209,8 @@ def test_thresholds_out_of_range_are_refused():
 
 
 def test_environment_differences_name_the_fields():
-    assert regress.machine_differences(ENV, ENV) == []
-    diffs = regress.machine_differences(ENV, OTHER_ENV)
+    assert machine_differences(ENV, ENV) == []
+    diffs = machine_differences(ENV, OTHER_ENV)
     assert "torch 2.13.0+cpu -> 2.9.0" in diffs and any(d.startswith("cpu_model") for d in diffs)
 
 

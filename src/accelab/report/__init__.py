@@ -4,6 +4,8 @@ Layout (pure modules first; only `refs`, `plots`, `write` and `commands` touch f
   metrics.py   what a Result measured, whatever its kind (latency stats, throughput, memory, ...)
   history.py   `accelab history` rows, CSV / JSON export
   regress.py   the regression rule: baseline vs candidate, like with like (no I/O)
+  regress_metrics.py  what the gate checks for each kind of run, and the noise of each figure
+  pairing.py   like with like: which baseline run meets which candidate run, on which machines
   series.py    plot-ready series: latency CDFs, batch curves, Pareto fronts, load curves, training
   document.py  the report as sections of tables, figures and notes (no HTML, no matplotlib)
   build.py     Results -> a Document: summary, regress, environment, runs; the order of sections

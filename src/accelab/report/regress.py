@@ -2,13 +2,9 @@
 
 Like with like
 --------------
-Runs are paired by (model, plan name, workload shape: scenario, batch, sequence length, new
-tokens, image size, input source). When each side is a single run, the two are compared
-directly; they must then have the same model and workload, while their plans may differ (that
-is what a change under test does: the differing plan fields are listed as a warning). Runs from
-machines with different fingerprints (CPU model, core counts, GPUs, driver, torch /
-transformers / accelerate versions) are refused: results from different machines are not
-compared as equals. `allow_different_machines=True` compares them anyway, with that warning.
+Runs are paired by (model, plan name, workload shape); two single runs must share model and
+workload, and runs from machines with different fingerprints are refused unless
+`allow_different_machines=True` (`pairing` gives the whole rule).
 
 The rule
 --------
@@ -53,21 +49,18 @@ A tag that names a whole compare group (`accelab compare ... --tag T`) is compar
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
-from accelab.measure.environment import FINGERPRINT_KEYS, FINGERPRINT_VERSIONS
 from accelab.measure.paired import unpaired_ratio
 from accelab.report import metrics as M
+from accelab.report.pairing import MACHINES_DIFFER, machine_check, pair_label, pair_runs, plan_differences
+from accelab.report.regress_metrics import Better, Family, MetricSpec, metric_specs
 from accelab.results import contract as K
 from accelab.results.result import Result
 
-Better = Literal["lower", "higher"]
-Family = Literal["latency", "throughput", "memory"]
 Verdict = Literal["ok", "improved", "noise", "unreliable", "REGRESSION", "-"]
 QUALITY_RANK = {"pass": 0, "warn": 1, "fail": 2}
-MACHINES_DIFFER = "results from different machines are not compared as equals"
 MIN_CALLS = 5  # fewer timed calls than this: the spread itself is a guess
 
 
@@ -135,131 +128,6 @@ class Comparison:
     @property
     def compared(self) -> int:
         return sum(p.compared for p in self.pairs)
-
-
-# -- metrics ----------------------------------------------------------------------------------
-@dataclass(frozen=True, kw_only=True, slots=True)
-class MetricSpec:
-    label: str
-    unit: str
-    better: Better
-    family: Family
-    read: Callable[[Result], float | None]
-    spread: Callable[[Result], float | None] = field(default=lambda r: None)
-    spread_name: str = ""
-
-
-def _stats_of(key: str | None) -> Callable[[Result], dict[str, Any] | None]:
-    """The stats dict `metrics[key]`, or the main latency distribution when key is None."""
-
-    def get(result: Result) -> dict[str, Any] | None:
-        value = M.latency_stats(result) if key is None else result.metrics.get(key)
-        return value if M.is_stats(value) else None
-
-    return get
-
-
-def _field(stats: Callable[[Result], dict | None], name: str) -> Callable[[Result], float | None]:
-    return lambda r: M.number((stats(r) or {}).get(name))
-
-
-def _cv(stats: Callable[[Result], dict | None]) -> Callable[[Result], float | None]:
-    return _field(stats, "cv")
-
-
-def _tail(stats: Callable[[Result], dict | None]) -> Callable[[Result], float | None]:
-    def width(result: Result) -> float | None:
-        s = stats(result) or {}
-        p50, p99 = M.number(s.get("p50")), M.number(s.get("p99"))
-        return (p99 - p50) / p50 if p50 and p99 is not None else None
-
-    return width
-
-
-def metric_specs(result: Result) -> list[MetricSpec]:
-    """What is checked for a run of this kind and scenario, most important first."""
-    main = _stats_of(None)
-    prefix = "e2e " if M.is_generate(result) else ""
-    specs = [
-        MetricSpec(
-            label=f"{prefix}p50",
-            unit="ms",
-            better="lower",
-            family="latency",
-            read=_field(main, "p50"),
-            spread=_cv(main),
-            spread_name="cv",
-        ),
-        MetricSpec(
-            label=f"{prefix}p99",
-            unit="ms",
-            better="lower",
-            family="latency",
-            read=_field(main, "p99"),
-            spread=_tail(main),
-            spread_name="tail",
-        ),
-    ]
-    if M.is_generate(result):
-        for key, label in ((K.TTFT_MS, "TTFT p50"), (K.TPOT_MS, "TPOT p50")):
-            stats = _stats_of(key)
-            specs.append(
-                MetricSpec(
-                    label=label,
-                    unit="ms",
-                    better="lower",
-                    family="latency",
-                    read=_field(stats, "p50"),
-                    spread=_cv(stats),
-                    spread_name="cv",
-                )
-            )
-    specs.append(
-        MetricSpec(
-            label="throughput",
-            unit=M.throughput_unit(result),
-            better="higher",
-            family="throughput",
-            read=M.throughput,
-            spread=_cv(main),
-            spread_name="cv",
-        )
-    )
-    if result.kind == "train":  # the step time distribution is the noise of a training run
-        steps = _stats_of(K.STEP_MS)
-        specs = [
-            MetricSpec(
-                label="step p50",
-                unit="ms",
-                better="lower",
-                family="latency",
-                read=_field(steps, "p50"),
-                spread=_cv(steps),
-                spread_name="cv",
-            ),
-            MetricSpec(
-                label="samples/s",
-                unit="samples/s",
-                better="higher",
-                family="throughput",
-                read=M.throughput,
-                spread=_cv(steps),
-                spread_name="cv",
-            ),
-            MetricSpec(
-                label="epoch time",
-                unit="s",
-                better="lower",
-                family="latency",
-                read=M.epoch_seconds,
-                spread=_cv(steps),
-                spread_name="cv",
-            ),
-            MetricSpec(label="peak memory", unit="MB", better="lower", family="memory", read=M.peak_memory_mb),
-        ]
-        return specs
-    specs.append(MetricSpec(label="peak memory", unit="MB", better="lower", family="memory", read=M.peak_memory_mb))
-    return specs
 
 
 # -- judging ----------------------------------------------------------------------------------
@@ -448,101 +316,6 @@ def compare_pair(base: Result, cand: Result, thresholds: Thresholds) -> PairResu
         checks=tuple(c for c in checks if c is not None),
         warnings=tuple(warnings),
     )
-
-
-# -- pairing ----------------------------------------------------------------------------------
-def pair_key(result: Result) -> tuple[Any, ...]:
-    return (M.model_name(result), M.plan_name(result), M.workload_key(result))
-
-
-def pair_label(result: Result) -> str:
-    return f"{M.model_name(result)} · {M.plan_name(result)} · {M.workload_label(result)}"
-
-
-def _newest_by_key(results: list[Result]) -> dict[tuple[Any, ...], Result]:
-    chosen: dict[tuple[Any, ...], Result] = {}
-    for r in sorted(results, key=lambda r: r.created, reverse=True):
-        chosen.setdefault(pair_key(r), r)
-    return chosen
-
-
-def pair_runs(
-    baseline: list[Result], candidate: list[Result]
-) -> tuple[list[tuple[Result, Result]], list[Result], list[Result]]:
-    """(pairs, baseline runs without a partner, candidate runs without a partner)."""
-    if not baseline or not candidate:
-        side = "baseline" if not baseline else "candidate"
-        raise ValueError(f"the {side} has no runs to compare")
-    if len(baseline) == 1 and len(candidate) == 1:
-        base, cand = baseline[0], candidate[0]
-        _require_same_work(base, cand)
-        return [(base, cand)], [], []
-    base_by, cand_by = _newest_by_key(baseline), _newest_by_key(candidate)
-    pairs = [(base_by[k], cand_by[k]) for k in base_by if k in cand_by]
-    if not pairs:
-        raise ValueError(
-            "no baseline run matches a candidate run by (model, plan, workload): baseline has "
-            f"{sorted({pair_label(r) for r in base_by.values()})}, candidate has "
-            f"{sorted({pair_label(r) for r in cand_by.values()})}; measure both with the same command"
-        )
-    only_b = [r for k, r in base_by.items() if k not in cand_by]
-    only_c = [r for k, r in cand_by.items() if k not in base_by]
-    return pairs, only_b, only_c
-
-
-def _require_same_work(base: Result, cand: Result) -> None:
-    if M.model_name(base) != M.model_name(cand):
-        raise ValueError(
-            f"baseline is model {M.model_name(base)!r}, candidate is {M.model_name(cand)!r}: "
-            "regress compares the same model; pick runs of one model"
-        )
-    if M.workload_key(base) != M.workload_key(cand):
-        diffs = [
-            f"{name} {b!r} -> {c!r}"
-            for name, b, c in zip(M.WORKLOAD_SHAPE, M.workload_key(base), M.workload_key(cand))
-            if b != c
-        ]
-        raise ValueError(
-            f"baseline and candidate ran different workloads ({', '.join(diffs)}): "
-            "latencies of different work are not comparable; rerun with the same shapes"
-        )
-
-
-def plan_differences(base: dict[str, Any], cand: dict[str, Any]) -> list[str]:
-    keys = sorted(set(base) | set(cand))
-    return [f"{k} {base.get(k)!r} -> {cand.get(k)!r}" for k in keys if base.get(k) != cand.get(k)]
-
-
-def machine_differences(base: dict[str, Any], cand: dict[str, Any]) -> list[str]:
-    """The fingerprinted parts of two environments that differ, for the warning."""
-    diffs = []
-    for key in FINGERPRINT_KEYS:
-        if key == "versions":
-            for name in FINGERPRINT_VERSIONS:
-                b, c = (base.get("versions") or {}).get(name), (cand.get("versions") or {}).get(name)
-                if b != c:
-                    diffs.append(f"{name} {b} -> {c}")
-        elif key == "gpus":
-            b, c = [g.get("name") for g in base.get("gpus") or []], [g.get("name") for g in cand.get("gpus") or []]
-            if b != c:
-                diffs.append(f"gpus {b or 'none'} -> {c or 'none'}")
-        elif base.get(key) != cand.get(key):
-            diffs.append(f"{key} {base.get(key)!r} -> {cand.get(key)!r}")
-    return diffs
-
-
-def machine_check(base: Result, cand: Result) -> str | None:
-    """None when both ran on the same machine class; else the message that says how they differ."""
-    if base.fingerprint and base.fingerprint == cand.fingerprint:
-        return None
-    if not base.fingerprint or not cand.fingerprint:
-        return (
-            f"a machine fingerprint is missing (baseline {base.fingerprint or '?'}, candidate "
-            f"{cand.fingerprint or '?'}): cannot tell whether both ran on the same machine"
-        )
-    diffs = machine_differences(base.environment, cand.environment)
-    detail = "; ".join(diffs) if diffs else "fingerprinted fields not recorded"
-    return f"{MACHINES_DIFFER}: baseline {base.fingerprint} vs candidate {cand.fingerprint} ({detail})"
 
 
 def compare(
