@@ -25,11 +25,11 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
-from accelab.options import fields_of
+from accelab.options import fields_of, option
 
 log = logging.getLogger(__name__)
 
@@ -44,15 +44,27 @@ Status = Literal["ok", "error", "unsupported", "timeout", "crashed"]
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LaunchOptions:
-    nproc: int = 1  # processes on this node
-    nnodes: int = 1
-    node_rank: int | None = None
-    master_addr: str | None = None
-    master_port: int | None = None
-    rdzv_backend: str | None = None
-    rdzv_endpoint: str | None = None
-    rdzv_id: str | None = None
-    rdzv_conf: str | None = None
+    """The processes of `accelab train` and `predict`; each field declares its option."""
+
+    nproc: int = field(
+        default=1,
+        metadata=option("Processes on this node (data parallel through torchrun when > 1; one per GPU).", "--nproc"),
+    )
+    nnodes: int = field(
+        default=1, metadata=option("Nodes; run the same command on each, output on a shared disk.", "--nnodes")
+    )
+    node_rank: int | None = field(default=None, metadata=option(None, "--node-rank"))
+    master_addr: str | None = field(default=None, metadata=option(None, "--master-addr"))
+    master_port: int | None = field(default=None, metadata=option(None, "--master-port"))
+    rdzv_backend: str | None = field(
+        default=None,
+        metadata=option(
+            "torchrun rendezvous (c10d: every node runs the same command, no --node-rank needed).", "--rdzv-backend"
+        ),
+    )
+    rdzv_endpoint: str | None = field(default=None, metadata=option("HOST:PORT of the rendezvous.", "--rdzv-endpoint"))
+    rdzv_id: str | None = field(default=None, metadata=option("The job's id, the same on every node.", "--rdzv-id"))
+    rdzv_conf: str | None = field(default=None, metadata=option(None, "--rdzv-conf"))
 
     def __post_init__(self) -> None:
         if self.nproc < 1:

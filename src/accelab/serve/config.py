@@ -1,60 +1,191 @@
-"""ServeConfig: how the server admits, batches and limits requests. No I/O here."""
+"""ServeConfig: how the server admits, batches and limits requests; ServeRun: what `accelab serve`
+serves and how it runs it. No I/O here. Each field `accelab serve` sets declares its option
+(`accelab.options.option`); the command line is made from them."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Final, Literal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
-from accelab.options import fields_of
+from accelab.options import fields_of, option
 from accelab.serve.batcher import BatchPolicy
-from accelab.serve.images import ImagePolicy
-from accelab.serve.metrics import METRIC_ALIASES, MetricAliases
-from accelab.serve.scheduler import SchedulerConfig
+
+if TYPE_CHECKING:
+    from accelab.serve.images import ImagePolicy
+    from accelab.serve.scheduler import SchedulerConfig
 
 Scheduling = Literal["continuous", "static"]
 SCHEDULINGS: tuple[Scheduling, ...] = ("continuous", "static")
+MetricAliases = Literal["none", "vllm"]
+METRIC_ALIASES: tuple[MetricAliases, ...] = ("none", "vllm")
 KV_TOKENS_PER_SEQUENCE = 2048  # the default KV cache: this many tokens for each running sequence
 BLOCK_SIZE = 16  # tokens per KV-cache block
-# `accelab serve` options named apart from the ServeConfig field they set; every other option
-# named like a field sets that field (tests/test_command_options.py checks them against each other)
-OPTION_FIELDS: Final = {
-    "request_timeout": "request_timeout_s",
-    "grace_period": "grace_period_s",
-    "image_timeout": "image_timeout_s",
-}
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ServeRun:
+    """What `accelab serve MODEL` serves, and how it runs it (one server, or replicas on Ray)."""
+
+    task: str | None = field(default=None, metadata=option("Override the task inferred from the model's config."))
+    plan: str = field(
+        default="baseline",
+        metadata=option(
+            "A preset name (baseline, compile, int8-weight, ...) or a YAML plan file (e.g. from `accelab tune`).",
+            "--plan",
+        ),
+    )
+    overrides: list[str] = field(
+        default_factory=list, metadata=option("Override a plan field: --set threads=2 (repeatable).", "--set")
+    )
+    device: str | None = field(default=None, metadata=option("cpu | cuda | cuda:N (default: CUDA when present)."))
+    served_name: str | None = field(
+        default=None, metadata=option("Model id in /v1/models and requests (default: MODEL).", "--served-name")
+    )
+    access_log: bool = field(default=False, metadata=option("Log every request.", "--access-log"))
+    replicas: int = field(
+        default=1,
+        metadata=option(
+            "Serve N copies of the model on Ray Serve behind one address "
+            "(needs accelab[ray]); with --ray-address, across a Ray cluster's machines.",
+            "--replicas",
+        ),
+    )
+    ray_address: str | None = field(
+        default=None,
+        metadata=option(
+            "Join this Ray cluster (HOST:6379, or 'auto') instead of starting a local Ray instance.", "--ray-address"
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"--replicas {self.replicas} must be 1 or more")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ServeConfig:
     model_name: str  # the id /v1/models lists and requests name
     plan_name: str = "baseline"
-    host: str = "127.0.0.1"
-    port: int = 8000
-    max_batch_size: int = 32  # inputs per model call; with continuous batching, sequences decoding at once
-    max_wait_ms: float = 5.0  # how long the first request of a batch waits for company
-    max_queue: int = 256  # requests waiting; more get 429
-    request_timeout_s: float = 60.0  # a request still queued after this gets 504
-    grace_period_s: float = 30.0  # SIGTERM: time to finish in-flight requests
-    max_body_bytes: int = 20 * 1024 * 1024  # larger bodies get 413
-    max_tokens: int = 2048  # largest max_tokens a request may ask for (413 above)
-    default_max_tokens: int = 256  # chat completions without max_tokens (capped by max_tokens)
-    max_inputs: int = 256  # texts, prompts or images in one request (413 above)
-    api_key: str | None = None  # when set, API routes need "Authorization: Bearer <key>"
+    host: str = field(
+        default="127.0.0.1",
+        metadata=option(
+            "Address to listen on. Anything but 127.0.0.1 exposes the server to the network: give it an --api-key."
+        ),
+    )
+    port: int = field(default=8000, metadata=option("Port to listen on (0: any free port, printed at start)."))
+    # inputs per model call; with continuous batching, sequences decoding at once
+    max_batch_size: int = field(
+        default=32,
+        metadata=option(
+            "Most inputs per model call; for generation with continuous batching, the most sequences decoding at once.",
+            "--max-batch-size",
+        ),
+    )
     # generation: "continuous" schedules every decoding step (requests join and leave the running
     # batch); "static" runs one generate call per batch (vision-language models always do)
-    scheduler: Scheduling = "continuous"
-    max_step_tokens: int | None = None  # tokens per step (decodes + prefill chunks); None: max(256, 2 x batch)
-    kv_cache_tokens: int | None = None  # KV-cache capacity; None: 2048 per sequence, at least the model's context
-    metric_aliases: MetricAliases = "none"  # "vllm": /metrics also carries vLLM's names (for its dashboards)
+    scheduler: Scheduling = field(
+        default="continuous",
+        metadata=option(
+            "Generation: continuous (requests join and "
+            "leave the running batch at every decoding step) or static (one generate call "
+            "per batch).",
+            "--scheduler",
+        ),
+    )
+    # tokens per step (decodes + prefill chunks); None: max(256, 2 x batch)
+    max_step_tokens: int | None = field(
+        default=None,
+        metadata=option(
+            "Continuous batching: tokens "
+            "per decoding step; long prompts are prefilled in chunks of what "
+            "the running decodes leave (default: max(256, 2 x batch size)).",
+            "--max-step-tokens",
+        ),
+    )
+    # KV-cache capacity; None: 2048 per sequence, at least the model's context
+    kv_cache_tokens: int | None = field(
+        default=None,
+        metadata=option(
+            "Continuous batching: KV-cache "
+            "capacity in tokens, over all sequences; requests queue when it "
+            "is full (default: 2048 per sequence, at least the model's "
+            "context).",
+            "--kv-cache-tokens",
+        ),
+    )
+    max_wait_ms: float = field(
+        default=5.0,
+        metadata=option("How long the first request of a batch waits for others (ms).", "--max-wait-ms"),
+    )
+    max_queue: int = field(
+        default=256, metadata=option("Requests that may wait; more get 429 with Retry-After.", "--max-queue")
+    )
+    request_timeout_s: float = field(
+        default=60.0,
+        metadata=option("A request not started after this many seconds gets 504 and is not run.", "--request-timeout"),
+    )
+    grace_period_s: float = field(
+        default=30.0,
+        metadata=option("On SIGTERM, seconds to finish requests in flight before exiting.", "--grace-period"),
+    )
+    max_body_bytes: int = field(default=20 * MIB, metadata=option("Larger request bodies get 413.", "--max-body-bytes"))
+    max_tokens: int = field(
+        default=2048, metadata=option("Largest max_tokens a request may ask for (413 above).", "--max-tokens")
+    )
+    # chat completions without max_tokens (capped by max_tokens)
+    default_max_tokens: int = field(
+        default=256, metadata=option("max_tokens of chat requests that give none.", "--default-max-tokens")
+    )
+    max_inputs: int = field(
+        default=256, metadata=option("Most texts, prompts or images per request (413 above).", "--max-inputs")
+    )
     # images in requests (accelab.serve.images): http(s) URLs are fetched from these domains (empty:
     # any public host), never from private or loopback addresses unless allowed
-    image_domains: str = ""  # comma-separated
-    allow_private_images: bool = False
-    image_timeout_s: float = 10.0
-    max_image_bytes: int = 20 * 1024 * 1024
-    max_image_pixels: int = 40_000_000
-    max_images: int = 8  # per request (413 above)
+    image_domains: str = field(
+        default="",
+        metadata=option(
+            "Comma-separated domains whose http(s) image URLs are fetched (and their subdomains); "
+            "empty: any public host.",
+            "--image-domains",
+        ),
+    )
+    allow_private_images: bool = field(
+        default=False,
+        metadata=option(
+            "Also fetch image URLs on private, loopback and link-local addresses.", "--allow-private-images"
+        ),
+    )
+    image_timeout_s: float = field(
+        default=10.0, metadata=option("Seconds an image URL may take (400 after).", "--image-timeout")
+    )
+    max_image_bytes: int = field(
+        default=20 * MIB, metadata=option("Largest image a URL may return (413 above).", "--max-image-bytes")
+    )
+    max_image_pixels: int = field(
+        default=40_000_000, metadata=option("Most pixels per image (413 above).", "--max-image-pixels")
+    )
+    max_images: int = field(
+        default=8, metadata=option("Most images in one generation request (413 above).", "--max-images")
+    )
+    # when set, API routes need "Authorization: Bearer <key>"
+    api_key: str | None = field(
+        default=None,
+        metadata=option(
+            "Require 'Authorization: Bearer KEY' on the API routes.", "--api-key", envvar="ACCELAB_API_KEY"
+        ),
+    )
+    # "vllm": /metrics also carries vLLM's names (for its dashboards)
+    metric_aliases: MetricAliases = field(
+        default="none",
+        metadata=option(
+            "vllm: /metrics also exports vLLM's "
+            "metric names (vllm:..., with model_name), so vLLM's Grafana dashboards work "
+            "unchanged (see deploy/README.md).",
+            "--metric-aliases",
+        ),
+    )
 
     def __post_init__(self) -> None:
         positive = (
@@ -105,9 +236,11 @@ class ServeConfig:
         plan it serves. `plan_settings` (a tuned Plan's `server`: the settings it was measured
         with) fill the options not in `given` (those the user typed)."""
         merged = {**options, **{k: v for k, v in (plan_settings or {}).items() if k not in given}}
-        return cls(model_name=model_name, plan_name=plan_name, **fields_of(cls, merged, renamed=OPTION_FIELDS))
+        return cls(model_name=model_name, plan_name=plan_name, **fields_of(cls, merged))
 
     def image_policy(self) -> ImagePolicy:
+        from accelab.serve.images import ImagePolicy
+
         domains = tuple(d.strip().lower().lstrip(".") for d in self.image_domains.split(",") if d.strip())
         return ImagePolicy(
             domains=domains,
@@ -120,6 +253,8 @@ class ServeConfig:
 
     def scheduler_config(self, *, max_context: int | None) -> SchedulerConfig:
         """The continuous scheduler's limits; `max_context` (the model's) sizes the default KV cache."""
+        from accelab.serve.scheduler import SchedulerConfig
+
         step_tokens = self.max_step_tokens or max(256, 2 * self.max_batch_size)
         kv_tokens = self.kv_cache_tokens or max(self.max_batch_size * KV_TOKENS_PER_SEQUENCE, max_context or 0)
         return SchedulerConfig(

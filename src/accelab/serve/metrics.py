@@ -23,7 +23,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import psutil
 from prometheus_client import (
@@ -35,6 +35,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from accelab.serve.config import METRIC_ALIASES, MetricAliases
 from accelab.serve.metric_aliases import VllmAliases
 
 # seconds: 1 ms to 2 min, denser where interactive latencies live
@@ -62,8 +63,6 @@ ERROR_KINDS = (
 )
 RETRY_REASONS = ("oom", "batch_error")  # why a batch (or a continuous step) was split and run again
 FINISH_REASONS = ("stop", "length")
-MetricAliases = Literal["none", "vllm"]
-METRIC_ALIASES: tuple[MetricAliases, ...] = ("none", "vllm")
 
 
 class TokenRate:

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any, Final, Literal, get_args
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, get_args
 
-from accelab.options import fields_of
+from accelab.options import Options, option
 
 MixedPrecision = Literal["no", "bf16", "fp16"]
 CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
@@ -33,39 +34,100 @@ LogWith = Literal["none", "tensorboard"]
 
 TRAIN_TASKS: tuple[TrainTask, ...] = get_args(TrainTask)
 
-# `accelab train`'s options and the TrainConfig fields they set (tests/test_command_options.py
-# checks them against each other): an option named like a field sets it, but
-OPTION_FIELDS: Final = {"compile_": "compile", "bench_warmup": "timing_warmup"}  # these, named apart
-# set by build_request from what it resolves (the model, the dataset, the run directory, ...),
-# never by an option of their own
-DERIVED: Final = frozenset(
-    {
-        "task",
-        "dataset",
-        "dataset_kind",
-        "model",
-        "model_source",
-        "world_size",
-        "output_dir",
-        "checkpoints",
-        "save_final",
-        "resume_from",
-        "save_as",
-        "attention",
-        "turns_dir",
-        "turns_row",
-        "seconds_per_turn",
-        "result_path",
-    }
+BATCH_HELP = (
+    "GLOBAL batch per optimizer step (all processes and accumulation micro-steps together); each process "
+    "runs batch / (nproc x nnodes x grad-accum) samples per forward. Default 16 (images), 8 (text)."
+)
+THREADS_HELP = (
+    "Intra-op threads per process. Default on CPU: the CPUs idle at "
+    "launch / processes (a busy core stalls every OpenMP op: vit-tiny here ran "
+    "4.8 samples/s with 2 threads on a half-busy 2-core machine, 120 with 1)."
+)
+BENCH_BUDGET_HELP = (
+    "--bench: stop a row after this many seconds as too slow (its row says "
+    "so). Default: only rows using a technique `accelab env` measured slower than fp32 here, after 3x the "
+    "baseline row's time (at least 60 s)."
 )
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainRun:
+    """What `accelab train` trains, where it keeps the run, and the --bench rows; each field
+    declares its option. `train.options.build_request` resolves it into a TrainConfig."""
+
+    model: str = field(
+        default="vit-tiny",
+        metadata=option("Catalog name, user model or local model directory.", "--model", "-m"),
+    )
+    task: str | None = field(
+        default=None, metadata=option("image-classification | text-generation (default: the model's).")
+    )
+    dataset: str | None = field(
+        default=None,
+        metadata=option(
+            "digits (built in), a directory of class "
+            "subfolders, a `datasets` dataset saved to disk, or a text file (text-generation; "
+            "default: the catalog's held-out essay).",
+            "--dataset",
+            "-d",
+        ),
+    )
+    plan: str | None = field(
+        default=None,
+        metadata=option(
+            "A Plan (preset or YAML): precision *-autocast, compile, "
+            "batch_size, threads, attention apply; explicit options win.",
+            "--plan",
+        ),
+    )
+    compile_mode: CompileMode = field(
+        default="default",
+        metadata=option("default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs.", "--compile-mode"),
+    )
+    output_dir: Path | None = field(
+        default=None,
+        metadata=option(
+            "Run directory (checkpoints, tensorboard, final model). Default: <cache>/runs/<name>/<time>.",
+            "--output-dir",
+            "-o",
+        ),
+    )
+    resume: str | None = field(
+        default=None, metadata=option("PATH to a checkpoint or run directory, or 'latest'.", "--resume")
+    )
+    save_as: str | None = field(
+        default=None,
+        metadata=option(
+            "Store the trained model under this name (default <dataset>-<model>); bench, verify and serve find it.",
+            "--save-as",
+        ),
+    )
+    save: bool = field(default=True, metadata=option("Store the trained model.", "--save/--no-save"))
+    bench: bool = field(
+        default=False,
+        metadata=option("Compare baseline, bf16, fp16, accumulation and N processes.", "--bench"),
+    )
+    bench_nproc: int | None = field(
+        default=None,
+        metadata=option("Processes of the data-parallel bench row (default 2, or the GPU count).", "--bench-nproc"),
+    )
+    bench_accum: int = field(default=4, metadata=option("Micro-steps of the accumulation bench row.", "--bench-accum"))
+    max_seconds_per_plan: float | None = field(
+        default=None, metadata=option(BENCH_BUDGET_HELP, "--max-seconds-per-plan")
+    )
+    timeout: float = field(default=7200.0, metadata=option("Give up on a run (or bench row) after this many seconds."))
+
+    def __post_init__(self) -> None:
+        if self.bench and self.resume:
+            raise ValueError("--bench measures fresh runs; drop --resume")
+
+
 def explicit_fields(options: Mapping[str, Any]) -> dict[str, Any]:
-    """The TrainConfig fields `accelab train`'s options (its parameters by name) give, None where
-    not given (then the plan or the task's default decides); `compile` comes from --compile /
+    """The TrainConfig fields `accelab train`'s options (its parameters by field name) give, None
+    where not given (then the plan or the task's default decides); `compile` comes from --compile /
     --no-compile with --compile-mode."""
-    explicit = fields_of(TrainConfig, options, renamed=OPTION_FIELDS, skip=DERIVED | {"compile"})
-    flag = options["compile_"]
+    explicit = {f.name: options[f.name] for f, _ in Options(config=TrainConfig).declared()}
+    flag = explicit["compile"]
     explicit["compile"] = None if flag is None else (options["compile_mode"] if flag else "off")
     return explicit
 
@@ -90,49 +152,122 @@ class TrainConfig:
     task: TrainTask = "image-classification"
     dataset: str = "digits"  # "digits", a directory, a saved `datasets` dataset or a text file ("" = held-out text)
     dataset_kind: DatasetKind = "digits"
-    image_column: str | None = None
-    label_column: str | None = None
-    image_size: int | None = None  # None: the model's (config.image_size) or its processor's
-    block_size: int = 128  # causal LM: tokens per packed block
-    eval_fraction: float = 0.2  # held out when the dataset has no test split
-    reinit_head: bool = False  # replace a classifier head whose label count does not fit
+    image_column: str | None = field(
+        default=None, metadata=option("Image column of a saved dataset.", "--image-column", unset=True)
+    )
+    label_column: str | None = field(
+        default=None, metadata=option("Label column of a saved dataset.", "--label-column", unset=True)
+    )
+    # None: the model's (config.image_size) or its processor's
+    image_size: int | None = field(
+        default=None, metadata=option("Training image side (default: the model's).", "--image-size", unset=True)
+    )
+    # causal LM: tokens per packed block
+    block_size: int = field(
+        default=128, metadata=option("Tokens per packed block (text). Default 128.", "--block-size", unset=True)
+    )
+    # held out when the dataset has no test split
+    eval_fraction: float = field(
+        default=0.2,
+        metadata=option(
+            "Held out for eval when the dataset has no test split. Default 0.2.", "--eval-fraction", unset=True
+        ),
+    )
+    # replace a classifier head whose label count does not fit
+    reinit_head: bool = field(
+        default=False,
+        metadata=option(
+            "Replace a classifier head whose label count does not match the dataset (new random weights).",
+            "--reinit-head",
+        ),
+    )
 
     # how long
-    epochs: int = 10
-    max_steps: int | None = None  # train exactly this many optimizer steps (overrides epochs)
+    epochs: int = field(
+        default=10,
+        metadata=option(
+            "Epochs. Default 10 for models with random weights (training from scratch), 3 for pretrained ones.",
+            unset=True,
+        ),
+    )
+    # train exactly this many optimizer steps (overrides epochs)
+    max_steps: int | None = field(
+        default=None, metadata=option("Train exactly this many optimizer steps.", "--max-steps", unset=True)
+    )
 
     # optimisation
-    batch_size: int = 16  # GLOBAL batch per optimizer step (see the module docstring)
-    grad_accum: int = 1
-    lr: float = 4e-4
-    weight_decay: float = 0.05
-    schedule: Schedule = "cosine"
-    warmup_steps: int | None = None  # None: warmup_ratio of the total steps
-    warmup_ratio: float = 0.1
-    max_grad_norm: float | None = 1.0  # None or 0: no clipping
-    seed: int = 0
+    # GLOBAL batch per optimizer step (see the module docstring)
+    batch_size: int = field(default=16, metadata=option(BATCH_HELP, "--batch-size", "-b", unset=True))
+    grad_accum: int = field(
+        default=1, metadata=option("Accumulation micro-steps per optimizer step.", "--grad-accum", unset=True)
+    )
+    lr: float = field(
+        default=4e-4,
+        metadata=option(
+            "Peak learning rate (AdamW). Default 4e-4 for models with random weights, 5e-5 for pretrained ones.",
+            unset=True,
+        ),
+    )
+    weight_decay: float = field(default=0.05, metadata=option(None, "--weight-decay", unset=True))
+    schedule: Schedule = field(
+        default="cosine", metadata=option("linear | cosine | constant, after the warm-up. Default cosine.", unset=True)
+    )
+    # None: warmup_ratio of the total steps
+    warmup_steps: int | None = field(
+        default=None, metadata=option("LR warm-up steps (default: --warmup-ratio).", "--warmup-steps", unset=True)
+    )
+    warmup_ratio: float = field(
+        default=0.1, metadata=option("Warm-up share of all steps. Default 0.1.", "--warmup-ratio", unset=True)
+    )
+    # None or 0: no clipping
+    max_grad_norm: float | None = field(
+        default=1.0,
+        metadata=option("Clip gradients to this norm; 0 = off. Default 1.0.", "--max-grad-norm", unset=True),
+    )
+    seed: int = field(
+        default=0, metadata=option("Seed of the weights' init and the data order. Default 0.", unset=True)
+    )
 
     # techniques
-    mixed_precision: MixedPrecision = "no"
-    compile: CompileMode = "off"
-    gradient_checkpointing: bool = False
+    mixed_precision: MixedPrecision = field(
+        default="no",
+        metadata=option("no | bf16 | fp16 (fp16 uses a GradScaler and needs a GPU).", "--mixed-precision", unset=True),
+    )
+    compile: CompileMode = field(
+        default="off",
+        metadata=option("torch.compile the model.", "--compile/--no-compile", unset=True, type=bool | None),
+    )
+    gradient_checkpointing: bool = field(
+        default=False, metadata=option("Recompute activations in backward to save memory.", "--gradient-checkpointing")
+    )
     attention: str | None = None  # attn_implementation, from a Plan
-    threads: int | None = None  # intra-op threads per process; None: torch's default (the CLI picks it, threads.py)
-    cpu: bool = False  # train on CPU even where CUDA is present
+    # intra-op threads per process; None: torch's default (the CLI picks it, threads.py)
+    threads: int | None = field(default=None, metadata=option(THREADS_HELP, unset=True))
+    # train on CPU even where CUDA is present
+    cpu: bool = field(default=False, metadata=option("Train on CPU even where CUDA is present (gloo).", "--cpu"))
 
     # processes
     world_size: int = 1  # nproc * nnodes, checked against what torchrun started
 
     # outputs
     output_dir: str
-    checkpoint_every: int | None = None  # optimizer steps; checkpoints are also written at epoch ends
+    # optimizer steps; checkpoints are also written at epoch ends
+    checkpoint_every: int | None = field(
+        default=None,
+        metadata=option(
+            "Save a checkpoint every N optimizer steps (and always at epoch ends).", "--checkpoint-every", unset=True
+        ),
+    )
     checkpoints: bool = True  # False: no checkpoints at all (bench rows)
     save_final: bool = True  # write the final model to <output_dir>/model (bench rows: no)
     resume_from: str | None = None  # a checkpoint directory (resolved from PATH | latest)
-    log_with: LogWith = "none"
+    log_with: LogWith = field(default="none", metadata=option("none | tensorboard.", "--log-with"))
     save_as: str | None = None  # store the trained model under this name (None: do not store)
-    progress: bool = True
-    timing_warmup: int = 2  # optimizer steps left out of the throughput (first calls, compile)
+    progress: bool = field(default=True, metadata=option(None, "--progress/--no-progress"))
+    # optimizer steps left out of the throughput (first calls, compile)
+    timing_warmup: int = field(
+        default=2, metadata=option("Optimizer steps left out of samples/s. Default 2.", "--bench-warmup", unset=True)
+    )
     turns_dir: str | None = None  # train --bench: take turns with the other rows (accelab.train.turns)
     turns_row: str | None = None  # ... as this row
     seconds_per_turn: float = 0.5  # ... for about this long (at least one optimizer step) per turn
@@ -145,14 +280,14 @@ class TrainConfig:
         _choice("compile", self.compile, get_args(CompileMode), " (--compile)")
         _choice("schedule", self.schedule, get_args(Schedule), " (--schedule)")
         _choice("log_with", self.log_with, get_args(LogWith), " (--log-with)")
-        for name, option in (
+        for name, flag in (
             ("epochs", "--epochs"),
             ("batch_size", "--batch-size"),
             ("grad_accum", "--grad-accum"),
             ("world_size", "--nproc"),
             ("block_size", "--block-size"),
         ):
-            _at_least(name, getattr(self, name), 1, option)
+            _at_least(name, getattr(self, name), 1, flag)
         _at_least("max_steps", self.max_steps, 1, "--max-steps")
         _at_least("checkpoint_every", self.checkpoint_every, 1, "--checkpoint-every")
         _at_least("threads", self.threads, 1, "--threads")

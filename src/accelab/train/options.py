@@ -22,7 +22,7 @@ from accelab.launch import LaunchOptions
 from accelab.paths import cache_dir
 from accelab.plan.plan import load_plan
 from accelab.train import checkpoint as ckpt
-from accelab.train.config import TRAIN_TASKS, TrainConfig
+from accelab.train.config import TRAIN_TASKS, TrainConfig, TrainRun, TrainTask
 from accelab.train.data import class_names, detect_kind
 
 log = logging.getLogger(__name__)
@@ -100,24 +100,41 @@ def run_dirs(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
 
 
-def build_request(
-    *,
-    model: str,
-    task: str | None,
-    dataset: str | None,
-    explicit: dict[str, Any],
-    plan: str | None,
-    launch: LaunchOptions,
-    output_dir: Path | None,
-    resume: str | None,
-    save_as: str | None,
-    save: bool,
-) -> TrainRequest:
+def build_request(run: TrainRun, *, explicit: dict[str, Any], launch: LaunchOptions) -> TrainRequest:
     """`explicit`: TrainConfig fields given on the command line (None where not given)."""
     from accelab.catalog.resolve import resolve
 
-    plan_values, notes = plan_settings(plan)  # cheap checks first: a typo fails before any fetch
-    spec = resolve(model, task)
+    plan_values, notes = plan_settings(run.plan)  # cheap checks first: a typo fails before any fetch
+    spec = resolve(run.model, run.task)
+    task = _train_task(spec, run.model)
+    dataset = run.dataset if run.dataset is not None else ("digits" if task == "image-classification" else "")
+    kind = detect_kind(dataset, spec.task)
+    dataset_path = (
+        dataset if kind == "digits" or dataset in ("", "heldout") else str(Path(dataset).expanduser().resolve())
+    )
+    name = run.save_as or default_name(dataset, kind, run.model)
+    if run.save:
+        check_name(name)
+    output_dir, checkpoint = _run_dir(run, cache_dir() / "runs" / name, launch)
+
+    defaults = {**DEFAULTS[task], **(FROM_SCRATCH if spec.random_weights else FINE_TUNE)}
+    config = TrainConfig(
+        model=run.model,
+        model_source=spec.source,
+        task=task,
+        dataset=dataset_path,
+        dataset_kind=kind,
+        world_size=launch.world_size,
+        output_dir=str(output_dir.resolve()),
+        resume_from=str(checkpoint) if checkpoint else None,
+        save_as=name if run.save else None,
+        **merge(explicit, plan_values, defaults),
+    )
+    notes += check(config, spec, launch)
+    return TrainRequest(config=config, launch=launch, spec=spec, notes=notes)
+
+
+def _train_task(spec: ModelSpec, model: str) -> TrainTask:
     if spec.custom:
         raise ValueError(
             f"{model} is a custom nn.Module; accelab train fine-tunes transformers checkpoints (it writes and resumes "
@@ -130,50 +147,28 @@ def build_request(
             f"{model} is a {spec.task} model; accelab trains image-classification and "
             "text-generation models (pass --task if the inferred task is wrong)"
         )
-    dataset = dataset if dataset is not None else ("digits" if spec.task == "image-classification" else "")
-    kind = detect_kind(dataset, spec.task)
-    dataset_path = (
-        dataset if kind == "digits" or dataset in ("", "heldout") else str(Path(dataset).expanduser().resolve())
-    )
+    return task
 
-    # Names and directories
+
+def _run_dir(run: TrainRun, runs_root: Path, launch: LaunchOptions) -> tuple[Path, Path | None]:
+    """The run directory and the checkpoint to resume (None: a fresh run)."""
+    output_dir = run.output_dir
     if launch.nnodes > 1 and output_dir is None:
         raise ValueError(
             "multi-node training needs --output-dir on a filesystem every node shares: checkpoints hold "
             "every rank's RNG state, and all nodes must write to the same run directory"
         )
-    name = save_as or default_name(dataset, kind, model)
-    if save:
-        check_name(name)
-    runs_root = cache_dir() / "runs" / name
-    checkpoint = ckpt.resolve_resume(resume, [output_dir] if output_dir else run_dirs(runs_root)) if resume else None
+    dirs = [output_dir] if output_dir else run_dirs(runs_root)
+    checkpoint = ckpt.resolve_resume(run.resume, dirs) if run.resume else None
     if output_dir is None:
-        output_dir = (
-            ckpt.run_dir_of(checkpoint) if checkpoint else runs_root / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        )
-    elif checkpoint is None and ckpt.complete_checkpoints(output_dir):
+        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        return (ckpt.run_dir_of(checkpoint) if checkpoint else runs_root / stamp), checkpoint
+    if checkpoint is None and ckpt.complete_checkpoints(output_dir):
         raise ValueError(
             f"--output-dir {output_dir} already holds checkpoints of an earlier run; pass --resume latest "
             "to continue it, or choose another --output-dir"
         )
-
-    # The config
-    defaults = {**DEFAULTS[task], **(FROM_SCRATCH if spec.random_weights else FINE_TUNE)}
-    values = merge(explicit, plan_values, defaults)
-    config = TrainConfig(
-        model=model,
-        model_source=spec.source,
-        task=task,
-        dataset=dataset_path,
-        dataset_kind=kind,
-        world_size=launch.world_size,
-        output_dir=str(Path(output_dir).resolve()),
-        resume_from=str(checkpoint) if checkpoint else None,
-        save_as=name if save else None,
-        **values,
-    )
-    notes += check(config, spec, launch)
-    return TrainRequest(config=config, launch=launch, spec=spec, notes=notes)
+    return Path(output_dir), checkpoint
 
 
 def check(config: TrainConfig, spec: ModelSpec, launch: LaunchOptions) -> list[str]:
