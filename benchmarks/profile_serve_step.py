@@ -49,11 +49,10 @@ CATEGORIES = {  # operator name fragments -> category (first match wins)
 def load(plan: str, sizes: tuple[int, ...]):
     from accelab.catalog.resolve import resolve
     from accelab.plan.plan import load_plan
-    from accelab.runtimes import load_runnable
     from accelab.serve.engines import build_engine
     from accelab.serve.scheduler import SchedulerConfig
 
-    engine = build_engine(load_runnable(resolve("smollm2-135m"), load_plan(plan), torch.device("cpu")), name="profile")
+    engine = build_engine(resolve("smollm2-135m"), load_plan(plan), torch.device("cpu"), name="profile")
     limits = SchedulerConfig(max_running=max(sizes), max_step_tokens=4096, kv_blocks=4096, block_size=16)
     return engine, engine.step_engine(limits)
 

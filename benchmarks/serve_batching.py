@@ -174,12 +174,9 @@ def model_ceiling(opts: argparse.Namespace, max_batch: int, seconds: float = 3.0
 
     from accelab.catalog.resolve import resolve
     from accelab.plan.plan import load_plan
-    from accelab.runtimes import load_runnable
     from accelab.serve.engines import build_engine
 
-    engine = build_engine(
-        load_runnable(resolve(opts.model), load_plan("baseline", opts.set), torch.device("cpu")), name=opts.model
-    )
+    engine = build_engine(resolve(opts.model), load_plan("baseline", opts.set), torch.device("cpu"), name=opts.model)
     try:
         units = [engine.prepare_text(text) for text in sentences(224)]
         best = {1: float("inf"), max_batch: float("inf")}

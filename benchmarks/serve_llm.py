@@ -199,12 +199,11 @@ def engine_alone(model: str, plan: str, sizes: tuple[int, ...] = (1, 8, 16), ste
 
     from accelab.catalog.resolve import resolve
     from accelab.plan.plan import load_plan
-    from accelab.runtimes import load_runnable
     from accelab.serve.engines import build_engine
     from accelab.serve.engines.base import SamplingParams, StepInput
     from accelab.serve.scheduler import SchedulerConfig
 
-    engine = build_engine(load_runnable(resolve(model), load_plan(plan), torch.device("cpu")), name="alone")
+    engine = build_engine(resolve(model), load_plan(plan), torch.device("cpu"), name="alone")
     limits = SchedulerConfig(max_running=max(sizes), max_step_tokens=4096, kv_blocks=256, block_size=16)
     stepper = engine.step_engine(limits)
     greedy = SamplingParams(max_tokens=steps + 1, temperature=0)

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from accelab.serve.engines.base import Completion, GenUnit, Label, Prompt, StepInput, TextInput, fit_prompt
+from accelab.serve.stops import StopRules
 from accelab.serve.textstream import TextStream
 
 POISON = "boom"
@@ -97,7 +98,7 @@ class FakeClassificationEngine(_FakeBase):
 
 class FakeGenerationEngine(_FakeBase):
     """Generates the words "w0 w1 w2 ..." one per step of `delay_s`; the prompt's words are its
-    tokens. Honours max_tokens and stop strings through the real TextStream."""
+    tokens. Honours max_tokens (the real StopRules) and stop strings (the real TextStream)."""
 
     task = "text-generation"
     eos_ids: tuple[int, ...] = ()
@@ -129,7 +130,8 @@ class FakeGenerationEngine(_FakeBase):
     def generate(self, units: list[GenUnit]) -> list[Completion]:
         poisoned = any(word_id(POISON) in u.prompt.ids for u in units)
         self._enter_batch(len(units), False)
-        streams = [TextStream(_fake_decode, max_tokens=u.params.max_tokens, stop=u.params.stop) for u in units]
+        streams = [TextStream(_fake_decode, stop=u.params.stop) for u in units]
+        rules = [StopRules.of(u.params) for u in units]
         finished_at = [0.0] * len(units)
         for step in range(max(u.params.max_tokens for u in units)):
             if step == 1 and poisoned:
@@ -140,7 +142,7 @@ class FakeGenerationEngine(_FakeBase):
             for row, (unit, stream) in enumerate(zip(units, streams)):
                 if stream.finish_reason is None and not unit.cancelled:
                     unit.note_token(now)
-                    result = stream.push(step)
+                    result = stream.push(step, ends=rules[row].check(stream.tokens + 1, step))
                     unit.emit(result.text)
                     finished_at[row] = now
             if all(s.finish_reason is not None or u.cancelled for s, u in zip(streams, units)):

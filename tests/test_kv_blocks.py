@@ -9,6 +9,7 @@ from fake_clock import FakeClock
 
 from accelab.serve.kv_blocks import BlockPool, CopyBlock, PoolFull
 from accelab.serve.scheduler import QueueFull, Scheduler, SchedulerConfig
+from accelab.serve.stops import StopRules
 
 
 # -- the pool ---------------------------------------------------------------------------------
@@ -110,8 +111,8 @@ def run_step(sched: Scheduler, token: int = 7):
 
 def test_admission_allocates_real_blocks_and_decode_grows_them():
     sched = make(kv_blocks=8, block_size=4, max_running=2)
-    a = sched.add("a", tuple(range(6)), max_tokens=8)  # 6 tokens: 2 blocks
-    b = sched.add("b", (1, 2, 3), max_tokens=8)  # 1 block
+    a = sched.add("a", tuple(range(6)), stops=StopRules(max_tokens=8))  # 6 tokens: 2 blocks
+    b = sched.add("b", (1, 2, 3), stops=StopRules(max_tokens=8))  # 1 block
     run_step(sched)
     assert (a.block_table, b.block_table) == ([0, 1], [2])
     assert (sched.used_blocks, sched.free_blocks) == (3, 5)
@@ -124,10 +125,10 @@ def test_admission_allocates_real_blocks_and_decode_grows_them():
 def test_a_second_sequence_takes_the_committed_prefix_and_prefills_only_the_rest():
     sched = make(kv_blocks=8, block_size=4, max_running=2)
     system = (11, 12, 13, 14, 15, 16, 17, 18)  # two whole blocks: a shared system prompt
-    first = sched.add("first", system + (1, 2), max_tokens=2)
+    first = sched.add("first", system + (1, 2), stops=StopRules(max_tokens=2))
     run_step(sched)
     assert first.block_table == [0, 1, 2] and len(first.block_keys) == 2  # the two full blocks committed
-    second = sched.add("second", system + (3,), max_tokens=2)
+    second = sched.add("second", system + (3,), stops=StopRules(max_tokens=2))
     step = run_step(sched)
     assert [(c.seq.payload, c.start, len(c.tokens)) for c in step.chunks] == [("first", 10, 1), ("second", 8, 1)]
     assert second.block_table == [0, 1, 3] and sched.pool.refs(0) == 2 and sched.pool.refs(1) == 2
@@ -141,9 +142,9 @@ def test_a_second_sequence_takes_the_committed_prefix_and_prefills_only_the_rest
 def test_a_prompt_of_whole_cached_blocks_feeds_its_last_token_into_a_copy():
     sched = make(kv_blocks=8, block_size=4, max_running=2)
     prompt = (1, 2, 3, 4, 5, 6, 7, 8)
-    a = sched.add("a", prompt, max_tokens=4)
+    a = sched.add("a", prompt, stops=StopRules(max_tokens=4))
     run_step(sched)
-    b = sched.add("b", prompt, max_tokens=4)
+    b = sched.add("b", prompt, stops=StopRules(max_tokens=4))
     step = run_step(sched)
     # b takes both blocks and recomputes position 7 (its logits pick b's first token): the second
     # block is shared with a, so b writes into a copy of it, made before the step runs
@@ -155,8 +156,8 @@ def test_a_prompt_of_whole_cached_blocks_feeds_its_last_token_into_a_copy():
 
 def test_preemption_frees_real_blocks_and_the_victim_finds_its_own_prefix_again():
     sched = make(kv_blocks=3, block_size=2, max_running=2)
-    old = sched.add("old", (1, 2), max_tokens=4)
-    young = sched.add("young", (3, 4, 5), max_tokens=4)
+    old = sched.add("old", (1, 2), stops=StopRules(max_tokens=4))
+    young = sched.add("young", (3, 4, 5), stops=StopRules(max_tokens=4))
     run_step(sched, token=9)  # old: 1 block; young: 2 blocks; the pool is full
     assert (old.block_table, young.block_table, sched.free_blocks) == ([0], [1, 2], 0)
     assert len(young.block_keys) == 1  # (3, 4) committed
@@ -172,7 +173,7 @@ def test_preemption_frees_real_blocks_and_the_victim_finds_its_own_prefix_again(
 
 def test_a_fork_shares_the_prompt_blocks_and_copies_the_partial_one_on_write():
     sched = make(kv_blocks=8, block_size=4, max_running=3)
-    parent = sched.add("parent", (1, 2, 3, 4, 5, 6), max_tokens=4)
+    parent = sched.add("parent", (1, 2, 3, 4, 5, 6), stops=StopRules(max_tokens=4))
     run_step(sched, token=9)  # prefilled, sampled 9: blocks [0, 1], block 0 committed
     child = sched.fork(parent, "child")
     assert child.prompt == parent.prompt and child.generated == [] and child.computed == 5
@@ -193,7 +194,7 @@ def test_a_fork_shares_the_prompt_blocks_and_copies_the_partial_one_on_write():
 
 def test_a_fork_needs_a_running_parent_and_a_free_slot():
     sched = make(kv_blocks=8, block_size=4, max_running=1)
-    parent = sched.add("p", (1, 2, 3), max_tokens=4)
+    parent = sched.add("p", (1, 2, 3), stops=StopRules(max_tokens=4))
     with pytest.raises(ValueError, match="only a running sequence can be forked"):
         sched.fork(parent, "c")
     run_step(sched)

@@ -6,6 +6,7 @@ import pytest
 from fake_clock import FakeClock
 
 from accelab.serve.scheduler import NeverFits, QueueFull, Scheduler, SchedulerConfig
+from accelab.serve.stops import StopRules
 
 
 def make(**config) -> tuple[Scheduler, FakeClock]:
@@ -28,7 +29,7 @@ def shape(step) -> list[tuple[str, int, int]]:
 def test_admission_in_arrival_order_up_to_max_running():
     sched, _ = make(max_running=2, max_step_tokens=64)
     for name in "abc":
-        sched.add(name, (1, 2, 3), max_tokens=4)
+        sched.add(name, (1, 2, 3), stops=StopRules(max_tokens=4))
     step = run_step(sched)
     assert shape(step) == [("a", 0, 3), ("b", 0, 3)]
     assert [s.payload for s in step.admitted] == ["a", "b"]
@@ -40,9 +41,9 @@ def test_admission_in_arrival_order_up_to_max_running():
 
 def test_a_finished_sequence_leaves_and_a_waiting_one_joins_at_the_next_step():
     sched, _ = make(max_running=2, max_step_tokens=64)
-    a = sched.add("a", (1, 2), max_tokens=4)
-    sched.add("b", (1, 2), max_tokens=4)
-    sched.add("c", (5, 6, 7), max_tokens=4)
+    a = sched.add("a", (1, 2), stops=StopRules(max_tokens=4))
+    sched.add("b", (1, 2), stops=StopRules(max_tokens=4))
+    sched.add("c", (5, 6, 7), stops=StopRules(max_tokens=4))
     run_step(sched)
     sched.finish(a)
     step = run_step(sched)
@@ -52,9 +53,9 @@ def test_a_finished_sequence_leaves_and_a_waiting_one_joins_at_the_next_step():
 
 def test_token_budget_chunks_a_long_prompt_and_decodes_go_first():
     sched, _ = make(max_running=4, max_step_tokens=8)
-    short = sched.add("short", (1, 2), max_tokens=10)
+    short = sched.add("short", (1, 2), stops=StopRules(max_tokens=10))
     run_step(sched)
-    long = sched.add("long", tuple(range(20)), max_tokens=4)
+    long = sched.add("long", tuple(range(20)), stops=StopRules(max_tokens=4))
     steps = [shape(run_step(sched)) for _ in range(3)]
     # every step: the decode of `short` first, then 7 prompt tokens of `long`, chunk by chunk
     assert steps[0] == [("short", 2, 1), ("long", 0, 7)]
@@ -66,7 +67,7 @@ def test_token_budget_chunks_a_long_prompt_and_decodes_go_first():
 
 def test_a_chunk_that_does_not_end_the_prompt_samples_nothing():
     sched, _ = make(max_running=1, max_step_tokens=4)
-    seq = sched.add("a", (1, 2, 3, 4, 5, 6), max_tokens=2)
+    seq = sched.add("a", (1, 2, 3, 4, 5, 6), stops=StopRules(max_tokens=2))
     step = sched.schedule()
     assert [c.sample for c in step.chunks] == [False]
     sched.advance(step.chunks[0], None)
@@ -81,10 +82,10 @@ def test_head_of_queue_is_never_overtaken_by_shorter_prompts():
     # the cache holds 4 blocks of 4 tokens; `big` needs 3 blocks and waits for them; `small`
     # (1 block) would fit, but does not jump the queue
     sched, _ = make(max_running=4, max_step_tokens=64, kv_blocks=4, block_size=4)
-    first = sched.add("first", tuple(range(8)), max_tokens=4)  # 2 blocks
+    first = sched.add("first", tuple(range(8)), stops=StopRules(max_tokens=4))  # 2 blocks
     run_step(sched)
-    sched.add("big", tuple(range(12)), max_tokens=4)
-    sched.add("small", (1,), max_tokens=2)
+    sched.add("big", tuple(range(12)), stops=StopRules(max_tokens=4))
+    sched.add("small", (1,), stops=StopRules(max_tokens=2))
     step = run_step(sched)
     assert shape(step) == [("first", 8, 1)]
     assert sched.waiting == 2
@@ -95,21 +96,21 @@ def test_head_of_queue_is_never_overtaken_by_shorter_prompts():
 
 def test_queue_is_bounded_and_a_sequence_that_can_never_fit_is_refused():
     sched, _ = make(max_running=1, max_step_tokens=8, max_queue=2, kv_blocks=2, block_size=4)
-    sched.add("a", (1,), max_tokens=2)
-    sched.add("b", (1,), max_tokens=2)
+    sched.add("a", (1,), stops=StopRules(max_tokens=2))
+    sched.add("b", (1,), stops=StopRules(max_tokens=2))
     with pytest.raises(QueueFull, match="max_queue=2"):
-        sched.add("c", (1,), max_tokens=2)
+        sched.add("c", (1,), stops=StopRules(max_tokens=2))
     with pytest.raises(NeverFits, match="needs 9 tokens of KV cache; the whole cache holds 8"):
-        sched.add("d", (1, 2, 3, 4, 5), max_tokens=5)
+        sched.add("d", (1, 2, 3, 4, 5), stops=StopRules(max_tokens=5))
     sched.finish(sched.sequences()[0])  # room in the queue again
-    assert sched.add("e", (1, 2, 3, 4), max_tokens=5).max_tokens == 5  # 8 tokens: fits exactly
+    assert sched.add("e", (1, 2, 3, 4), stops=StopRules(max_tokens=5)).max_tokens == 5  # 8 tokens: fits exactly
 
 
 def test_waiting_past_the_deadline_expires_and_never_runs():
     sched, clock = make(max_running=1, max_step_tokens=8)
-    sched.add("running", (1, 2), max_tokens=8)
+    sched.add("running", (1, 2), stops=StopRules(max_tokens=8))
     run_step(sched)
-    late = sched.add("late", (3, 4), max_tokens=2, timeout_s=5.0)
+    late = sched.add("late", (3, 4), stops=StopRules(max_tokens=2), timeout_s=5.0)
     assert sched.next_deadline() == 105.0
     clock.advance(4.9)
     assert run_step(sched).expired == []
@@ -121,7 +122,7 @@ def test_waiting_past_the_deadline_expires_and_never_runs():
 
 def test_an_admitted_sequence_no_longer_has_a_deadline():
     sched, clock = make(max_running=1, max_step_tokens=8)
-    seq = sched.add("a", (1, 2), max_tokens=8, timeout_s=1.0)
+    seq = sched.add("a", (1, 2), stops=StopRules(max_tokens=8), timeout_s=1.0)
     run_step(sched)
     clock.advance(10)
     assert run_step(sched).expired == [] and seq.state == "running"
@@ -129,8 +130,8 @@ def test_an_admitted_sequence_no_longer_has_a_deadline():
 
 def test_cancel_frees_the_slot_and_blocks_at_the_next_step():
     sched, _ = make(max_running=1, max_step_tokens=8, kv_blocks=4, block_size=4)
-    a = sched.add("a", (1, 2, 3, 4, 5), max_tokens=4)
-    sched.add("b", (1, 2), max_tokens=4)
+    a = sched.add("a", (1, 2, 3, 4, 5), stops=StopRules(max_tokens=4))
+    sched.add("b", (1, 2), stops=StopRules(max_tokens=4))
     run_step(sched)
     assert sched.used_blocks == 2
     assert sched.cancel(a) is False  # it ran: it leaves at the next step
@@ -139,15 +140,15 @@ def test_cancel_frees_the_slot_and_blocks_at_the_next_step():
     assert shape(step) == [("b", 0, 2)]  # its slot went to b in the same step
     assert sched.used_blocks == 1
     # a waiting sequence leaves at once
-    c = sched.add("c", (1,), max_tokens=2)
+    c = sched.add("c", (1,), stops=StopRules(max_tokens=2))
     assert sched.cancel(c) is True and sched.waiting == 0
     assert sched.cancel(c) is False  # twice is harmless
 
 
 def test_kv_growth_preempts_the_youngest_which_is_recomputed_later():
     sched, _ = make(max_running=2, max_step_tokens=16, kv_blocks=2, block_size=2)
-    old = sched.add("old", (1, 2), max_tokens=3)  # 1 block
-    young = sched.add("young", (3, 4), max_tokens=3)  # 1 block: the cache is full
+    old = sched.add("old", (1, 2), stops=StopRules(max_tokens=3))  # 1 block
+    young = sched.add("young", (3, 4), stops=StopRules(max_tokens=3))  # 1 block: the cache is full
     run_step(sched, token=9)  # both prefilled, each sampled a token: 3 tokens, 1 block each
     step = run_step(sched, token=9)
     # old decodes position 2 and needs a second block: the youngest is preempted for it
@@ -164,8 +165,8 @@ def test_kv_growth_preempts_the_youngest_which_is_recomputed_later():
 
 def test_the_youngest_needing_a_block_preempts_itself_and_the_older_one_decodes_on():
     sched, _ = make(max_running=2, max_step_tokens=8, kv_blocks=2, block_size=2)
-    old = sched.add("old", (1,), max_tokens=1)  # decodes position 1: still its first block
-    young = sched.add("young", (1, 2), max_tokens=3)  # decodes position 2: needs a second block
+    old = sched.add("old", (1,), stops=StopRules(max_tokens=1))  # decodes position 1: still its first block
+    young = sched.add("young", (1, 2), stops=StopRules(max_tokens=3))  # decodes position 2: needs a second block
     run_step(sched)
     step = run_step(sched)
     assert step.preempted == [young] and shape(step) == [("old", 1, 1)]
@@ -182,8 +183,8 @@ def test_config_checks_name_the_field():
 def test_reused_prefix_is_not_prefilled_again_but_the_last_token_always_is(clock):
     held = {"a": 3, "b": 99}  # the engine holds a's first 3 tokens; claims more than b has
     sched = Scheduler(SchedulerConfig(max_running=2, max_step_tokens=64), clock, reuse=lambda seq: held[seq.payload])
-    a = sched.add("a", (1, 2, 3, 4, 5), max_tokens=4)
-    b = sched.add("b", (1, 2), max_tokens=4)
+    a = sched.add("a", (1, 2, 3, 4, 5), stops=StopRules(max_tokens=4))
+    b = sched.add("b", (1, 2), stops=StopRules(max_tokens=4))
     step = run_step(sched)
     assert shape(step) == [("a", 3, 2), ("b", 1, 1)]
     assert a.generated == [7] and b.generated == [7]
@@ -214,10 +215,10 @@ def test_a_sequence_that_leaves_releases_the_engines_state_before_another_is_adm
     slots = Slots(1)
     config = SchedulerConfig(max_running=1, max_step_tokens=8)
     sched = Scheduler(config, clock, reuse=slots.reuse, release=slots.release)
-    a = sched.add("a", (1, 2), max_tokens=4)
+    a = sched.add("a", (1, 2), stops=StopRules(max_tokens=4))
     run_step(sched)
     sched.cancel(a)
-    sched.add("b", (3, 4), max_tokens=4)
+    sched.add("b", (3, 4), stops=StopRules(max_tokens=4))
     step = run_step(sched)
     assert step.dropped == [a] and shape(step) == [("b", 0, 2)]
     assert slots.events == [("claim", "a"), ("release", "a"), ("claim", "b")]
@@ -227,8 +228,8 @@ def test_a_preempted_sequence_releases_the_engines_state_at_once(clock):
     slots = Slots(2)
     config = SchedulerConfig(max_running=2, max_step_tokens=16, kv_blocks=2, block_size=2)
     sched = Scheduler(config, clock, reuse=slots.reuse, release=slots.release)
-    old = sched.add("old", (1, 2), max_tokens=3)
-    young = sched.add("young", (3, 4), max_tokens=3)
+    old = sched.add("old", (1, 2), stops=StopRules(max_tokens=3))
+    young = sched.add("young", (3, 4), stops=StopRules(max_tokens=3))
     run_step(sched)
     step = run_step(sched)
     assert step.preempted == [young] and slots.events[-1] == ("release", "young") and slots.free == 1
@@ -236,3 +237,30 @@ def test_a_preempted_sequence_releases_the_engines_state_at_once(clock):
     assert slots.events[-1] == ("release", "old") and slots.free == 2
     run_step(sched)  # young comes back: it claims a slot again
     assert slots.events[-1] == ("claim", "young") and slots.free == 1
+
+
+def advance_all(sched: Scheduler, tokens: dict[str, int]) -> dict[str, str | None]:
+    """One step; each sampling chunk gets its sequence's token; the scheduler's verdict per sequence."""
+    step = sched.schedule()
+    return {c.seq.payload: sched.advance(c, tokens[c.seq.payload] if c.sample else None) for c in step.chunks}
+
+
+def test_the_scheduler_decides_a_length_stop():
+    sched, _ = make(max_running=2, max_step_tokens=16)
+    seq = sched.add("a", (1, 2), stops=StopRules(max_tokens=2))
+    assert advance_all(sched, {"a": 5}) == {"a": None}
+    assert advance_all(sched, {"a": 5}) == {"a": "length"}
+    assert seq.finish_reason == "length" and seq.generated == [5, 5]
+    sched.finish(seq)
+    assert sched.idle and sched.used_blocks == 0
+
+
+def test_the_scheduler_decides_end_tokens_after_min_tokens():
+    sched, _ = make(max_running=2, max_step_tokens=16)
+    ends = frozenset({9})
+    early = sched.add("early", (1,), stops=StopRules(max_tokens=8, min_tokens=1, end_ids=ends))
+    plain = sched.add("plain", (2,), stops=StopRules(max_tokens=8, end_ids=ends))
+    assert advance_all(sched, {"early": 9, "plain": 9}) == {"early": None, "plain": "stop"}
+    sched.finish(plain)
+    assert advance_all(sched, {"early": 9}) == {"early": "stop"}  # past min_tokens now
+    assert early.generated == [9, 9] and plain.generated == [9]

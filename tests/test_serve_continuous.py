@@ -28,10 +28,9 @@ def needs(*names: str):
 def generation_engine(model: str, plan: str = "baseline"):
     from accelab.catalog.resolve import resolve
     from accelab.plan.plan import load_plan
-    from accelab.runtimes import load_runnable
     from accelab.serve.engines import build_engine
 
-    return build_engine(load_runnable(resolve(model, fetch=False), load_plan(plan), torch.device("cpu")), name=model)
+    return build_engine(resolve(model, fetch=False), load_plan(plan), torch.device("cpu"), name=model)
 
 
 def in_process_server(model: str, plan: str = "baseline", **config):

@@ -4,7 +4,9 @@ every decoding step and tokens stream as they are made (the static `Worker` runs
 `generate` per batch instead).
 
 It takes the same `Job`s as the static worker, so the routes do not care which one runs
-them: a job's units (`GenUnit`, one per prompt) become sequences of the pure `Scheduler`.
+them: a job's units (`GenUnit`, one per prompt) become sequences of the pure `Scheduler`,
+which decides when a token ends one (`StopRules`); the row's `TextStream` turns the tokens
+into text and ends it early on a stop string.
 Every job gets exactly one `done` call, from this thread:
 - its completions, once all its sequences finished (end of sequence, stop string, max_tokens);
 - a timeout when it waited past its deadline without being admitted (never run);
@@ -27,8 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import threading
 import time
 from collections.abc import Callable, Sequence as Seq
 from dataclasses import dataclass, field, replace
@@ -49,22 +49,31 @@ from accelab.serve.engines.base import (
     SupportsScore,
 )
 from accelab.serve.engines.sampling import SampledToken, describe, prompt_logprobs
+from accelab.serve.jobs import (
+    ClientGone,
+    ErrorKind,
+    Job,
+    JobRun,
+    WorkerThread,
+    call_safely,
+    deadline_error,
+    error_kind,
+    is_out_of_memory,
+)
 from accelab.serve.scheduler import Chunk, NeverFits, QueueFull, Scheduler, SchedulerConfig, Sequence, Step
+from accelab.serve.stops import FinishReason, StopRules
 from accelab.serve.textstream import TextStream, stream_for
-from accelab.serve.worker import DeadlineExceeded, ErrorKind, Job, JobOutcome, ShuttingDown, is_out_of_memory
 
 log = logging.getLogger(__name__)
 
-
-class ClientGone(Exception):
-    pass
+__all__ = ["ClientGone", "ContinuousWorker"]
 
 
 @dataclass(kw_only=True, slots=True, eq=False)
 class _Row:
     unit: GenUnit
     stream: TextStream
-    run: _JobRun
+    run: JobRun[_Row]
     index: int
     seq: Sequence[_Row] | None = None
     last_token_at: float | None = None
@@ -74,19 +83,7 @@ class _Row:
     forked_from: Sequence[_Row] | None = None
 
 
-@dataclass(kw_only=True, slots=True, eq=False)
-class _JobRun:
-    """A submitted job, as the event loop holds it (to cancel it)."""
-
-    job: Job
-    arrival: float
-    rows: list[_Row] = field(default_factory=list)
-    completions: dict[int, Completion] = field(default_factory=dict)
-    admitted_at: float | None = None
-    done: bool = False
-
-
-class ContinuousWorker:
+class ContinuousWorker(WorkerThread[Step[_Row]]):
     def __init__(
         self,
         engine: StepEngine,
@@ -97,11 +94,11 @@ class ContinuousWorker:
         clock: Callable[[], float] = time.monotonic,
         hooks: ContinuousHooks | None = None,
     ):
+        super().__init__("accelab-continuous-worker", clock=clock)
         self.engine = engine
         self.config = config
         self._decode = decode
         self._eos_ids = tuple(eos_ids)
-        self._clock = clock
         # what the engine can do besides stepping (engines.base): asked once, here
         self._reuse = engine if isinstance(engine, SupportsPrefixReuse) else None
         self._fork = engine if isinstance(engine, SupportsFork) else None
@@ -115,24 +112,16 @@ class ContinuousWorker:
             config, clock, reuse=self._reused if wants_reuse else None, release=lambda seq: engine.release(seq.id)
         )
         self._block_bytes = engine.kv_bytes_per_token * config.block_size
-        self._cond = threading.Condition()
-        self._stopping = False
-        self._busy = False
-        self._seconds_per_sequence = 0.0  # moving average, admission to finish, for Retry-After
         self._reused_seen = 0
         self.hooks = hooks or ContinuousHooks()
-        self._thread = threading.Thread(target=self._loop, name="accelab-continuous-worker", daemon=True)
 
     # -- called from the event loop -------------------------------------------------------
-    def start(self) -> None:
-        self._thread.start()
-
-    def submit(self, job: Job) -> _JobRun:
+    def submit(self, job: Job) -> JobRun[_Row]:
         """Queue a job's sequences; raises QueueFull (429), ShuttingDown (503) or
         PayloadTooLarge (413: it could not fit the KV cache even alone)."""
-        run = _JobRun(job=job, arrival=self._clock())
+        run: JobRun[_Row] = JobRun(job=job, arrival=self._clock())
         run.rows = [
-            _Row(unit=unit, stream=stream_for(unit.params, self._decode, self._eos_ids), run=run, index=i)
+            _Row(unit=unit, stream=stream_for(unit.params, self._decode), run=run, index=i)
             for i, unit in enumerate(job.units)
         ]
         parents = {id(row.unit): row for row in run.rows}
@@ -140,8 +129,7 @@ class ContinuousWorker:
             if row.unit.fork_of is not None and id(row.unit.fork_of) in parents:
                 parents[id(row.unit.fork_of)].children.append(row)
         with self._cond:
-            if self._stopping:
-                raise ShuttingDown("the server is shutting down")
+            self._accepting()
             try:
                 for unit in job.units:
                     self._scheduler.check_fits(len(unit.prompt.ids), unit.params.max_tokens)
@@ -153,12 +141,12 @@ class ContinuousWorker:
             for row in run.rows:
                 if id(row) not in forked:  # the other choices are queued once their parent prefilled
                     row.seq = self._scheduler.add(
-                        row, row.unit.prompt.ids, max_tokens=row.unit.params.max_tokens, timeout_s=job.timeout_s
+                        row, row.unit.prompt.ids, stops=self._stops(row.unit), timeout_s=job.timeout_s
                     )
             self._cond.notify()
         return run
 
-    def cancel(self, run: _JobRun) -> bool:
+    def cancel(self, run: JobRun[_Row]) -> bool:
         """Take a job out of the queue (deadline passed, client gone) if none of its sequences
         was admitted yet (True); False once it runs (then it is answered as usual)."""
         with self._cond:
@@ -179,48 +167,22 @@ class ContinuousWorker:
     def batch_limit(self) -> int:
         return self.config.max_running
 
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
-    @property
-    def idle(self) -> bool:
-        with self._cond:
-            return not self._busy and self._scheduler.idle
-
     def retry_after_s(self) -> int:
         """Seconds a client turned away should wait: the queue ahead of it, run max_running at a time."""
         with self._cond:
             rounds = self._scheduler.waiting / self.config.max_running + 1
-        return max(1, math.ceil(rounds * self._seconds_per_sequence))
+        return self._retry_after(rounds)
 
-    def stop(self, *, timeout_s: float | None = None) -> bool:
-        """Finish what is queued and running, then end the thread; True when it ended in time."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
-        return not self._thread.is_alive()
+    def _stops(self, unit: GenUnit) -> StopRules:
+        return StopRules.of(unit.params, self._eos_ids)
 
     # -- the worker thread ----------------------------------------------------------------
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                step = self._next_step()
-                while step.empty:
-                    if self._stopping and self._scheduler.idle:
-                        return
-                    self._cond.wait(self._wait_s())
-                    step = self._next_step()
-                self._busy = True
-            try:
-                self._run(step)
-            except Exception:  # the worker thread must survive anything
-                log.exception("continuous worker step error")
-            finally:
-                with self._cond:
-                    self._busy = False
+    def _take(self) -> Step[_Row] | None:
+        step = self._next_step()
+        return None if step.empty else step
+
+    def _drained(self) -> bool:
+        return self._scheduler.idle
 
     def _next_step(self) -> Step[_Row]:
         """Under the lock: cancel what the routes gave up on, then schedule. A fault while
@@ -246,28 +208,7 @@ class ContinuousWorker:
         return None if deadline is None else max(0.0, deadline - self._clock())
 
     def _run(self, step: Step[_Row]) -> None:
-        for seq in step.expired:
-            waited = self._clock() - seq.arrival
-            self._fail(
-                seq.payload.run,
-                DeadlineExceeded(
-                    f"request waited {waited:.1f} s in the queue, past its deadline of "
-                    f"{seq.payload.run.job.timeout_s:g} s; raise --request-timeout or send fewer requests at once"
-                ),
-                "timeout",
-            )
-        for seq in step.dropped:
-            self._fail(seq.payload.run, ClientGone("the client went away"), "cancelled")
-        for seq in step.admitted:
-            run = seq.payload.run
-            if run.admitted_at is None:
-                run.admitted_at = self._clock()
-                _call(run.job.started)
-            try:
-                self._score_prompt(seq.payload)
-            except Exception as err:  # noqa: BLE001 - this job fails alone
-                log.warning("scoring a prompt failed: %r", err)
-                self._fail(run, err, "oom" if is_out_of_memory(err) else "model_error")
+        self._settle(step)
         started = self._clock()
         if step.copies:  # copy-on-write of shared blocks, before any chunk writes into them
             assert self._paged is not None, "only a paged engine's blocks are shared"
@@ -280,17 +221,37 @@ class ContinuousWorker:
             if isinstance(result, BaseException):
                 with self._cond:
                     self._scheduler.finish(chunk.seq)
-                self._fail(row.run, result, "oom" if is_out_of_memory(result) else "model_error")
+                self._fail(row.run, result, error_kind(result))
                 continue
             with self._cond:
-                self._scheduler.advance(chunk, None if result is None else result.token)
+                ends = self._scheduler.advance(chunk, None if result is None else result.token)
             if result is not None and chunk.seq.state == "running" and not chunk.seq.cancelled:
                 sampled += 1
-                self._take_token(row, result, now)
+                self._take_token(row, result, ends, now)
+        call_safely(self.hooks.on_step, self._report(step, sampled=sampled, seconds=now - started))
+
+    def _settle(self, step: Step[_Row]) -> None:
+        """Before the step runs: answer the jobs that expired or were dropped, and start the
+        admitted ones (echo's prompt scoring)."""
+        for seq in step.expired:
+            run = seq.payload.run
+            self._fail(run, deadline_error(self._clock() - seq.arrival, run.job.timeout_s), "timeout")
+        for seq in step.dropped:
+            self._fail(seq.payload.run, ClientGone("the client went away"), "cancelled")
+        for seq in step.admitted:
+            run = seq.payload.run
+            run.admit(self._clock())
+            try:
+                self._score_prompt(seq.payload)
+            except Exception as err:  # noqa: BLE001 - this job fails alone
+                log.warning("scoring a prompt failed: %r", err)
+                self._fail(run, err, error_kind(err))
+
+    def _report(self, step: Step[_Row], *, sampled: int, seconds: float) -> StepReport:
         cost = self._costs.step_cost(step.chunks) if self._costs is not None and step.chunks else None
         with self._cond:
             reused, self._reused_seen = self._scheduler.reused_tokens - self._reused_seen, self._scheduler.reused_tokens
-            report = StepReport(
+            return StepReport(
                 running=self._scheduler.running,
                 waiting=self._scheduler.waiting,
                 kv_used=self._scheduler.used_blocks,
@@ -300,13 +261,12 @@ class ContinuousWorker:
                 tokens=step.tokens,
                 sampled=sampled,
                 preempted=len(step.preempted),
-                seconds=now - started,
+                seconds=seconds,
                 reused_tokens=reused,
                 batch=len(step.chunks),
                 preempted_tokens=sum(seq.length for seq in step.preempted),
                 cost=cost,
             )
-        _call(self.hooks.on_step, report)
 
     def _compute(self, chunks: list[Chunk[_Row]]) -> Seq[SampledToken | None | BaseException]:
         """The engine's step over `chunks`: a token (sampling chunks), None (the others) or the
@@ -330,7 +290,7 @@ class ContinuousWorker:
                 log.warning("a sequence failed: %r", err)
                 return [err]
             log.warning("a step of %d sequences failed (%r); running them one by one", len(inputs), err)
-            _call(self.hooks.on_retry, "oom" if is_out_of_memory(err) else "batch_error")
+            call_safely(self.hooks.on_retry, "oom" if is_out_of_memory(err) else "batch_error")
         results: list[SampledToken | None | BaseException] = []
         for item in inputs:
             try:
@@ -340,13 +300,15 @@ class ContinuousWorker:
                 results.append(err)
         return results
 
-    def _take_token(self, row: _Row, sampled: SampledToken, now: float) -> None:
+    def _take_token(self, row: _Row, sampled: SampledToken, ends: FinishReason | None, now: float) -> None:
+        """A row's new token, with the scheduler's verdict on it: its text goes out, and the row
+        finishes on that verdict or on a stop string its text stream found."""
         unit = row.unit
         if row.last_token_at is not None:
-            _call(self.hooks.on_token_gap, now - row.last_token_at)
+            call_safely(self.hooks.on_token_gap, now - row.last_token_at)
         row.last_token_at = now
         unit.note_token(now)
-        piece = row.stream.push(sampled.token)
+        piece = row.stream.push(sampled.token, ends=ends)
         if unit.params.logprobs is not None and not row.stream.ended_on_stop_token:  # a stop token is no text
             unit.sampled.append(sampled)
         unit.emit(piece.text)
@@ -358,23 +320,8 @@ class ContinuousWorker:
         with self._cond:
             self._scheduler.finish(row.seq)
         run = row.run
-        run.completions[row.index] = self._completion(row, piece.finished, now)
-        if len(run.completions) == len(run.rows) and not run.done:
-            run.done = True
-            admitted = run.admitted_at if run.admitted_at is not None else now
-            seconds = now - admitted
-            self._seconds_per_sequence = (
-                seconds if not self._seconds_per_sequence else 0.8 * self._seconds_per_sequence + 0.2 * seconds
-            )
-            _call(
-                run.job.done,
-                JobOutcome(
-                    outputs=[run.completions[i] for i in range(len(run.rows))],
-                    queue_s=admitted - run.arrival,
-                    compute_s=seconds,
-                    batch_units=self._scheduler.running + 1,
-                ),
-            )
+        if run.complete(row.index, self._completion(row, piece.finished, now)):
+            self._note_seconds(run.finish(now, batch_units=self._scheduler.running + 1))
 
     def _completion(self, row: _Row, finish_reason: Any, now: float) -> Completion:
         unit, stream = row.unit, row.stream
@@ -407,7 +354,7 @@ class ContinuousWorker:
                         continue
                 # counted against max_queue when its request came in: never refused for the queue now
                 child.seq = self._scheduler.add(
-                    child, child.unit.prompt.ids, max_tokens=child.unit.params.max_tokens, accepted=True
+                    child, child.unit.prompt.ids, stops=self._stops(child.unit), accepted=True
                 )
                 child.forked_from = row.seq
         row.children = []
@@ -433,18 +380,16 @@ class ContinuousWorker:
         ids = row.unit.prompt.ids
         row.unit.prompt_sampled = prompt_logprobs(self.engine.score(ids), ids, top)
 
-    def _fail(self, run: _JobRun, error: BaseException, kind: ErrorKind) -> None:
+    def _fail(self, run: JobRun[_Row], error: BaseException, kind: ErrorKind) -> None:
         """Answer a job with `error` once; its other sequences stop at the next step."""
         if run.done:
             return
-        run.done = True
         for row in run.rows:
             row.unit.cancelled = True
             if row.seq is not None and row.seq.state != "done":
                 with self._cond:
                     self._scheduler.cancel(row.seq)
-        queue_s = (run.admitted_at or self._clock()) - run.arrival
-        _call(run.job.done, JobOutcome(error=error, error_kind=kind, queue_s=queue_s))
+        run.failure(error, kind, self._clock())
 
 
 def _spread(inputs: list[StepInput], tokens: list[Any]) -> list[SampledToken | None]:
@@ -454,10 +399,3 @@ def _spread(inputs: list[StepInput], tokens: list[Any]) -> list[SampledToken | N
         raise RuntimeError(f"the engine returned {len(tokens)} tokens for {wanted} sampling sequences")
     picked = iter(SampledToken(token=t) if isinstance(t, int) else t for t in tokens)
     return [next(picked) if item.sample else None for item in inputs]
-
-
-def _call(callback: Callable[..., Any], *args: Any) -> None:
-    try:
-        callback(*args)
-    except Exception:  # one broken callback must not stop the worker
-        log.exception("callback failed")

@@ -18,7 +18,9 @@ Per step (`schedule`), in this order:
    request) starts its prefill after them.
 
 After the engine ran the step, the caller reports each chunk with `advance` (and the token
-sampled at its end), and ends a sequence with `finish`.
+sampled at its end). The scheduler decides there whether that token ends the sequence (its
+`StopRules`: end of sequence, stop token ids, min_tokens, max_tokens) and says why; the caller
+ends a sequence with `finish`, for that reason or its own (a stop string in the text, an error).
 
 The KV cache is a `BlockPool` of `kv_blocks` blocks of `block_size` tokens: each sequence's
 `block_table` lists the engine's real blocks that hold its positions (allocated for the whole
@@ -41,6 +43,7 @@ from typing import Generic, Literal, TypeVar
 
 from accelab.serve.batcher import QueueFull  # one "answer 429" for both schedulers
 from accelab.serve.kv_blocks import BlockPool, CopyBlock, PoolFull
+from accelab.serve.stops import FinishReason, StopRules
 
 T = TypeVar("T")
 
@@ -85,7 +88,7 @@ class Sequence(Generic[T]):
     id: int
     payload: T
     prompt: tuple[int, ...]
-    max_tokens: int
+    stops: StopRules
     arrival: float
     deadline: float | None  # absolute, on the scheduler's clock; only while waiting
     generated: list[int] = field(default_factory=list)
@@ -96,6 +99,11 @@ class Sequence(Generic[T]):
     admitted_at: float | None = None  # the first admission
     cancelled: bool = False
     preemptions: int = 0
+    finish_reason: FinishReason | None = None  # set by `advance` on the token that ends it
+
+    @property
+    def max_tokens(self) -> int:
+        return self.stops.max_tokens
 
     @property
     def length(self) -> int:
@@ -221,16 +229,16 @@ class Scheduler(Generic[T]):
         payload: T,
         prompt: tuple[int, ...],
         *,
-        max_tokens: int,
+        stops: StopRules,
         timeout_s: float | None = None,
         accepted: bool = False,
     ) -> Sequence[T]:
-        """Queue a sequence. `accepted`: its request was admitted already (a later choice of an
-        n > 1 request, counted against max_queue when the request came), so the bound does not
-        refuse it now."""
+        """Queue a sequence that generates until `stops` end it. `accepted`: its request was
+        admitted already (a later choice of an n > 1 request, counted against max_queue when the
+        request came), so the bound does not refuse it now."""
         if not prompt:
             raise ValueError("a sequence needs at least one prompt token")
-        self.check_fits(len(prompt), max_tokens)
+        self.check_fits(len(prompt), stops.max_tokens)
         if not accepted and len(self._waiting) >= self.config.max_queue:
             raise QueueFull(f"{len(self._waiting)} sequences are waiting (max_queue={self.config.max_queue})")
         now = self._clock()
@@ -238,7 +246,7 @@ class Scheduler(Generic[T]):
             id=next(self._ids),
             payload=payload,
             prompt=tuple(prompt),
-            max_tokens=max_tokens,
+            stops=stops,
             arrival=now,
             deadline=None if timeout_s is None else now + timeout_s,
         )
@@ -246,9 +254,8 @@ class Scheduler(Generic[T]):
         return seq
 
     def check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
-        """NeverFits unless a sequence of this size fits the KV cache when alone."""
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens={max_tokens} must be 1 or more")
+        """NeverFits unless a sequence of this size fits the KV cache when alone (max_tokens >= 1:
+        the request's SamplingParams checked it where the request was parsed)."""
         need = prompt_tokens + max_tokens - 1  # the last token is sampled, never fed back
         if need > self.config.kv_tokens:
             raise NeverFits(
@@ -292,7 +299,7 @@ class Scheduler(Generic[T]):
             id=next(self._ids),
             payload=payload,
             prompt=parent.prompt,
-            max_tokens=parent.max_tokens,
+            stops=parent.stops,
             arrival=parent.arrival,
             deadline=None,
             computed=n,
@@ -360,17 +367,21 @@ class Scheduler(Generic[T]):
             chunks=chunks, admitted=admitted, expired=expired, dropped=dropped, preempted=preempted, copies=self._copies
         )
 
-    def advance(self, chunk: Chunk[T], token: int | None) -> None:
-        """The engine computed `chunk` (and sampled `token` at its end when `chunk.sample`)."""
+    def advance(self, chunk: Chunk[T], token: int | None) -> FinishReason | None:
+        """The engine computed `chunk` (and sampled `token` at its end when `chunk.sample`).
+        Returns why that token ends the sequence ("stop" or "length"), None while it goes on;
+        the caller then `finish`es it."""
         seq = chunk.seq
         if seq.state != "running" or seq.computed != chunk.start:
-            return  # preempted or cancelled meanwhile: the chunk's work is void
+            return None  # preempted or cancelled meanwhile: the chunk's work is void
         if chunk.sample and token is None:
             raise ValueError(f"chunk of sequence {seq.id} ends at its last token: it needs the sampled token")
         seq.computed += len(chunk.tokens)
         if chunk.sample and token is not None:
             seq.generated.append(token)
+            seq.finish_reason = seq.stops.check(len(seq.generated), token)
         self._commit(seq)
+        return seq.finish_reason
 
     def finish(self, seq: Sequence[T]) -> None:
         """The sequence is complete (or failed): it leaves and frees its blocks."""

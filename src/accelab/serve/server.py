@@ -19,11 +19,9 @@ from typing import Any
 
 import uvicorn
 
-from accelab.runtimes import load_runnable
 from accelab.serve.config import ServeConfig
 from accelab.serve.engines import build_engine
 from accelab.serve.engines.base import Engine
-from accelab.serve.engines.vllm import build_vllm_engine, is_engine_process
 from accelab.serve.state import ServerState
 
 log = logging.getLogger(__name__)
@@ -34,17 +32,8 @@ SHUTDOWN_RESERVE_S = 1.0  # of the grace period, kept for closing connections an
 def engine_factory(
     spec: Any, plan: Any, device: Any, *, name: str, max_batch_size: int | None = None
 ) -> Callable[[], Engine]:
-    """Load `spec`, apply `plan` on `device`, wrap it in the engine for its task (called in the
-    server's background loader thread); an engine process that schedules itself runs up to
-    `max_batch_size` sequences where the plan does not say."""
-
-    def build() -> Engine:
-        if is_engine_process(spec, plan):  # its engine process belongs to this server and leaves with it
-            return build_vllm_engine(spec, plan, device, name=name, max_num_seqs=max_batch_size)
-
-        return build_engine(load_runnable(spec, plan, device), name=name)
-
-    return build
+    """`build_engine` for the server's background loader thread."""
+    return lambda: build_engine(spec, plan, device, name=name, max_batch_size=max_batch_size)
 
 
 class DrainingServer(uvicorn.Server):

@@ -1,22 +1,26 @@
-"""Token ids to streamed text for one sequence: incremental detokenisation, stop strings,
-max_tokens, min_tokens and end-of-sequence (stop token ids count as end-of-sequence; with
-ignore_eos the end-of-sequence ids do not: `stream_for`). Pure: the decoder is injected
+"""Token ids to streamed text for one sequence: incremental detokenisation and stop strings.
+Whether a token ends the sequence (end of sequence, stop token ids, max_tokens, min_tokens) is
+decided by `accelab.serve.stops.StopRules` where the sequence is scheduled; the stream is told
+(`push(token, ends=...)`) and only turns ids into text. Pure: the decoder is injected
 (`tokenizer.decode` in the server, a dict lookup in tests).
 
 Incremental decoding keeps two offsets (the approach of text-generation-inference): the text
 of tokens [prefix:read) already went out; decoding [prefix:) and taking what lies past it
 gives the new text, held back while it ends in U+FFFD (half of a multi-byte character).
 Stop strings: text that could still be the start of a stop string is held back until it
-either completes one (the stream ends before it) or cannot (it goes out).
+either completes one (the stream ends before it) or cannot (it goes out). Before `min_tokens`
+tokens no stop string ends the stream.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-FinishReason = Literal["stop", "length"]
+from accelab.serve.stops import FinishReason
+
+__all__ = ["FinishReason", "Step", "TextStream", "stream_for"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,34 +29,20 @@ class Step:
     finished: FinishReason | None  # set on the step that ends the sequence
 
 
-def stream_for(params: Any, decode: Callable[[Sequence[int]], str], eos_ids: Sequence[int]) -> TextStream:
+def stream_for(params: Any, decode: Callable[[Sequence[int]], str]) -> TextStream:
     """The stream of one sequence with SamplingParams `params`."""
-    ends = (() if params.ignore_eos else tuple(eos_ids)) + tuple(params.stop_token_ids)
-    return TextStream(
-        decode, max_tokens=params.max_tokens, stop=params.stop, eos_ids=ends, min_tokens=params.min_tokens
-    )
+    return TextStream(decode, stop=params.stop, min_tokens=params.min_tokens)
 
 
 class TextStream:
-    def __init__(
-        self,
-        decode: Callable[[Sequence[int]], str],
-        *,
-        max_tokens: int,
-        stop: Sequence[str] = (),
-        eos_ids: Sequence[int] = (),
-        min_tokens: int = 0,
-    ):
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens={max_tokens} must be 1 or more")
+    def __init__(self, decode: Callable[[Sequence[int]], str], *, stop: Sequence[str] = (), min_tokens: int = 0):
         self._decode = decode
-        self.max_tokens = max_tokens
         self._stop = [s for s in stop if s]
-        self._eos = set(eos_ids)
         self._min_tokens = min_tokens  # before this many tokens, no stop string ends the stream
         self.ids: list[int] = []
         self._prefix = 0
         self._read = 0
+        self._stop_token = False  # the last id ended the sequence as a stop token: it is no text
         self.text = ""  # all decoded text (before stop truncation)
         self.sent = 0  # characters of `text` already handed out
         self.finish_reason: FinishReason | None = None
@@ -65,17 +55,20 @@ class TextStream:
     @property
     def ended_on_stop_token(self) -> bool:
         """The last token is an end-of-sequence or stop token (not part of the text)."""
-        return bool(self.ids) and self.ids[-1] in self._eos and self.finish_reason == "stop"
+        return self._stop_token
 
     @property
     def output(self) -> str:
         return self.text[: self.sent]
 
-    def push(self, token: int) -> Step:
+    def push(self, token: int, *, ends: FinishReason | None = None) -> Step:
+        """The sequence's next token; `ends`: the scheduler's verdict on it ("stop": an end or
+        stop token, which adds no text; "length": the last one max_tokens allows)."""
         if self.finish_reason is not None:
             raise RuntimeError("push after the stream finished")
         self.ids.append(token)
-        if token in self._eos and len(self.ids) > self._min_tokens:
+        if ends == "stop":
+            self._stop_token = True
             self.text += self._decode_rest()
             hit = self._find_stop()
             return self._finish("stop", flush_to=len(self.text) if hit is None else hit)
@@ -83,7 +76,7 @@ class TextStream:
         hit = self._find_stop() if len(self.ids) >= self._min_tokens else None
         if hit is not None:
             return self._finish("stop", flush_to=hit)
-        if len(self.ids) >= self.max_tokens:
+        if ends == "length":
             self.text += self._decode_rest()
             return self._finish("length", flush_to=len(self.text))
         safe = len(self.text) - self._held_back()
@@ -108,7 +101,7 @@ class TextStream:
 
     def _decode_rest(self) -> str:
         """Whatever the last tokens hold, even half a character, once the stream is over."""
-        ids = [i for i in self.ids if i not in self._eos]
+        ids = self.ids[:-1] if self._stop_token else self.ids
         before = self._decode(ids[self._prefix : self._read])
         after = self._decode(ids[self._prefix :])
         return after[len(before) :] if len(after) > len(before) else ""

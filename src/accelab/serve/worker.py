@@ -12,57 +12,43 @@ Every job gets exactly one `done` call, from this thread: its outputs or its err
 from __future__ import annotations
 
 import logging
-import math
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from dataclasses import dataclass, replace
+from typing import Any
 
-from accelab.serve.batcher import Batcher, BatchPolicy, Pending, QueueFull
+from accelab.serve.batcher import Batch, Batcher, BatchPolicy, Pending, QueueFull
+from accelab.serve.jobs import (
+    DeadlineExceeded,
+    ErrorKind,
+    Executor,
+    GenerationWorker,
+    Job,
+    JobOutcome,
+    SelfSchedulingWorker,
+    ShuttingDown,
+    WorkerThread,
+    call_safely,
+    deadline_error,
+    is_out_of_memory,
+)
 
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "DeadlineExceeded",
     "ErrorKind",
     "Executor",
     "GenerationWorker",
     "Job",
     "JobOutcome",
     "QueueFull",
+    "SelfSchedulingWorker",
+    "ShuttingDown",
     "Worker",
     "WorkerHooks",
     "is_out_of_memory",
 ]
-
-ErrorKind = Literal["oom", "model_error", "timeout", "shutdown", "cancelled"]
-
-
-@dataclass(kw_only=True, slots=True, eq=False)
-class Job:
-    """One request's work. Its units run in batches with the units of other jobs of its key;
-    `run(units) -> outputs` (one output per unit) is called in the worker thread."""
-
-    key: str
-    units: list[Any]
-    run: Callable[[list[Any]], list[Any]]
-    done: Callable[[JobOutcome], None]
-    started: Callable[[], None] = lambda: None  # its batch begins (a stream can send headers)
-    timeout_s: float | None = None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class JobOutcome:
-    outputs: list[Any] = field(default_factory=list)  # one per unit (none when it failed)
-    error: BaseException | None = None
-    error_kind: ErrorKind | None = None
-    queue_s: float = 0.0  # arrival to the start of its batch
-    compute_s: float = 0.0  # the start of its batch to its end
-    batch_units: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,22 +56,6 @@ class _UnitResult:
     value: Any = None
     error: BaseException | None = None
     kind: ErrorKind | None = None
-
-
-class DeadlineExceeded(Exception):
-    pass
-
-
-class ShuttingDown(Exception):
-    pass
-
-
-def is_out_of_memory(err: BaseException) -> bool:
-    try:
-        import torch
-    except ImportError:  # pragma: no cover - torch is a dependency
-        return isinstance(err, MemoryError)
-    return isinstance(err, (torch.OutOfMemoryError, MemoryError))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -98,54 +68,7 @@ class WorkerHooks:
     on_limit: Callable[[int], None] = lambda limit: None
 
 
-class Executor(Protocol):
-    """What runs jobs: this module's Worker (batches), the continuous worker, vLLM's worker.
-    `submit` hands back a handle of the executor's own kind, which only goes back to its
-    `cancel`."""
-
-    def submit(self, job: Job) -> Any: ...  # QueueFull (429), ShuttingDown (503)
-
-    def cancel(self, handle: Any) -> bool: ...  # False once the job runs
-
-    @property
-    def depth(self) -> int: ...  # jobs queued
-
-    def retry_after_s(self) -> int: ...
-
-
-class Closeable(Protocol):
-    def close(self) -> None: ...
-
-
-class GenerationWorker(Executor, Protocol):
-    """A worker that runs generation jobs a step at a time (ContinuousWorker, VllmWorker)."""
-
-    @property
-    def engine(self) -> Closeable: ...  # what it steps: the server closes it after `stop`
-
-    @property
-    def batch_limit(self) -> int: ...
-
-    @property
-    def alive(self) -> bool: ...
-
-    def start(self) -> None: ...
-
-    def stop(self, *, timeout_s: float | None = None) -> bool: ...  # True: it ended in time
-
-
-class SelfSchedulingWorker(GenerationWorker, Protocol):
-    """The worker of an engine whose runtime schedules every step itself (vLLM): the KV cache
-    is the runtime's, and the worker says how large it is."""
-
-    @property
-    def kv_blocks(self) -> int: ...
-
-    @property
-    def kv_tokens(self) -> int: ...
-
-
-class Worker:
+class Worker(WorkerThread[Batch[Job]]):
     def __init__(
         self,
         policy: BatchPolicy,
@@ -154,25 +77,16 @@ class Worker:
         hooks: WorkerHooks | None = None,
         quiet: Callable[[], bool] = lambda: False,
     ):
-        self._clock = clock
+        super().__init__("accelab-model-worker", clock=clock)
         self._quiet = quiet  # no request is on its way to the queue: a batch need not wait for company
         self._batcher: Batcher[Job] = Batcher(policy, clock)
-        self._cond = threading.Condition()
-        self._stopping = False
-        self._busy = False
-        self._batch_seconds = 0.0  # moving average of one batch's run time, for Retry-After
         self.hooks = hooks or WorkerHooks()
-        self._thread = threading.Thread(target=self._loop, name="accelab-model-worker", daemon=True)
 
     # -- called from the event loop -------------------------------------------------------
-    def start(self) -> None:
-        self._thread.start()
-
     def submit(self, job: Job) -> Pending[Job]:
         """Queue a job; raises QueueFull (answer 429) or ShuttingDown (answer 503)."""
         with self._cond:
-            if self._stopping:
-                raise ShuttingDown("the server is shutting down")
+            self._accepting()
             pending = self._batcher.add(job, key=job.key, weight=max(1, len(job.units)), timeout_s=job.timeout_s)
             self.hooks.on_depth(len(self._batcher))
             self._cond.notify()
@@ -194,71 +108,43 @@ class Worker:
     def batch_limit(self) -> int:
         return self._batcher.limit.value
 
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
-    @property
-    def idle(self) -> bool:
-        with self._cond:
-            return not self._busy and not len(self._batcher)
-
     def retry_after_s(self) -> int:
         """Seconds a client turned away should wait: the time to run the queue ahead of it."""
         with self._cond:
             batches = len(self._batcher) / max(1, self._batcher.limit.value) + 1
-        return max(1, math.ceil(batches * self._batch_seconds))
-
-    def stop(self, *, timeout_s: float | None = None) -> bool:
-        """Run what is queued, then end the thread; True when it ended within `timeout_s`."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        if self._thread.is_alive():
-            self._thread.join(timeout_s)
-        return not self._thread.is_alive()
+        return self._retry_after(batches)
 
     # -- the worker thread ----------------------------------------------------------------
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                batch = self._batcher.take(flush=self._stopping, quiet=self._quiet())
-                while batch is None:
-                    if self._stopping and not len(self._batcher):
-                        return
-                    self._cond.wait(self._batcher.wait_s())
-                    batch = self._batcher.take(flush=self._stopping, quiet=self._quiet())
-                self._busy = bool(batch.items)
-                self.hooks.on_depth(len(self._batcher))
-            try:
-                for pending in batch.expired:
-                    self._expire(pending)
-                if batch.items:
-                    self._run_batch(batch.items)
-            except Exception:  # the worker thread must survive anything
-                log.exception("worker loop error")
-            finally:
-                with self._cond:
-                    self._busy = False
+    def _take(self) -> Batch[Job] | None:
+        batch = self._batcher.take(flush=self._stopping, quiet=self._quiet())
+        if batch is not None:
+            self.hooks.on_depth(len(self._batcher))
+        return batch
 
-    def _expire(self, pending: Pending[Job]) -> None:
-        waited = self._clock() - pending.arrival
-        err = DeadlineExceeded(
-            f"request waited {waited:.1f} s in the queue, past its deadline of {pending.payload.timeout_s:g} s; "
-            "raise --request-timeout or send fewer requests at once"
-        )
-        _call_done(pending.payload, JobOutcome(error=err, error_kind="timeout", queue_s=waited))
+    def _drained(self) -> bool:
+        return not len(self._batcher)
+
+    def _wait_s(self) -> float | None:
+        return self._batcher.wait_s()
+
+    def _run(self, batch: Batch[Job]) -> None:
+        for pending in batch.expired:
+            waited = self._clock() - pending.arrival
+            err = deadline_error(waited, pending.payload.timeout_s)
+            call_safely(pending.payload.done, JobOutcome(error=err, error_kind="timeout", queue_s=waited))
+        if batch.items:
+            self._run_batch(batch.items)
 
     def _run_batch(self, items: list[Pending[Job]]) -> None:
         start = self._clock()
         jobs = [p.payload for p in items]
         for job in jobs:
-            _call(job.started)
+            call_safely(job.started)
         units = [unit for job in jobs for unit in job.units]
         results = self._run_chunks(jobs[0].run, units)
         end = self._clock()
         seconds = end - start
-        self._batch_seconds = seconds if not self._batch_seconds else 0.8 * self._batch_seconds + 0.2 * seconds
+        self._note_seconds(seconds)
         self.hooks.on_batch(len(units), seconds)
         offset = 0
         for pending, job in zip(items, jobs):
@@ -270,7 +156,7 @@ class Worker:
                 outcome = replace(outcome, outputs=[r.value for r in mine])
             else:
                 outcome = replace(outcome, error=failed.error, error_kind=failed.kind)
-            _call_done(job, outcome)
+            call_safely(job.done, outcome)
 
     def _run_chunks(self, run: Callable[[list[Any]], list[Any]], units: list[Any]) -> list[_UnitResult]:
         """Run `units` in chunks of the current limit, re-read before each chunk: a job heavier
@@ -318,17 +204,6 @@ class Worker:
             else:
                 results.extend(self._run_units(run, [unit]))
         return results
-
-
-def _call_done(job: Job, outcome: JobOutcome) -> None:
-    _call(job.done, outcome)
-
-
-def _call(callback: Callable[..., None], *args: Any) -> None:
-    try:
-        callback(*args)
-    except Exception:  # one broken callback must not stop the worker
-        log.exception("job callback failed")
 
 
 def _free_device_memory() -> None:

@@ -1,23 +1,33 @@
-"""Engines: what the server runs. `build_engine` picks one by task over a Runnable;
-tests inject fakes with the same methods (see tests/fakes_serve.py)."""
+"""Engines: what the server runs. `build_engine` loads a model under a plan through
+`accelab.runtimes.load_runnable` and wraps it in the engine its serve path names
+(`accelab.runtimes.serve_path`); tests inject fakes with the same methods (see tests/fakes_serve.py)."""
 
 from __future__ import annotations
 
-from typing import Any
+import torch
 
-from accelab.catalog.facts import GENERATE_TASKS
-from accelab.serve.engines.base import ROUTES_OF_TASK, Engine
+from accelab.catalog.spec import ModelSpec
+from accelab.plan.plan import Plan
+from accelab.runtimes import EngineProcess, load_runnable, serve_path
+from accelab.serve.engines.base import Engine
+from accelab.serve.engines.encoders import HFClassificationEngine, HFEmbeddingEngine
+from accelab.serve.engines.generation import HFGenerationEngine
+from accelab.serve.engines.vllm import EngineProcessEngine
 
 
-def build_engine(runnable: Any, *, name: str) -> Engine:
-    from accelab.serve.engines.encoders import HFClassificationEngine, HFEmbeddingEngine
-    from accelab.serve.engines.generation import HFGenerationEngine
-
-    task = runnable.task
-    if task in GENERATE_TASKS:
-        return HFGenerationEngine(runnable, name=name)
-    if task == "feature-extraction":
+def build_engine(
+    spec: ModelSpec, plan: Plan, device: torch.device, *, name: str, max_batch_size: int | None = None
+) -> Engine:
+    """`spec` under `plan` on `device`, in the engine of its serve path; an engine process that
+    schedules itself belongs to this server (it leaves with it) and runs up to `max_batch_size`
+    sequences where the plan does not say."""
+    path = serve_path(spec, plan)
+    if path.engine == "engine-process":
+        runnable = load_runnable(spec, plan, device, process=EngineProcess(max_num_seqs=max_batch_size))
+        return EngineProcessEngine(runnable, name=name)
+    runnable = load_runnable(spec, plan, device)
+    if path.engine == "generation":
+        return HFGenerationEngine(runnable, name=name, steps=path.steps)
+    if path.engine == "embedding":
         return HFEmbeddingEngine(runnable, name=name)
-    if task == "image-classification":
-        return HFClassificationEngine(runnable, name=name)
-    raise ValueError(f"accelab serve has no engine for task {task!r}; tasks served: {', '.join(ROUTES_OF_TASK)}")
+    return HFClassificationEngine(runnable, name=name)

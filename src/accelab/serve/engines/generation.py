@@ -24,6 +24,7 @@ import torch
 
 from accelab.catalog.facts import max_sequence_length, text_config
 from accelab.plan.runtime import Unsupported, input_device, to_device
+from accelab.runtimes import StepKind
 from accelab.serve.engines.base import (
     Completion,
     GenUnit,
@@ -38,6 +39,7 @@ from accelab.serve.engines.ragged import RaggedTorchEngine
 from accelab.serve.engines.sampling import SampledToken, SequenceSampler, describe, prompt_logprobs, sample
 from accelab.serve.images import ImagePolicy, decode_image
 from accelab.serve.scheduler import SchedulerConfig
+from accelab.serve.stops import StopRules
 from accelab.serve.textstream import TextStream, stream_for
 
 log = logging.getLogger(__name__)
@@ -46,9 +48,10 @@ log = logging.getLogger(__name__)
 class HFGenerationEngine:
     """Serves a causal LM (`text-generation`) or a vision-language model (`image-text-to-text`)."""
 
-    def __init__(self, runnable: Any, *, name: str, max_context: int | None = None):
+    def __init__(self, runnable: Any, *, name: str, max_context: int | None = None, steps: StepKind | None = "torch"):
         self.runnable = runnable
         self.name = name
+        self.steps = steps  # the step engine of continuous batching (accelab.runtimes.serve_path)
         self.image_policy = ImagePolicy()  # the server sets its own (accelab.serve.state)
         self.task = runnable.task
         processor = runnable.processor
@@ -150,12 +153,13 @@ class HFGenerationEngine:
     # -- running (worker thread) ------------------------------------------------------------
     def generate(self, units: list[GenUnit]) -> list[Completion]:
         batch = self._collate(units)
-        streams = [stream_for(u.params, self.decode, self.eos_ids) for u in units]
+        streams = [stream_for(u.params, self.decode) for u in units]
         samplers = [u.sampler or self._sequence_sampler(u.params, u.prompt) for u in units]
         for unit in units:
             if unit.prompt_sampled is None:
                 unit.prompt_sampled = self._prompt_logprobs(unit)
-        tracker = _RowTracker(units, streams, decode=self.decode)
+        rules = [StopRules.of(u.params, self.eos_ids) for u in units]
+        tracker = _RowTracker(units, streams, rules, decode=self.decode)
         from transformers import StoppingCriteriaList
 
         device = input_device(self.runnable.model, self.runnable.device)
@@ -231,7 +235,10 @@ class HFGenerationEngine:
             raise Unsupported(
                 "continuous batching does not take images yet: vision-language models run one generate call per batch"
             )
-        if self.runnable.plan is not None and self.runnable.plan.backend == "llamacpp":  # sequences of one context
+        if self.steps is None:
+            backend = self.runnable.plan.backend if self.runnable.plan is not None else "this runtime"
+            raise Unsupported(f"backend {backend} has no step engine for continuous batching")
+        if self.steps == "llamacpp":  # sequences of one context
             from accelab.serve.engines.llama_steps import LlamaStepEngine
 
             return LlamaStepEngine(
@@ -263,9 +270,10 @@ class _RowTracker:
     """Per-row bookkeeping during one generate call (a StoppingCriteria in all but name: it
     follows the protocol, __call__(input_ids, scores) -> bool tensor [B])."""
 
-    def __init__(self, units: list[GenUnit], streams: list[TextStream], *, decode: Any = None):
+    def __init__(self, units: list[GenUnit], streams: list[TextStream], rules: list[StopRules], *, decode: Any = None):
         self.units = units
         self.streams = streams
+        self.rules = rules
         self.decode = decode
         self.finished_at: list[float | None] = [None] * len(units)
         self.sampled: list[SampledToken | None] = [None] * len(units)  # the row's token of this step
@@ -277,10 +285,10 @@ class _RowTracker:
         tokens = input_ids[:, -1].tolist()  # note: a CPU-GPU sync point, once per step
         now = time.monotonic()
         done = []
-        for row, (unit, stream, token) in enumerate(zip(self.units, self.streams, tokens)):
+        for row, (unit, stream, rules, token) in enumerate(zip(self.units, self.streams, self.rules, tokens)):
             if stream.finish_reason is None and not unit.cancelled:
                 unit.note_token(now)
-                step = stream.push(token)
+                step = stream.push(token, ends=rules.check(stream.tokens + 1, token))
                 if (
                     unit.params.logprobs is not None
                     and self.sampled[row] is not None

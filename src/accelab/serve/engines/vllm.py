@@ -15,15 +15,12 @@ speak `engine_wire`; OpenVINO GenAI's sampler has no logit_bias, so that field i
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from accelab.backends import openvino_genai, vllm
 from accelab.plan.runtime import Unsupported
-from accelab.runtimes import check_supported
 from accelab.serve.engines.base import FieldNotSupported
 from accelab.serve.engines.generation import HFGenerationEngine
 from accelab.serve.engines.vllm_worker import VllmWorker
@@ -41,30 +38,7 @@ class VllmSampling:
     seed: int | None  # the request's seed + this choice's index
 
 
-def engine_process_loader(spec: Any, plan: Any) -> Callable[..., Any] | None:
-    """The loader of the engine process this plan generates in (which then belongs to the
-    server), or None where accelab's own engines run it."""
-    if plan.backend == "vllm":
-        return vllm.load
-    if plan.backend == "openvino" and spec.task == "text-generation":
-        return openvino_genai.load
-    return None
-
-
-def is_engine_process(spec: Any, plan: Any) -> bool:
-    return engine_process_loader(spec, plan) is not None
-
-
-def build_vllm_engine(
-    spec: Any, plan: Any, device: Any, *, name: str, max_num_seqs: int | None = None
-) -> VllmServeEngine:
-    check_supported(plan, spec, device)
-    load = engine_process_loader(spec, plan)
-    assert load is not None, f"backend {plan.backend} generates in accelab's own engines"
-    return VllmServeEngine(load(spec, plan, device, keep_s=0.0, max_num_seqs=max_num_seqs), name=name)
-
-
-class VllmServeEngine(HFGenerationEngine):
+class EngineProcessEngine(HFGenerationEngine):
     """Prompts prepared here; tokens from the engine process (`continuous_worker`), or, for the
     warm-up and `--scheduler static`, one greedy batch through the Runnable."""
 
@@ -72,7 +46,7 @@ class VllmServeEngine(HFGenerationEngine):
         self.client = runnable.model.client
         self.backend = runnable.plan.backend
         self.runtime = self.client.info.runtime  # vLLM, OpenVINO GenAI
-        super().__init__(runnable, name=name, max_context=self.client.info.max_model_len)
+        super().__init__(runnable, name=name, max_context=self.client.info.max_model_len, steps=None)
 
     def warmup(self) -> None:
         ids = list(self.prepare_chat([{"role": "user", "content": "Hello"}]).ids)

@@ -5,32 +5,41 @@ It takes the server's `Job`s like the continuous worker (`accelab.serve.continuo
 the same contract (every job gets exactly one `done`; 429 / 413 / 503 at submit; a job that waited
 past its deadline without a token gets "timeout"; a cancelled unit stops), but the scheduling is
 vLLM's: continuous batching, chunked prefill and its paged KV cache, inside the engine process.
-accelab keeps what the client sees: the tokenizer, each row's TextStream (stop strings, end of
-sequence, max_tokens, the streamed text), the limits and the metrics. A row that accelab ends
-before vLLM does (a stop string) is aborted in vLLM.
+accelab keeps what the client sees: the tokenizer, each row's TextStream (the streamed text and
+stop strings), the limits and the metrics. The engine applies the request's StopRules (end of
+sequence, stop token ids, min_tokens, max_tokens) in its own sampler; the worker applies the same
+rules to each token it receives, so a row ends on the same token whichever side sees it first.
+A row that accelab ends before the engine does (a stop string) is aborted there.
 
 "Admitted" here means the row's first token arrived: vLLM does not report a request leaving its
 queue, and until its prefill is done a request has cost the client nothing but waiting.
-Threads: `submit`/`cancel` come from the event loop, tokens from the client's reader thread, and a
-sweeper thread (every 50 ms) ends rows whose client went away and jobs past their deadline.
+Threads: `submit`/`cancel` come from the event loop, tokens from the client's reader thread, and
+the worker's own thread (every 50 ms) ends rows whose client went away and jobs past their deadline.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from accelab.backends import engine_wire as W
-from accelab.serve.continuous import ClientGone
 from accelab.serve.engines.base import SAMPLING_EPS, Completion, ContinuousHooks, GenUnit, PayloadTooLarge, StepReport
-from accelab.serve.scheduler import QueueFull
+from accelab.serve.jobs import (
+    ClientGone,
+    ErrorKind,
+    Job,
+    JobRun,
+    QueueFull,
+    WorkerThread,
+    call_safely,
+    deadline_error,
+)
+from accelab.serve.stops import StopRules
 from accelab.serve.textstream import TextStream, stream_for
-from accelab.serve.worker import DeadlineExceeded, ErrorKind, Job, JobOutcome, ShuttingDown
 
 log = logging.getLogger(__name__)
 
@@ -41,24 +50,15 @@ SWEEP_S = 0.05
 class _Row:
     unit: GenUnit
     stream: TextStream
-    run: _Run
+    stops: StopRules
+    run: JobRun[_Row]
     index: int
     request_id: str
     last_token_at: float | None = None
     done: bool = False
 
 
-@dataclass(kw_only=True, slots=True, eq=False)
-class _Run:
-    job: Job
-    arrival: float
-    rows: list[_Row] = field(default_factory=list)
-    completions: dict[int, Completion] = field(default_factory=dict)
-    admitted_at: float | None = None
-    done: bool = False
-
-
-class VllmWorker:
+class VllmWorker(WorkerThread[list[JobRun[_Row]]]):
     def __init__(
         self,
         client: Any,
@@ -69,29 +69,27 @@ class VllmWorker:
         hooks: ContinuousHooks | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
+        # the reader thread's callbacks take the lock again inside the worker's own calls
+        super().__init__("accelab-engine-sweeper", clock=clock, lock=threading.RLock())
         self.client = client
         self.engine = client  # the state closes `worker.engine` after the worker stopped
         self.max_queue = max_queue
-        self._decode, self._eos_ids, self._clock = decode, tuple(eos_ids), clock
+        self._decode, self._eos_ids = decode, tuple(eos_ids)
         self.hooks = hooks or ContinuousHooks()
         info = client.info
         self.kv_tokens = info.kv_blocks * info.block_size
         self.max_running = info.max_num_seqs
-        self._lock = threading.RLock()
-        self._runs: set[_Run] = set()
+        self._runs: set[JobRun[_Row]] = set()
         self._waiting = 0  # rows without a first token
-        self._stopping = False
-        self._seconds_per_sequence = 0.0
         self._sampled = 0  # tokens since the last Stats
         self._last_stats = clock()
-        self._sweeper = threading.Thread(target=self._sweep, name="accelab-vllm-sweeper", daemon=True)
 
     # -- called from the event loop -------------------------------------------------------------
     def start(self) -> None:
         self.client.watch(self._on_stats)
-        self._sweeper.start()
+        super().start()
 
-    def submit(self, job: Job) -> _Run:
+    def submit(self, job: Job) -> JobRun[_Row]:
         """Send a job's rows to vLLM; QueueFull (429), ShuttingDown (503) or PayloadTooLarge (413:
         a row that could not fit vLLM's KV cache even alone)."""
         for unit in job.units:
@@ -102,16 +100,16 @@ class VllmWorker:
                     f"needs {need} tokens of KV cache; vLLM's holds {self.kv_tokens} "
                     "(vllm_kv_cache_gib): lower max_tokens or shorten the prompt"
                 )
-        run = _Run(job=job, arrival=self._clock())
-        with self._lock:
-            if self._stopping:
-                raise ShuttingDown("the server is shutting down")
+        run: JobRun[_Row] = JobRun(job=job, arrival=self._clock())
+        with self._cond:
+            self._accepting()
             if self._waiting + len(job.units) > self.max_queue:  # all of the job or none
                 raise QueueFull(f"{self._waiting} sequences are waiting (max_queue={self.max_queue})")
             run.rows = [
                 _Row(
                     unit=unit,
-                    stream=stream_for(unit.params, self._decode, self._eos_ids),
+                    stream=stream_for(unit.params, self._decode),
+                    stops=StopRules.of(unit.params, self._eos_ids),
                     run=run,
                     index=i,
                     request_id=self.client.new_id(),
@@ -129,9 +127,9 @@ class VllmWorker:
                 break
         return run
 
-    def cancel(self, run: _Run) -> bool:
+    def cancel(self, run: JobRun[_Row]) -> bool:
         """Drop a job that has no token yet (deadline passed, client gone): True; else False."""
-        with self._lock:
+        with self._cond:
             if run.done or run.admitted_at is not None:
                 return False
             self._finish_run(run)
@@ -154,23 +152,8 @@ class VllmWorker:
     def alive(self) -> bool:
         return self.client.alive
 
-    @property
-    def idle(self) -> bool:
-        with self._lock:
-            return not self._runs
-
     def retry_after_s(self) -> int:
-        rounds = self._waiting / max(1, self.max_running) + 1
-        return max(1, math.ceil(rounds * self._seconds_per_sequence))
-
-    def stop(self, *, timeout_s: float | None = None) -> bool:
-        """Let what is queued and running finish, then stop taking work; True when it did in time."""
-        with self._lock:
-            self._stopping = True
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s  # real time: this thread waits
-        while not self.idle and (deadline is None or time.monotonic() < deadline):
-            time.sleep(0.02)
-        return self.idle
+        return self._retry_after(self._waiting / max(1, self.max_running) + 1)
 
     # -- the client's reader thread -------------------------------------------------------------
     def _on_message(self, row: _Row, message: Any) -> None:
@@ -195,11 +178,11 @@ class VllmWorker:
         if row.last_token_at is None:
             self._admit(row, now)
         else:
-            _call(self.hooks.on_token_gap, now - row.last_token_at)
+            call_safely(self.hooks.on_token_gap, now - row.last_token_at)
         row.last_token_at = now
         self._sampled += 1
         unit.note_token(now)
-        piece = row.stream.push(token)
+        piece = row.stream.push(token, ends=row.stops.check(row.stream.tokens + 1, token))
         unit.emit(piece.text)
         if piece.finished is not None:
             self.client.abort(row.request_id)  # accelab ended it (stop string, max_tokens): vLLM stops too
@@ -207,21 +190,17 @@ class VllmWorker:
 
     def _admit(self, row: _Row, now: float) -> None:
         run = row.run
-        with self._lock:  # with _finish_run: a row stops counting as waiting exactly once
+        with self._cond:  # with _finish_run: a row stops counting as waiting exactly once
             if row.done:
                 return
             row.last_token_at = now
             self._waiting -= 1
-            first = run.admitted_at is None
-            if first:
-                run.admitted_at = now
-        if first:
-            _call(run.job.started)
+            run.admit(now)
 
     def _complete(self, row: _Row, now: float) -> None:
         run = row.run
         row.done = True
-        run.completions[row.index] = Completion(
+        completion = Completion(
             text=row.stream.output,
             finish_reason=row.stream.finish_reason or "length",
             prompt_tokens=row.unit.prompt.prompt_tokens,
@@ -229,26 +208,11 @@ class VllmWorker:
             first_token_at=row.unit.first_token_at,
             finished_at=now,
         )
-        if len(run.completions) < len(run.rows):
-            return
-        with self._lock:
-            if run.done:
+        with self._cond:
+            if not run.complete(row.index, completion):
                 return
             self._finish_run(run)
-        admitted = run.admitted_at if run.admitted_at is not None else now
-        seconds = now - admitted
-        self._seconds_per_sequence = (
-            seconds if not self._seconds_per_sequence else (0.8 * self._seconds_per_sequence + 0.2 * seconds)
-        )
-        _call(
-            run.job.done,
-            JobOutcome(
-                outputs=[run.completions[i] for i in range(len(run.rows))],
-                queue_s=admitted - run.arrival,
-                compute_s=seconds,
-                batch_units=len(run.rows),
-            ),
-        )
+        self._note_seconds(run.finish(now, batch_units=len(run.rows)))
 
     def _on_stats(self, stats: Any) -> None:
         """One vLLM step: the continuous-batching metrics, in vLLM's own figures."""
@@ -268,10 +232,10 @@ class VllmWorker:
             batch=stats.running,
         )
         self._sampled, self._last_stats = 0, now
-        _call(self.hooks.on_step, report)
+        call_safely(self.hooks.on_step, report)
 
     # -- failing and sweeping -------------------------------------------------------------------
-    def _finish_run(self, run: _Run) -> None:
+    def _finish_run(self, run: JobRun[_Row]) -> None:
         """Under the lock: the run leaves; its rows without a token stop counting as waiting."""
         run.done = True
         self._runs.discard(run)
@@ -279,39 +243,45 @@ class VllmWorker:
         for row in run.rows:
             row.done = True
 
-    def _abort(self, run: _Run) -> None:
+    def _abort(self, run: JobRun[_Row]) -> None:
         for row in run.rows:
             self.client.abort(row.request_id)
 
-    def _fail(self, run: _Run, error: BaseException, kind: ErrorKind) -> None:
-        with self._lock:
+    def _fail(self, run: JobRun[_Row], error: BaseException, kind: ErrorKind) -> None:
+        with self._cond:
             if run.done:
                 return
             self._finish_run(run)
         self._abort(run)
-        queue_s = (run.admitted_at or self._clock()) - run.arrival
-        _call(run.job.done, JobOutcome(error=error, error_kind=kind, queue_s=queue_s))
+        run.failure(error, kind, self._clock())
 
-    def _sweep(self) -> None:
-        while True:
-            time.sleep(SWEEP_S)
-            now = self._clock()
-            with self._lock:
-                runs = list(self._runs)
-            for run in runs:
-                if any(row.unit.cancelled for row in run.rows):
-                    self._fail(run, ClientGone("the client went away"), "cancelled")
-                elif (
-                    run.admitted_at is None and run.job.timeout_s is not None and now - run.arrival > run.job.timeout_s
-                ):
-                    self._fail(
-                        run,
-                        DeadlineExceeded(
-                            f"request waited {now - run.arrival:.1f} s in vLLM's queue, past its deadline of "
-                            f"{run.job.timeout_s:g} s; raise --request-timeout or send fewer requests at once"
-                        ),
-                        "timeout",
-                    )
+    # the worker's thread sweeps: the runs whose client went away or whose deadline passed
+    def _take(self) -> list[JobRun[_Row]] | None:
+        now = self._clock()
+        due = [run for run in self._runs if _cancelled(run) or _expired(run, now)]
+        return due or None
+
+    def _wait_s(self) -> float | None:
+        return SWEEP_S
+
+    def _drained(self) -> bool:
+        return not self._runs
+
+    def _run(self, runs: list[JobRun[_Row]]) -> None:
+        now = self._clock()
+        for run in runs:
+            if _cancelled(run):
+                self._fail(run, ClientGone("the client went away"), "cancelled")
+            else:
+                self._fail(run, deadline_error(now - run.arrival, run.job.timeout_s, "the engine's queue"), "timeout")
+
+
+def _cancelled(run: JobRun[_Row]) -> bool:
+    return any(row.unit.cancelled for row in run.rows)
+
+
+def _expired(run: JobRun[_Row], now: float) -> bool:
+    return run.admitted_at is None and run.job.timeout_s is not None and now - run.arrival > run.job.timeout_s
 
 
 def submit_message(request_id: str, unit: GenUnit) -> W.Submit:
@@ -336,10 +306,3 @@ def submit_message(request_id: str, unit: GenUnit) -> W.Submit:
         logit_bias=[[t, b] for t, b in p.logit_bias],
         stop_token_ids=list(p.stop_token_ids),
     )
-
-
-def _call(callback: Callable[..., Any], *args: Any) -> None:
-    try:
-        callback(*args)
-    except Exception:  # one broken callback must not stop the reader
-        log.exception("callback failed")
