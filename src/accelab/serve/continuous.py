@@ -60,7 +60,8 @@ from accelab.serve.jobs import (
     error_kind,
     is_out_of_memory,
 )
-from accelab.serve.scheduler import Chunk, NeverFits, QueueFull, Scheduler, SchedulerConfig, Sequence, Step
+from accelab.serve.scheduler import NeverFits, QueueFull, Scheduler, SchedulerConfig
+from accelab.serve.sequences import Chunk, Sequence, Step
 from accelab.serve.stops import FinishReason, StopRules
 from accelab.serve.textstream import TextStream, stream_for
 

@@ -22,14 +22,11 @@ sampled at its end). The scheduler decides there whether that token ends the seq
 `StopRules`: end of sequence, stop token ids, min_tokens, max_tokens) and says why; the caller
 ends a sequence with `finish`, for that reason or its own (a stop string in the text, an error).
 
-The KV cache is a `BlockPool` of `kv_blocks` blocks of `block_size` tokens: each sequence's
-`block_table` lists the engine's real blocks that hold its positions (allocated for the whole
-prompt at admission, one more when a decode crosses into a new block), so the free count is the
-memory. With `prefix_caching` (engines that store KV in the pool's blocks), a block is committed
-once its positions are computed, and an admitted sequence takes the committed blocks of its
-longest cached prefix instead of prefilling them; a write into a shared block first gets a
-private copy (`Step.copies`, for the engine to run before the step's chunks). A fork (n > 1:
-another choice of one prompt) shares its parent's blocks the same way.
+The KV cache is a `BlockPool` (`accelab.serve.kv_blocks`: reference counts, prefix caching,
+copy-on-write): a sequence gets blocks for its whole prompt at admission and one more when a
+decode crosses into a new block; with `prefix_caching` it first takes the cached blocks of its
+longest prefix, and a fork (n > 1) shares its parent's. Shared blocks written into are copied
+first (`Step.copies`, for the engine to run before the step's chunks).
 """
 
 from __future__ import annotations
@@ -38,18 +35,17 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Generic, Literal, TypeVar
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from accelab.serve.batcher import QueueFull  # one "answer 429" for both schedulers
 from accelab.serve.kv_blocks import BlockPool, CopyBlock, PoolFull
+from accelab.serve.sequences import Chunk, Sequence, Step
 from accelab.serve.stops import FinishReason, StopRules
 
 T = TypeVar("T")
 
-SeqState = Literal["waiting", "running", "done"]
-
-__all__ = ["Chunk", "CopyBlock", "NeverFits", "QueueFull", "Scheduler", "SchedulerConfig", "Sequence", "Step"]
+__all__ = ["NeverFits", "QueueFull", "Scheduler", "SchedulerConfig"]
 
 
 class NeverFits(ValueError):
@@ -78,87 +74,6 @@ class SchedulerConfig:
     @property
     def kv_tokens(self) -> int:
         return self.kv_blocks * self.block_size
-
-
-@dataclass(kw_only=True, slots=True, eq=False)
-class Sequence(Generic[T]):
-    """One sequence to generate. `computed` tokens have their KV in the engine's cache; the
-    ones after it are fed in the next chunks."""
-
-    id: int
-    payload: T
-    prompt: tuple[int, ...]
-    stops: StopRules
-    arrival: float
-    deadline: float | None  # absolute, on the scheduler's clock; only while waiting
-    generated: list[int] = field(default_factory=list)
-    computed: int = 0
-    block_table: list[int] = field(default_factory=list)  # the pool's blocks holding positions 0, 16, 32, ...
-    block_keys: list[int] = field(default_factory=list)  # prefix-cache keys of its committed (full) blocks
-    state: SeqState = "waiting"
-    admitted_at: float | None = None  # the first admission
-    cancelled: bool = False
-    preemptions: int = 0
-    finish_reason: FinishReason | None = None  # set by `advance` on the token that ends it
-
-    @property
-    def max_tokens(self) -> int:
-        return self.stops.max_tokens
-
-    @property
-    def length(self) -> int:
-        return len(self.prompt) + len(self.generated)
-
-    @property
-    def blocks(self) -> int:
-        return len(self.block_table)
-
-    @property
-    def pending(self) -> int:
-        """Tokens known but not yet fed to the model."""
-        return self.length - self.computed
-
-    @property
-    def decoding(self) -> bool:
-        return self.state == "running" and self.pending == 1 and bool(self.generated)
-
-    def token_slice(self, start: int, stop: int) -> tuple[int, ...]:
-        n = len(self.prompt)
-        if stop <= n:
-            return self.prompt[start:stop]
-        return self.prompt[start:] + tuple(self.generated[max(0, start - n) : stop - n])
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Chunk(Generic[T]):
-    """Tokens `start ..` of one sequence, fed to the model in this step. When the chunk ends at
-    the last known token (`sample`), the engine picks the sequence's next token."""
-
-    seq: Sequence[T]
-    start: int
-    tokens: tuple[int, ...]
-
-    @property
-    def sample(self) -> bool:
-        return self.start + len(self.tokens) == self.seq.length
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Step(Generic[T]):
-    chunks: list[Chunk[T]] = field(default_factory=list)
-    admitted: list[Sequence[T]] = field(default_factory=list)  # admitted for the first time
-    expired: list[Sequence[T]] = field(default_factory=list)  # deadline passed while waiting: 504
-    dropped: list[Sequence[T]] = field(default_factory=list)  # cancelled: their KV is gone
-    preempted: list[Sequence[T]] = field(default_factory=list)  # back to the queue: release their KV
-    copies: list[CopyBlock] = field(default_factory=list)  # copy-on-write: the engine copies these first
-
-    @property
-    def tokens(self) -> int:
-        return sum(len(c.tokens) for c in self.chunks)
-
-    @property
-    def empty(self) -> bool:
-        return not (self.chunks or self.expired or self.dropped or self.preempted)
 
 
 class Scheduler(Generic[T]):
