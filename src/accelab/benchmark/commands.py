@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from accelab.options import fields_of
+
 PLAN_HELP = "A preset name (baseline, bf16-autocast, compile-static, int8-weight, ...) or a YAML plan file."
 SET_HELP = "Override a plan field: --set batch_size=8 (repeatable)."
 BATCH_HELP = "Inputs per call. Default: the plan's batch_size, else 1; the flag wins over the plan."
@@ -130,7 +132,6 @@ def compare_command(
     from accelab.benchmark.rounds import RoundsConfig
     from accelab.measure.budget import PlanBudget
     from accelab.measure.capabilities import slow_techniques
-    from accelab.options import fields_of
     from accelab.plan.apply import resolve_device
     from accelab.quality.verdict import rules_for
     from accelab.results import compare_table

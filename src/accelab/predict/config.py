@@ -8,19 +8,66 @@ under torchrun when there are several) reads it back. No I/O happens here.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args
+
+from accelab.options import option
 
 OutputFormat = Literal["jsonl", "npy", "parquet"]
 OUTPUT_FORMATS: tuple[OutputFormat, ...] = get_args(OutputFormat)
 DeviceChoice = str  # "auto" | "cpu" | "cuda" | "cuda:N"
 
+CHUNK_HELP = "Items per resumable chunk (default 8 batches); an interrupted run redoes at most one chunk per process."
+WORKERS_HELP = "DataLoader workers per process for decoding and preprocessing (default: min(4, CPUs per process - 1))."
 # Batch size when neither --batch-size nor the plan sets one: encoders and classifiers run one
 # forward per batch; generation holds a KV cache per row and decodes token by token.
 DEFAULT_BATCH = {"image-classification": 32, "feature-extraction": 32, "text-generation": 8, "image-text-to-text": 8}
 BATCHES_PER_CHUNK = 8  # default resume granularity: at most this many batches per rank are redone
 MIN_CHUNKS = 16  # small inputs get smaller chunks, so that ranks get similar shares
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PredictRun:
+    """What `accelab predict MODEL` runs over, and with what plan; each field declares its option.
+    `predict.options.build_request` resolves it into a PredictConfig."""
+
+    inputs: str = field(
+        metadata=option(
+            "A folder of images (searched recursively), a .jsonl/.csv/"
+            ".tsv/.txt file of texts or prompts, or a `datasets` dataset saved with save_to_disk.",
+            "--inputs",
+            "-i",
+        )
+    )
+    out: Path = field(
+        metadata=option(
+            "results.jsonl (any task), results.parquet (any task) or "
+            "embeddings.npy (feature extraction; ids in embeddings.npy.ids.jsonl).",
+            "--out",
+            "-o",
+        )
+    )
+    task: str | None = field(default=None, metadata=option("Override the task inferred from the model."))
+    plan: str = field(
+        default="baseline",
+        metadata=option(
+            "A preset name (baseline, bf16-autocast, compile, int8-weight, ...) or a YAML plan file.", "--plan"
+        ),
+    )
+    overrides: list[str] = field(
+        default_factory=list, metadata=option("Override a plan field: --set precision=bf16-autocast.", "--set")
+    )
+    threads: int | None = field(
+        default=None, metadata=option("Intra-op threads per process (default: CPUs / processes).")
+    )
+    overwrite: bool = field(
+        default=False,
+        metadata=option(
+            "Replace an existing output, or discard an interrupted run's finished chunks instead of resuming.",
+            "--overwrite",
+        ),
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -35,20 +82,42 @@ class PredictConfig:
     task: str
     source_items: int
     source_digest: str
-    text_field: str | None = None
-    split: str | None = None
-    limit: int | None = None
-    top_k: int = 5
-    max_length: int | None = None
-    max_new_tokens: int = 32
-    prompt: str = "Describe the image."
-    batch_size: int = 32
-    chunk_size: int = 256
-    workers: int = 0
-    device: DeviceChoice = "auto"
+    text_field: str | None = field(
+        default=None,
+        metadata=option(
+            "Column with the text (default: text, prompt, sentence, or the only string column).", "--text-field"
+        ),
+    )
+    split: str | None = field(default=None, metadata=option("Split of a saved DatasetDict.", "--split"))
+    limit: int | None = field(default=None, metadata=option("Only the first N inputs.", "--limit"))
+    top_k: int = field(default=5, metadata=option("Labels per image (classification).", "--top-k"))
+    max_length: int | None = field(
+        default=None,
+        metadata=option("Truncate texts to this many tokens (default: the model's limit).", "--max-length"),
+    )
+    max_new_tokens: int = field(
+        default=32, metadata=option("Tokens to generate per input (greedy).", "--max-new-tokens")
+    )
+    prompt: str = field(
+        default="Describe the image.",
+        metadata=option("The question asked about each image (vision-language models).", "--prompt"),
+    )
+    batch_size: int = field(
+        default=32,
+        metadata=option(
+            "Per process (default: the plan's, else 32, or 8 for generation).", "--batch-size", "-b", unset=True
+        ),
+    )
+    chunk_size: int = field(default=256, metadata=option(CHUNK_HELP, "--chunk-size", unset=True))
+    workers: int = field(default=0, metadata=option(WORKERS_HELP, "--workers", unset=True))
+    device: DeviceChoice = field(
+        default="auto", metadata=option("auto | cpu | cuda | cuda:N (several processes: one GPU each).")
+    )
     world_size: int = 1  # processes in all, over every node
-    progress: bool = True
-    timeout_s: float = 86400.0
+    progress: bool = field(default=True, metadata=option(None, "--progress/--no-progress"))
+    timeout_s: float = field(
+        default=86400.0, metadata=option("Give up after this many seconds (finished chunks are kept).", "--timeout")
+    )
     summary_path: str | None = None  # where global rank 0 writes the run's summary (JSON)
 
     def __post_init__(self) -> None:

@@ -13,9 +13,9 @@ import importlib.util
 import logging
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 from accelab.benchmark.options import spec_max_sequence_length
 from accelab.catalog.spec import ModelSpec
@@ -25,24 +25,19 @@ from accelab.predict.chunks import rounded_chunk_size
 from accelab.predict.config import (
     DEFAULT_BATCH,
     PredictConfig,
+    PredictRun,
     default_chunk_size,
     default_workers,
     output_format,
 )
 from accelab.predict.launch import threads_per_process
 from accelab.predict.parts import Parts, parts_path, sidecar_path
-from accelab.predict.sources import ItemKind, open_source
+from accelab.predict.sources import open_source
 from accelab.scenarios.workload import resolve_batch_size
 
 log = logging.getLogger(__name__)
 
 IMAGE_TASKS = ("image-classification", "image-text-to-text")
-# `accelab predict`'s options: each passes to `build_request` as the parameter (or the
-# PredictConfig field, through its **options) of its name, but for those named apart, and those
-# build_request does not take: the launch's (LaunchOptions.from_options) and where the Result goes.
-# tests/test_command_options.py checks them against each other.
-OPTION_NAMES: Final = {"set_": "overrides", "timeout": "timeout_s"}
-NOT_FOR_THE_REQUEST: Final = frozenset({f.name for f in fields(LaunchOptions)} | {"json_out", "db", "tag", "store"})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -57,74 +52,35 @@ class PredictRequest:
     notes: list[str] = field(default_factory=list)
 
 
-def request_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """`build_request`'s arguments from `accelab predict`'s options (its parameters by name),
-    all but `launch` and `cpus`."""
-    out = {OPTION_NAMES.get(k, k): v for k, v in options.items() if k not in NOT_FOR_THE_REQUEST}
-    return {**out, "out": str(out["out"])}
-
-
 def build_request(
-    *,
-    model: str,
-    task: str | None,
-    plan: str,
-    overrides: list[str],
-    inputs: str,
-    out: str,
-    launch: LaunchOptions,
-    cpus: int,
-    overwrite: bool = False,
-    threads: int | None = None,
-    device: str = "auto",
-    batch_size: int | None = None,
-    chunk_size: int | None = None,
-    workers: int | None = None,
-    **options: Any,
+    model: str, run: PredictRun, *, given: Mapping[str, Any], launch: LaunchOptions, cpus: int
 ) -> PredictRequest:
-    """`options`: text_field, split, limit, top_k, max_length, max_new_tokens, prompt, progress, timeout_s."""
+    """`given`: the PredictConfig fields `accelab predict`'s options set (None where not given)."""
     from accelab.catalog.resolve import resolve
 
     # cheap checks first: no model is fetched for a typo
-    plan_obj = load_plan(plan, [*overrides, *([f"threads={threads}"] if threads is not None else [])])
+    threads = [f"threads={run.threads}"] if run.threads is not None else []
+    plan = load_plan(run.plan, [*run.overrides, *threads])
+    out = str(run.out)
     fmt = output_format(out)
     if fmt == "parquet" and importlib.util.find_spec("pyarrow") is None:
         raise ValueError(f"--out {out}: .parquet needs pyarrow (pip install pyarrow); or write .jsonl")
-    spec = resolve(model, task)
+    spec = resolve(model, run.task)
     if fmt == "npy" and spec.task != "feature-extraction":
         raise ValueError(
             f"--out {out}: .npy holds embeddings, but {spec.name} is {spec.task}; write .jsonl or .parquet"
         )
-    _check_max_length(spec, options.get("max_length"))
-    want: ItemKind = "image" if spec.task in IMAGE_TASKS else "text"
+    _check_max_length(spec, given.get("max_length"))
     source = open_source(
-        inputs,
-        want=want,
-        text_field=options.get("text_field"),
-        split=options.get("split"),
-        limit=options.get("limit"),
+        run.inputs,
+        want="image" if spec.task in IMAGE_TASKS else "text",
+        text_field=given.get("text_field"),
+        split=given.get("split"),
+        limit=given.get("limit"),
         taker=f"{spec.name} ({spec.task})",
     )
-
-    # device, processes, techniques
-    torch_device = _device(plan_obj, spec, device, launch)
-    batch = resolve_batch_size(batch_size, plan_obj, DEFAULT_BATCH[spec.task])
-    config = PredictConfig(
-        spec=spec.to_dict(),
-        plan=plan_obj.to_dict(),
-        source=str(Path(inputs).resolve()),
-        out=str(Path(out).resolve()),
-        task=spec.task,
-        source_items=len(source),
-        source_digest=source.digest(),
-        batch_size=batch,
-        chunk_size=rounded_chunk_size(chunk_size or default_chunk_size(batch, len(source)), batch),
-        workers=default_workers(cpus, launch.nproc) if workers is None else workers,
-        device="cpu" if torch_device.type == "cpu" else device,
-        world_size=launch.world_size,
-        **{k: v for k, v in options.items() if v is not None},
-    )
-    resuming = _check_output(config, overwrite, primary=launch.node_rank in (None, 0))
+    config = _config(spec, plan, source, run, given=given, launch=launch, cpus=cpus)
+    resuming = _check_output(config, run.overwrite, primary=launch.node_rank in (None, 0))
     notes = list(source.notes)
     if resuming:
         notes.append(f"resuming an interrupted run: {resuming} of {len(source)} items are done")
@@ -132,11 +88,39 @@ def build_request(
         config=config,
         launch=launch,
         spec=spec,
-        plan=plan_obj,
+        plan=plan,
         source_format=source.format,
-        threads=threads_per_process(launch, plan_obj.threads, cpus),
+        threads=threads_per_process(launch, plan.threads, cpus),
         resuming=resuming,
         notes=notes,
+    )
+
+
+def _config(
+    spec: ModelSpec, plan: Plan, source: Any, run: PredictRun, *, given: Mapping[str, Any], launch, cpus: int
+) -> PredictConfig:
+    """The device, the processes, the batching; the options given, over PredictConfig's defaults."""
+    requested = given["device"]
+    torch_device = _device(plan, spec, requested, launch)
+    batch = resolve_batch_size(given["batch_size"], plan, DEFAULT_BATCH[spec.task])
+    chunk_size = given["chunk_size"] or default_chunk_size(batch, len(source))
+    workers = given["workers"]
+    resolved = {
+        "batch_size": batch,
+        "chunk_size": rounded_chunk_size(chunk_size, batch),
+        "workers": default_workers(cpus, launch.nproc) if workers is None else workers,
+        "device": "cpu" if torch_device.type == "cpu" else requested,
+    }
+    return PredictConfig(
+        spec=spec.to_dict(),
+        plan=plan.to_dict(),
+        source=str(Path(run.inputs).resolve()),
+        out=str(run.out.resolve()),
+        task=spec.task,
+        source_items=len(source),
+        source_digest=source.digest(),
+        world_size=launch.world_size,
+        **{k: v for k, v in {**given, **resolved}.items() if v is not None},
     )
 
 

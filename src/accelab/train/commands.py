@@ -24,7 +24,7 @@ from typing import Any
 
 import typer
 
-from accelab.launch import LaunchOptions
+from accelab.launch import LaunchOptions, outcome_elsewhere, refuse_outer_launcher
 from accelab.options import Output, command, fields_of
 from accelab.train.config import TrainConfig, TrainRun, explicit_fields
 
@@ -37,7 +37,6 @@ def register(app: typer.Typer) -> None:
 def train_command(**options: Any) -> None:
     """Train an image classifier or fine-tune a causal LM with accelerate (mixed precision, accumulation,
     data parallel); store the model where bench, verify and serve find it."""
-    from accelab.launch import refuse_outer_launcher
     from accelab.train.options import build_request
 
     refuse_outer_launcher("train")
@@ -84,7 +83,6 @@ def _with_threads(request, idle: float | None):
 
 
 def _train(request, timeout: float, output: Output) -> None:
-    from accelab.launch import outcome_elsewhere
     from accelab.results.store import keep
     from accelab.train import launch as launcher
     from accelab.train.report import print_run, result_of

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from accelab.options import as_choice
+
 
 def register(app: typer.Typer) -> None:
     app.command("tune")(tune_command)
@@ -70,7 +72,6 @@ def tune_command(
 ) -> None:
     """Search the plan space for a goal under memory, latency and quality limits; write the best Plan."""
     from accelab.catalog.resolve import resolve
-    from accelab.options import as_choice
     from accelab.tuner.run import GOALS, PERCENTILES, TUNE_SCENARIOS, TuneRequest, check_options, tune
     from accelab.tuner.search import QUALITY_LEVELS
 
