@@ -7,7 +7,7 @@ import json
 import logging
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -101,10 +101,7 @@ def report_command(
     """A report with plots: environment, latency distributions, throughput and memory against batch
     size, the tune Pareto chart, load curves, training curves, speed-up and quality tables."""
     from accelab.report import regress
-    from accelab.report.build import build_document
-    from accelab.report.plots import draw
     from accelab.report.refs import load_ref
-    from accelab.report.render import write_report
     from accelab.results.store import open_store
 
     store = open_store(db)
@@ -122,12 +119,21 @@ def report_command(
     unique = list({r.run_id: r for r in chosen}.values())
     if not unique:
         raise ValueError(f"no runs to report in {store.path}; run `accelab bench` first, or pass --db")
+    _write(unique, out, title=title, comparison=comparison)
+
+
+def _write(runs: list, out: Path, *, title: str | None, comparison: Any) -> None:
+    """The report of `runs` written to `out`, and a line that says what it holds."""
+    from accelab.report.build import build_document
+    from accelab.report.plots import draw
+    from accelab.report.render import write_report
+
     generated = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    doc = build_document(unique, title=title, comparison=comparison, generated=generated)
+    doc = build_document(runs, title=title, comparison=comparison, generated=generated)
     written = write_report(doc, out, draw)
     size_kb = sum(p.stat().st_size for p in written) / 1024
     typer.echo(
-        f"wrote {out} ({len(unique)} runs, {len(doc.figures())} figures, {size_kb:,.0f} KB"
+        f"wrote {out} ({len(runs)} runs, {len(doc.figures())} figures, {size_kb:,.0f} KB"
         + (f", {len(written) - 1} PNGs beside it" if len(written) > 1 else "")
         + ")"
     )
