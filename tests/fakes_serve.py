@@ -103,6 +103,7 @@ class FakeGenerationEngine(_FakeBase):
     task = "text-generation"
     eos_ids: tuple[int, ...] = ()
     max_context: int | None = None
+    vocab_size: int | None = None
 
     def decode(self, ids: Any) -> str:
         return _fake_decode(ids)

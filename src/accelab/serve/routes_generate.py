@@ -1,9 +1,8 @@
 """POST /v1/chat/completions and /v1/completions: OpenAI-compatible, streaming (SSE) or not.
 
-A request becomes units (one per prompt and choice, `n` per prompt; choices after the first
-may share the first's prefilled KV), each with its own SequenceSampler: its sampling rules and,
-for structured outputs and tools, its own grammar matcher. Fields the server does not honour
-are refused by name (400) before anything runs.
+A request becomes units (`accelab.serve.request_rules`: one per prompt and choice, its limits
+checked there, once), which the state's executor runs; this module shapes the answers (one JSON
+body, or server-sent events) and maps a failure to its HTTP status.
 """
 
 from __future__ import annotations
@@ -18,12 +17,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from accelab.serve import openai_format as fmt, structured, tools
+from accelab.serve import openai_format as fmt, tools
 from accelab.serve.dispatch import Submission, check_count, long_text, prepare
-from accelab.serve.engines.base import Completion, GenUnit, Prompt, SamplingParams
+from accelab.serve.engines.base import Completion, GenerationEngine, GenUnit
 from accelab.serve.engines.sampling import describe
 from accelab.serve.errors import MODEL_ROUTE_ERRORS, ApiError
-from accelab.serve.schemas import ChatRequest, CompletionRequest, _Sampling, unsupported_fields
+from accelab.serve.request_rules import chat_grammar, fit, make_units, refuse_unsupported, sampling_params
+from accelab.serve.schemas import ChatRequest, CompletionRequest, _Sampling
 from accelab.serve.state import ServerState
 from accelab.serve.worker import JobOutcome
 
@@ -51,23 +51,25 @@ STREAMED: dict[int | str, dict[str, Any]] = {
 async def chat_completions(body: ChatRequest, request: Request) -> Any:
     arrival = time.monotonic()
     state: ServerState = request.app.state.accelab
-    _refuse_unsupported(body)
-    engine = state.require("chat", body.model)
+    refuse_unsupported(body)
+    engine = state.require_generation("chat", body.model)
     specs = tools.tool_specs(body.tools) if body.tools else None
-    grammar = _chat_grammar(body, specs)
-    params = _params(body, body.requested_tokens, state, engine, logprobs=body.logprob_count, grammar=grammar)
+    grammar = chat_grammar(body, specs)
+    params = sampling_params(
+        body, body.requested_tokens, state.config, engine, logprobs=body.logprob_count, grammar=grammar
+    )
     messages = [m.to_engine() for m in body.messages]
     images = sum(1 for m in messages if isinstance(m["content"], list) for p in m["content"] if p["type"] == "image")
     texts = [m["content"] if isinstance(m["content"], str) else "" for m in messages]
     chat = (lambda: engine.prepare_chat(messages, tools=specs)) if specs else (lambda: engine.prepare_chat(messages))
     started = time.monotonic()
     prompt = await prepare(
-        lambda: _fit(engine, chat(), params, body.truncate), offload=bool(images) or long_text(texts) or bool(specs)
+        lambda: fit(engine, chat(), params, body.truncate), offload=bool(images) or long_text(texts) or bool(specs)
     )
     if images:
         state.metrics.request_images.observe(images)
         state.metrics.image_preprocess_time.observe(time.monotonic() - started)
-    units = await _units(engine, [prompt], params, body.n)
+    units = await make_units(engine, [prompt], params, body.n)
     env = fmt.Envelope(kind="chat", model=state.config.model_name, truncated=prompt.truncated, n=body.n)
     calls = specs is not None and body.tool_choice != "none"
     return await _generate(state, engine, units, body, env, arrival, request, tool_calls=calls)
@@ -77,18 +79,18 @@ async def chat_completions(body: ChatRequest, request: Request) -> Any:
 async def completions(body: CompletionRequest, request: Request) -> Any:
     arrival = time.monotonic()
     state: ServerState = request.app.state.accelab
-    _refuse_unsupported(body)
-    engine = state.require("completions", body.model)
+    refuse_unsupported(body)
+    engine = state.require_generation("completions", body.model)
     echo_logprobs = body.logprobs if body.echo else None
-    params = _params(
-        body, body.requested_tokens, state, engine, logprobs=body.logprob_count, prompt_logprobs=echo_logprobs
+    params = sampling_params(
+        body, body.requested_tokens, state.config, engine, logprobs=body.logprob_count, prompt_logprobs=echo_logprobs
     )
     texts = body.prompts
     check_count("prompts", len(texts) * body.n, state.config.max_inputs)
     prompts = await prepare(
-        lambda: [_fit(engine, engine.prepare_text(t), params, body.truncate) for t in texts], offload=long_text(texts)
+        lambda: [fit(engine, engine.prepare_text(t), params, body.truncate) for t in texts], offload=long_text(texts)
     )
-    units = await _units(engine, prompts, params, body.n)
+    units = await make_units(engine, prompts, params, body.n)
     env = fmt.Envelope(
         kind="completions", model=state.config.model_name, truncated=sum(p.truncated for p in prompts), n=body.n
     )
@@ -100,134 +102,6 @@ async def completions(body: CompletionRequest, request: Request) -> Any:
             for _ in range(body.n)
         ]
     return await _generate(state, engine, units, body, env, arrival, request, echoes=echoes)
-
-
-# -- the request's rules --------------------------------------------------------------------
-def _refuse_unsupported(body: _Sampling) -> None:
-    refused = unsupported_fields(body)
-    if refused:
-        name, advice = refused[0]
-        others = f" (also: {', '.join(n for n, _ in refused[1:])})" if len(refused) > 1 else ""
-        raise ApiError(400, f"field {name!r} is not supported by this server{others}: {advice}", param=name)
-
-
-def _params(
-    body: _Sampling,
-    requested: int | None,
-    state: ServerState,
-    engine: Any,
-    *,
-    logprobs: int | None,
-    prompt_logprobs: int | None = None,
-    grammar: str | None = None,
-) -> SamplingParams:
-    limit = state.config.max_tokens
-    if requested is not None and requested > limit:
-        raise ApiError(
-            413,
-            f"max_tokens={requested} is more than this server allows ({limit}, --max-tokens); ask for {limit} or fewer",
-            param="max_tokens",
-        )
-    max_tokens = requested or min(state.config.default_max_tokens, limit)
-    if body.min_tokens > max_tokens:
-        raise ApiError(
-            400,
-            f"min_tokens={body.min_tokens} is more than max_tokens={max_tokens}; lower min_tokens",
-            param="min_tokens",
-        )
-    vocab = getattr(engine, "vocab_size", None)
-    for name, ids in (("logit_bias", [t for t, _ in body.bias_pairs]), ("stop_token_ids", body.stop_token_ids or [])):
-        bad = next((t for t in ids if t < 0 or (vocab is not None and t >= vocab)), None)
-        if bad is not None:
-            raise ApiError(
-                400,
-                f"{name} names token {bad}, which is not in the vocabulary"
-                + (f" (ids 0 to {vocab - 1})" if vocab else "")
-                + "; send ids from this model's tokenizer",
-                param=name,
-            )
-    if (grammar is not None or body.min_tokens or body.ignore_eos or logprobs is not None) and not hasattr(
-        engine, "sampler"
-    ):
-        raise ApiError(
-            400,
-            f"{state.config.model_name}'s engine does not take per-sequence sampling rules",
-            param="response_format" if grammar else None,
-        )
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        stop=body.stop_list,
-        seed=body.seed,
-        top_k=max(body.top_k, 0),
-        min_p=body.min_p,
-        repetition_penalty=body.repetition_penalty,
-        presence_penalty=body.presence_penalty,
-        frequency_penalty=body.frequency_penalty,
-        logit_bias=body.bias_pairs,
-        stop_token_ids=tuple(body.stop_token_ids or ()),
-        min_tokens=body.min_tokens,
-        ignore_eos=body.ignore_eos,
-        logprobs=logprobs,
-        prompt_logprobs=prompt_logprobs,
-        grammar=grammar,
-    )
-
-
-def _chat_grammar(body: ChatRequest, specs: list[dict[str, Any]] | None) -> str | None:
-    """The llguidance grammar the answer must follow (response_format, tools), or None."""
-    fmt_ = body.response_format
-    schema = None
-    if fmt_ is not None and fmt_.type == "json_object":
-        schema = {"type": "object"}
-    elif fmt_ is not None and fmt_.type == "json_schema" and fmt_.json_schema is not None:  # (its validator)
-        schema = fmt_.json_schema.schema_
-    try:
-        if specs:
-            choice = body.tool_choice
-            named = getattr(getattr(choice, "function", None), "name", None)
-            return tools.tool_grammar(specs, named or choice or "auto", text_schema=schema)
-        return None if schema is None else structured.json_grammar(schema)
-    except structured.GrammarError as err:
-        raise ApiError(400, str(err), param="tools" if specs else "response_format") from None
-
-
-async def _units(engine: Any, prompts: list[Prompt], params: SamplingParams, n: int) -> list[GenUnit]:
-    """n units per prompt; choice i samples from seed + i and may share choice 0's prefill."""
-
-    def build() -> list[GenUnit]:
-        units = []
-        for prompt in prompts:
-            first = None
-            for i in range(n):
-                unit = GenUnit(prompt=prompt, params=params, fork_of=first)
-                unit.sampler = _sampler(engine, params, prompt, i)
-                first = first or unit
-                units.append(unit)
-        return units
-
-    try:
-        return await prepare(build, offload=params.grammar is not None)
-    except ApiError as err:
-        if err.status == 422 and params.grammar is not None:  # the grammar did not compile
-            raise ApiError(400, err.message, param="response_format") from None
-        raise
-
-
-def _sampler(engine: Any, params: SamplingParams, prompt: Prompt, index: int) -> Any:
-    make = getattr(engine, "sampler", None)
-    if make is None:
-        return None
-    grammar = None
-    if params.grammar is not None:
-        grammar = structured.Matcher(engine.grammar_tokenizer(), params.grammar)
-    return make(params, prompt, grammar=grammar, seed_offset=index)
-
-
-def _fit(engine: Any, prompt: Prompt, params: SamplingParams, truncate: bool) -> Prompt:
-    fit = getattr(engine, "fit", None)
-    return prompt if fit is None else fit(prompt, params.max_tokens, truncate=truncate)
 
 
 # -- running and answering -----------------------------------------------------------------
@@ -251,7 +125,7 @@ class _Answer:
 
 async def _generate(
     state: ServerState,
-    engine: Any,
+    engine: GenerationEngine,
     units: list[GenUnit],
     body: _Sampling,
     env: fmt.Envelope,

@@ -21,6 +21,7 @@ from accelab.serve.engines.base import (
     ContinuousHooks,
     CostsSteps,
     Engine,
+    GenerationEngine,
     SchedulesItself,
     StepReport,
     generates,
@@ -234,6 +235,12 @@ class ServerState:
                 f"{route}; serve a model of another task for {route}",
             )
         return self.engine
+
+    def require_generation(self, route: str, model: str | None) -> GenerationEngine:
+        """`require` for the generation routes: the engine generates (ROUTES_OF_TASK says so)."""
+        engine = self.require(route, model)
+        assert generates(engine), f"{engine.task} engines do not serve {route}"
+        return engine
 
     def _worker_hooks(self) -> WorkerHooks:
         m = self.metrics

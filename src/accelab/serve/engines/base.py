@@ -323,7 +323,12 @@ class GenerationEngine(Engine, Protocol):
     @property
     def max_context(self) -> int | None: ...  # prompt + output tokens the model takes (None: no limit known)
 
-    def prepare_chat(self, messages: list[dict[str, Any]]) -> Prompt: ...
+    @property
+    def vocab_size(self) -> int | None: ...  # token ids a request may name (None: not known)
+
+    def fit(self, prompt: Prompt, max_tokens: int, *, truncate: bool = False) -> Prompt: ...
+
+    def prepare_chat(self, messages: list[dict[str, Any]], *, tools: Any = None) -> Prompt: ...
 
     def prepare_text(self, prompt: str | list[int]) -> Prompt: ...
 
@@ -334,6 +339,16 @@ class GenerationEngine(Engine, Protocol):
     # the StepEngine that runs this model for the continuous scheduler; Unsupported, with the
     # reason, where the model must run one generate call per batch
     def step_engine(self, limits: SchedulerConfig) -> StepEngine: ...
+
+
+@runtime_checkable
+class SamplesPerSequence(Protocol):
+    """Each sequence samples with rules of its own (`engines.sampling.SequenceSampler`, or the
+    engine process's sampler): min_tokens, ignore_eos, logprobs and grammars need it."""
+
+    def sampler(self, params: SamplingParams, prompt: Prompt, *, grammar: Any = None, seed_offset: int = 0) -> Any: ...
+
+    def grammar_tokenizer(self) -> Any: ...
 
 
 @runtime_checkable
