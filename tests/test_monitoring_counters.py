@@ -17,7 +17,7 @@ from serving import running_server
 from accelab.serve.app import create_app
 from accelab.serve.config import ServeConfig
 from accelab.serve.metrics import FrontMetrics, ServeMetrics
-from accelab.serve.replicas import merge_metrics
+from accelab.serve.replica_front import merge_metrics
 
 
 def serve(engine, **config):

@@ -213,7 +213,7 @@ def test_the_schema_check_catches_what_grafana_would_not_take(mutate, expected):
 
 def test_every_metric_the_dashboard_and_rules_name_is_one_accelab_exports():
     from accelab.serve.metrics import FrontMetrics, ServeMetrics
-    from accelab.serve.replicas import merge_metrics
+    from accelab.serve.replica_front import merge_metrics
 
     class FakeCuda:  # FAKE: this machine has no GPU; the gauges only need these answers
         def is_available(self):

@@ -14,7 +14,7 @@ pytest.importorskip("ray", reason="the [ray] extra")  # Ray is optional: its imp
 from ray import exceptions
 
 from accelab.serve.metrics import FrontMetrics
-from accelab.serve.replicas import _rest, lost_replica_errors
+from accelab.serve.replica_front import _rest, lost_replica_errors
 
 
 class DyingStream:

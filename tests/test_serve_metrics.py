@@ -51,7 +51,7 @@ def test_replicas_metrics_merge_under_one_schema_labelled_by_replica():
     from prometheus_client.parser import text_string_to_metric_families
 
     from accelab.serve.metrics import ServeMetrics
-    from accelab.serve.replicas import merge_metrics
+    from accelab.serve.replica_front import merge_metrics
 
     a, b = ServeMetrics(), ServeMetrics()
     a.requests.labels(route="embeddings", status="200").inc(3)
