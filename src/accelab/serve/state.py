@@ -23,12 +23,14 @@ from accelab.serve.engines.base import (
     Engine,
     GenerationEngine,
     SchedulesItself,
+    StepEngine,
     StepReport,
     generates,
 )
 from accelab.serve.errors import ApiError
 from accelab.serve.machine_bound import MachineBound
 from accelab.serve.metrics import ServeMetrics
+from accelab.serve.scheduler import SchedulerConfig
 from accelab.serve.worker import Executor, GenerationWorker, Worker, WorkerHooks
 
 log = logging.getLogger(__name__)
@@ -94,18 +96,8 @@ class ServerState:
         if not generates(engine):
             return None
         name = self.config.model_name
-        if isinstance(engine, SchedulesItself):  # vLLM
-            own = engine.continuous_worker(self.config, self._continuous_hooks())
-            own.start()
-            self.metrics.kv_blocks.labels(state="free").set(own.kv_blocks)
-            self.metrics.kv_blocks.labels(state="used").set(0)
-            log.info(
-                "continuous batching: %s's own scheduler (up to %d sequences, KV cache of %d tokens)",
-                engine.name,
-                own.batch_limit,
-                own.kv_tokens,
-            )
-            return own
+        if isinstance(engine, SchedulesItself):  # vLLM, OpenVINO GenAI
+            return self._start_engine_process_worker(engine)
         if self.config.scheduler == "static":
             log.info("generation: per-batch scheduler (--scheduler static): one generate call per batch")
             return None
@@ -115,6 +107,23 @@ class ServerState:
         except Unsupported as reason:
             log.warning("continuous batching is off for %s: %s; it falls back to the per-batch scheduler", name, reason)
             return None
+        return self._start_continuous_worker(engine, stepper, limits)
+
+    def _start_engine_process_worker(self, engine: SchedulesItself) -> GenerationWorker:
+        own = engine.continuous_worker(self.config, self._continuous_hooks())
+        own.start()
+        self.metrics.kv_blocks.labels(state="free").set(own.kv_blocks)
+        self.metrics.kv_blocks.labels(state="used").set(0)
+        log.info(
+            "continuous batching: the engine's own scheduler (up to %d sequences, KV cache of %d tokens)",
+            own.batch_limit,
+            own.kv_tokens,
+        )
+        return own
+
+    def _start_continuous_worker(
+        self, engine: GenerationEngine, stepper: StepEngine, limits: SchedulerConfig
+    ) -> GenerationWorker:
         bound = None
         if isinstance(stepper, CostsSteps):
             bound = machine_bound.for_device(engine.device, stepper.precision)
