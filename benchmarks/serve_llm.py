@@ -106,6 +106,9 @@ def contenders(opts: argparse.Namespace, before_src: Path | None) -> dict[str, S
         out["before"] = S.accelab(
             f"accelab serve (torch fp32) at {opts.before}", model, *common, pythonpath=str(before_src)
         )
+        out["before-bf16"] = S.accelab(
+            f"accelab serve --plan bf16 at {opts.before}", model, *common, "--plan", "bf16", pythonpath=str(before_src)
+        )
     wanted = opts.only.split(",") if opts.only else [k for k in MAIN if k in out]
     if opts.handicapped and "vllm-eager" not in wanted:
         wanted.append("vllm-eager")
@@ -536,7 +539,9 @@ def main() -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="serve_llm-") as tmp:
         before_src = (
-            checkout(opts.before, Path(tmp) / "before") if opts.before and "before" in opts.only.split(",") else None
+            checkout(opts.before, Path(tmp) / "before")
+            if opts.before and {"before", "before-bf16"} & set(opts.only.split(","))
+            else None
         )
         servers = contenders(opts, before_src)
         extra: dict[str, Any] = {}
