@@ -35,6 +35,8 @@ from accelab.serve import commands as serve_commands
 from accelab.serve.config import ServeConfig, ServeRun
 from accelab.train import commands as train_commands, config as train_config
 from accelab.train.config import TrainConfig, TrainRun
+from accelab.tuner import commands as tune_commands, options as tune_options
+from accelab.tuner.options import TuneOptions
 
 OUTPUT = {"json_out", "db", "tag", "store"}  # where a Result goes
 
@@ -43,6 +45,7 @@ GENERATED = {
     "train": (train_commands.register, (TrainRun, TrainConfig, LaunchOptions, Output), set()),
     "predict": (predict_commands.register, (PredictRun, PredictConfig, LaunchOptions, Output), {"model"}),
     "serve": (serve_commands.register, (ServeRun, ServeConfig), {"ctx", "model"}),
+    "tune": (tune_commands.register, (TuneOptions,), {"model"}),
 }
 
 
@@ -122,6 +125,7 @@ def test_help_lists_every_option_with_its_help(name):
         ("serve", ["m", "--port", "eighty"], "--port"),
         ("train", ["--epochs", "many"], "--epochs"),
         ("predict", ["m", "-i", "x.txt", "-o", "y.jsonl", "--top-k", "1.5"], "--top-k"),
+        ("tune", ["m", "--seq-len", "many"], "--seq-len"),
     ],
 )
 def test_a_bad_value_gets_typers_error(name, args, flag):
@@ -173,6 +177,102 @@ def test_serve_takes_the_plans_settings_under_the_option_names_typed():
     options = {f.name: declared for f, declared in Options(config=ServeConfig).declared()}
     assert {"max_batch_size", "max_step_tokens", "kv_cache_tokens", "request_timeout_s"} <= set(options)
     assert options["request_timeout_s"].flags == ("--request-timeout",)
+
+
+def test_tune_options_set_the_request_fields_of_their_names():
+    """TuneOptions is a light mirror of the requests (they load torch): each option sets the field
+    of its name in TuneRequest or ServeTuneRequest, with that field's default, or is converted by
+    the builders; every request field but the model is set by an option."""
+    from accelab.tuner.run import TuneRequest
+    from accelab.tuner.serving import ServeTuneRequest
+
+    requests = {config: {f.name: f for f in fields(config)} for config in (TuneRequest, ServeTuneRequest)}
+    for f in fields(TuneOptions):
+        target = tune_options.RENAMED.get(f.name, f.name)
+        homes = [config for config, named in requests.items() if target in named]
+        assert homes or f.name in {"task", "prompt_file", "concurrency", "slo"}, f.name
+        for config in homes:
+            # the command writes best.yaml; a request made in Python writes no Plan unless asked
+            if f.name not in {*tune_options.CONVERTED, "out"}:
+                assert requests[config][target].default == f.default, (config.__name__, target)
+    set_by_options = {tune_options.RENAMED.get(f.name, f.name) for f in fields(TuneOptions)}
+    assert set(requests[TuneRequest]) - set_by_options == {"spec"}
+    assert set(requests[ServeTuneRequest]) - set_by_options == {
+        "spec",
+        "model",
+        "prompts",
+        "max_tokens",
+        "ready_timeout_s",
+    }
+
+
+@pytest.fixture
+def fake_resolve(monkeypatch):
+    from accelab.catalog import resolve
+    from accelab.catalog.spec import ModelSpec
+
+    def fake(model, task):
+        return ModelSpec(name=model, task=task or "text-generation", source="/nowhere")
+
+    monkeypatch.setattr(resolve, "resolve", fake)
+
+
+def test_tune_builders_carry_every_option(fake_resolve, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("one\ntwo\n")
+    given = TuneOptions(
+        goal="latency",
+        percentile="p50",
+        task="text-generation",
+        scenario="generate",
+        batch_size=2,
+        max_batch=16,
+        seq_len=64,
+        new_tokens=8,
+        image_size=32,
+        max_memory="2GiB",
+        p99_ms=50.0,
+        quality="strict",
+        budget="10m",
+        include="baseline, bf16",
+        exclude="int8",
+        min_seconds=1.0,
+        device="cpu",
+        out=tmp_path / "best.yaml",
+        plot=tmp_path / "p.png",
+        json_out=tmp_path / "t.json",
+        db=tmp_path / "r.db",
+        fresh=True,
+        concurrency="1,8",
+        slo="ttft_p99=500ms",
+        prompt_file=prompts,
+        rounds=3,
+        window=5.0,
+    )
+    searched = tune_options.tune_request("m", given)
+    copied = {f.name for f in fields(TuneOptions)} - tune_options.CONVERTED - {"concurrency", "rounds", "window"}
+    assert {name: getattr(searched, name) for name in copied} == {name: getattr(given, name) for name in copied}
+    assert (searched.spec.name, searched.include, searched.exclude) == ("m", ["baseline", "bf16"], ["int8"])
+    served = tune_options.serve_tune_request("m", given)
+    assert (served.concurrency, served.rounds, served.window_s, served.prompts) == ((1, 8), 3, 5.0, ("one", "two"))
+    assert (served.include, served.exclude, served.max_memory, served.out, served.fresh) == (
+        ("baseline", "bf16"),
+        ("int8",),
+        "2GiB",
+        tmp_path / "best.yaml",
+        True,
+    )
+    assert served.slo.to_dict()
+
+
+def test_tune_refuses_a_bad_goal_before_resolving_the_model(monkeypatch):
+    from accelab.catalog import resolve
+
+    monkeypatch.setattr(resolve, "resolve", lambda *a: pytest.fail("resolved"))
+    with pytest.raises(ValueError, match="--goal 'fast' must be throughput or latency"):
+        tune_options.tune_request("m", TuneOptions(goal="fast"))
+    with pytest.raises(ValueError, match="--quality 'meh'"):
+        tune_options.serve_tune_request("m", TuneOptions(quality="meh", scenario="serve"))
 
 
 @dataclass(frozen=True, kw_only=True)
