@@ -175,3 +175,116 @@ def test_tiny_and_non_finite_values_still_pick_a_token():
     assert picks(sampler(temperature=0), [float("nan"), 1.0, float("nan"), 0.0]) == [1]
     mixed = [sampler(top_p=5e-324, seed=1), sampler(temperature=0.5, seed=2)]
     assert sample(rows([float("nan"), 3.0, 1.0, 0.0], [0.0, 0.0, float("inf"), 0.0]), mixed)[1].token == 2
+
+
+class FixedGrammar:
+    """A FAKE matcher (test only): the same allowed tokens at every step, no tensor work."""
+
+    def __init__(self, allowed: torch.Tensor):
+        self.mask = allowed
+
+    def allowed(self, vocab: int) -> torch.Tensor:
+        return self.mask
+
+    def consume_token(self, token: int) -> None:
+        pass
+
+
+def every_kind(vocab: int) -> list[SequenceSampler]:
+    """One sampler of each kind a batch may mix: greedy, sampled, biased, penalised, banned,
+    grammar-masked (one whose bans leave nothing), with log-probabilities."""
+    return [
+        sampler(temperature=0),
+        sampler(seed=1, top_k=20, top_p=0.9, min_p=0.02),
+        sampler(temperature=0, logit_bias=((7, 4.0), (EOS, -3.0))),
+        sampler(seed=2, temperature=0.7, logit_bias=((11, 2.5), (11, 0.5), (vocab + 5, 9.0))),
+        sampler(temperature=0, repetition_penalty=1.5, prompt=(1, 2, 5, 5, 9)),
+        sampler(seed=3, presence_penalty=0.8, frequency_penalty=0.6, repetition_penalty=0.9, prompt=(4,)),
+        SequenceSampler(params(temperature=0, min_tokens=6, stop_token_ids=(2,), max_tokens=30), eos_ids=(EOS,)),
+        sampler(seed=4, ignore_eos=True, top_p=0.5),
+        SequenceSampler(params(temperature=0), eos_ids=(EOS,), grammar=FakeGrammar([5, 9, 5, 12, 0])),
+        SequenceSampler(params(seed=5, ignore_eos=True), eos_ids=(EOS,), grammar=FakeGrammar([8])),  # then EOS only
+        sampler(temperature=0, logprobs=3, frequency_penalty=0.5),
+        sampler(seed=6, logprobs=0, logit_bias=((0, 1.0),)),
+        sampler(seed=7, logprobs=20, top_k=5, min_tokens=3, max_tokens=30),
+    ]
+
+
+def test_a_mixed_batch_picks_for_each_row_what_it_picks_alone():
+    """Every kind of row in one batch, step after step, against twins that pick alone: the same
+    tokens (greedy rows and seeded draws), the same log-probabilities and alternatives."""
+    vocab = 64
+    together, alone = every_kind(vocab), every_kind(vocab)
+    g = torch.Generator().manual_seed(0)
+    for step in range(24):
+        logits = torch.randn(len(together), vocab, generator=g) * 3
+        logits[:, EOS] += 4.0  # the end is often the argmax: the bans must hold
+        batched = sample(logits, together)
+        for i, (s, mine) in enumerate(zip(alone, batched)):
+            own = sample(logits[i : i + 1], [s])[0]
+            assert mine.token == own.token, (step, i)
+            assert (mine.logprob is None) == (own.logprob is None) and [t for t, _ in mine.top] == [
+                t for t, _ in own.top
+            ]
+            if own.logprob is not None:
+                assert mine.logprob is not None and math.isclose(mine.logprob, own.logprob, abs_tol=1e-6)
+                assert all(math.isclose(a, b, abs_tol=1e-6) for (_, a), (_, b) in zip(mine.top, own.top))
+    tokens = [s.output.tolist() for s in together]
+    assert tokens == [s.output.tolist() for s in alone]
+    assert EOS not in tokens[6][:6] and 2 not in tokens[6][:6] and EOS not in tokens[7]  # the bans held
+    assert tokens[8][:5] == [5, 9, 5, 12, 0] and tokens[9][:2] == [8, EOS]  # the grammar decided
+    assert len(batched[12].top) == 20 and batched[11].top == () and batched[0].logprob is None
+    assert len(set(tokens[1])) > 5  # the sampled rows did draw
+
+
+def test_the_batched_path_has_no_per_row_work_over_the_vocabulary():
+    """Counted at torch's dispatcher: the operations that read or write a vocabulary-sized
+    tensor. Twelve more rows, every one with every rule, add only the sampled rows' draws (one
+    torch.multinomial each, with the row's own generator), not a per-row pass of the rules."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    vocab = 4096
+
+    class VocabOps(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            tensors = [t for t in (*args, *(kwargs or {}).values(), out) if isinstance(t, torch.Tensor)]
+            self.count += any(t.numel() >= vocab for t in tensors)
+            return out
+
+    def ops(rows: int) -> int:
+        allowed = torch.rand(vocab, generator=torch.Generator().manual_seed(0)) < 0.5
+        batch = [
+            SequenceSampler(
+                params(
+                    seed=i if i % 2 else None,
+                    temperature=0.8 if i % 2 else 0.0,
+                    top_k=40,
+                    top_p=0.9,
+                    min_p=0.01,
+                    logit_bias=((i, 2.0),),
+                    min_tokens=4,
+                    repetition_penalty=1.2,
+                    presence_penalty=0.3,
+                    frequency_penalty=0.2,
+                    logprobs=2,
+                ),
+                prompt=tuple(range(i, 600, 7)),
+                eos_ids=(EOS,),
+                grammar=FixedGrammar(allowed),
+            )
+            for i in range(rows)
+        ]
+        for s in batch:
+            s.accept(5)
+        logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(1))
+        with VocabOps() as counter:
+            sample(logits, batch)
+        return counter.count
+
+    small, large = ops(4), ops(16)
+    assert large - small == (16 - 4) // 2, (small, large)  # the 6 more sampled rows' draws

@@ -13,12 +13,15 @@ Per row, in this order (vLLM's and transformers' order):
    should the bans of 2. leave nothing, the grammar wins (it then only allows end-of-sequence);
 5. greedy: the argmax. Sampled: temperature, top_k, top_p, min_p, then a draw with the
    sequence's own torch.Generator, so a seeded request repeats whatever shares its steps.
-Rows with plain greedy rules and no log-probabilities take one batched argmax; rows that sample
-with the common rules only (temperature, top_k, top_p, min_p; no bias, bans, penalties, grammar
-or log-probabilities) are processed together as one [n, V] tensor (`_sample_rows`), each still
-drawing with its own generator (`_draw`), so a seeded request draws the same tokens alone or in a
-batch.
-The rest go row by row.
+A batch of plain greedy rows (no rule, no log-probabilities) takes one argmax. Any other batch
+takes one path for all its rows, as [N, V] tensors on the logits' device: each rule is one
+tensor operation over the batch (`_apply_rules`: the biases and bans put at (row, token) pairs,
+the penalties scattered from the rows' token ids, the grammar rows' masks stacked), done only
+when some row has it, and a row without it is left exactly as it was; one log_softmax gives the
+rows that ask their log-probabilities (`_with_logprobs`). Python touches each row only to
+gather its token ids and, for a sampled row, to draw: `_draw` copies the sampled rows'
+probabilities to the CPU once and draws each with its own generator (torch.multinomial), so a
+seeded request draws the same tokens alone or in a batch.
 """
 
 from __future__ import annotations
@@ -44,8 +47,8 @@ class SampledToken:
 
 
 class SequenceSampler:
-    """One sequence's sampling state: its rules, random generator, the counts the penalties
-    read, and its grammar matcher (an llguidance LLMatcher or anything with the same
+    """One sequence's sampling state: its rules, random generator, the output's tokens the
+    penalties read, and its grammar matcher (an llguidance LLMatcher or anything with the same
     `consume_token` and `allowed(vocab)`; see `accelab.serve.structured`)."""
 
     def __init__(
@@ -60,8 +63,9 @@ class SequenceSampler:
         self.params = params
         self.grammar = grammar
         self.generated = 0
-        self.counts: dict[int, int] = {}
-        self._prompt = tuple(prompt) if params.repetition_penalty != 1.0 else ()
+        self._output = torch.empty(64, dtype=torch.long)  # [capacity] int64; the tokens are [:generated]
+        # the prompt's distinct ids, once (the repetition penalty reads them at every step)
+        self._prompt = torch.tensor(sorted(set(prompt)) if params.repetition_penalty != 1.0 else [], dtype=torch.long)
         self._eos = tuple(eos_ids)
         self._stop_ids = tuple(dict.fromkeys((*self._eos, *params.stop_token_ids)))
         self.generator: torch.Generator | None = None
@@ -86,7 +90,7 @@ class SequenceSampler:
 
     @property
     def simple(self) -> bool:
-        """Samples with the common rules only, now: `_sample_rows` can take it with others."""
+        """Samples with the common rules of step 5 only, now: nothing for steps 1-4 to do."""
         p = self.params
         return (
             not p.greedy
@@ -99,6 +103,17 @@ class SequenceSampler:
             and p.frequency_penalty == 0.0
         )
 
+    @property
+    def output(self) -> torch.Tensor:
+        """[generated] int64 (CPU): the tokens this sequence picked, in order."""
+        return self._output[: self.generated]
+
+    @property
+    def counts(self) -> dict[int, int]:
+        """How often each token came in the output (what the presence and frequency penalties read)."""
+        ids, counts = self.output.unique(return_counts=True)
+        return dict(zip(ids.tolist(), counts.tolist()))
+
     def banned(self) -> tuple[int, ...]:
         """Tokens this sequence may not pick now."""
         if self.generated < self.params.min_tokens:
@@ -106,58 +121,21 @@ class SequenceSampler:
         return self._eos if self.params.ignore_eos else ()
 
     def accept(self, token: int) -> None:
+        if self.generated == self._output.numel():  # full: double it (amortised O(1) per token)
+            self._output = torch.cat([self._output, torch.empty_like(self._output)])
+        self._output[self.generated] = token
         self.generated += 1
-        self.counts[token] = self.counts.get(token, 0) + 1
         if self.grammar is not None:
             self.grammar.consume_token(token)
 
     def scores(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits: [V] -> the processed scores of steps 2-4 (a new float32 tensor)."""
-        p = self.params
-        scores = logits.float().clone()
-        vocab = scores.shape[0]
-        if p.logit_bias:
-            ids = torch.tensor([t for t, _ in p.logit_bias if t < vocab], dtype=torch.long)
-            scores.index_add_(0, ids, torch.tensor([b for t, b in p.logit_bias if t < vocab], dtype=scores.dtype))
-        banned = [t for t in self.banned() if t < vocab]
-        if banned:
-            scores[banned] = float("-inf")
-        if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(self._prompt) | set(self.counts)), dtype=torch.long)
-            if seen.numel():
-                picked = scores[seen]
-                scores[seen] = torch.where(picked > 0, picked / p.repetition_penalty, picked * p.repetition_penalty)
-        if (p.presence_penalty or p.frequency_penalty) and self.counts:
-            ids = torch.tensor(list(self.counts), dtype=torch.long)
-            counts = torch.tensor(list(self.counts.values()), dtype=scores.dtype)
-            scores[ids] -= p.presence_penalty + p.frequency_penalty * counts
-        if self.grammar is not None:
-            allowed = self.grammar.allowed(vocab)  # [V] bool
-            masked = scores.masked_fill(~allowed, float("-inf"))
-            if not bool(torch.isfinite(masked).any()):  # the bans left nothing: the grammar wins
-                masked = logits.float().masked_fill(~allowed, float("-inf"))
-            scores = masked
-        return _finite(scores[None])[0]
+        """logits: [V] -> the processed scores of steps 2-4 (a new float32 tensor): this row alone
+        through the batched rules."""
+        return _apply_rules(logits[None], [self])[0].clone()
 
     def pick(self, scores: torch.Tensor) -> int:
-        """scores: [V] processed -> the token (step 5)."""
-        p = self.params
-        if p.greedy:
-            return int(scores.argmax())
-        scores = scores / p.temperature
-        if 0 < p.top_k < scores.shape[0]:
-            kth = scores.topk(p.top_k).values[-1]
-            scores = scores.masked_fill(scores < kth, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        if p.top_p < 1.0:
-            sorted_probs, order = probs.sort(descending=True)
-            # drop a token when the tokens ranked above it already hold top_p of the mass
-            drop = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= p.top_p
-            drop[0] = False  # the most likely token stays, however small top_p is
-            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs.masked_fill(drop, 0.0))
-        if p.min_p > 0.0:
-            probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
-        return _draw(probs[None], [self.generator])[0]
+        """scores: [V] processed -> the token (step 5): this row alone through the batched pick."""
+        return _pick(scores[None], [self])[0]
 
 
 def sample(logits: torch.Tensor, samplers: Sequence[SequenceSampler]) -> list[SampledToken]:
@@ -165,60 +143,160 @@ def sample(logits: torch.Tensor, samplers: Sequence[SequenceSampler]) -> list[Sa
     sampler has taken its token (counts, grammar) when this returns."""
     if all(s.plain for s in samplers):
         tokens = _finite(logits).argmax(dim=-1).tolist()  # note: a device-to-host sync point
-        for s, token in zip(samplers, tokens):
-            s.accept(token)
-        return [SampledToken(token=t) for t in tokens]
-    rows = logits.float().cpu() if logits.device.type != "cpu" else logits
-    out: list[SampledToken | None] = [None] * len(samplers)
-    greedy = [i for i, s in enumerate(samplers) if s.plain]
-    simple = [i for i, s in enumerate(samplers) if not s.plain and s.simple]
-    if greedy:
-        for i, token in zip(greedy, _finite(rows[greedy]).argmax(dim=-1).tolist()):
-            out[i] = SampledToken(token=token)
-    if simple:
-        for i, token in zip(simple, _sample_rows(rows[simple], [samplers[i] for i in simple])):
-            out[i] = SampledToken(token=token)
-    for i, s in enumerate(samplers):
-        if out[i] is None:
-            token = s.pick(s.scores(rows[i]))
-            out[i] = _with_logprobs(rows[i], token, s.params.logprobs)
-    for s, picked in zip(samplers, out):
-        assert picked is not None
-        s.accept(picked.token)
-    return [picked for picked in out if picked is not None]
+        out = [SampledToken(token=t) for t in tokens]
+    else:
+        tokens = _pick(_apply_rules(logits, samplers), samplers)
+        out = _with_logprobs(logits, tokens, samplers)
+    for s, token in zip(samplers, tokens):
+        s.accept(token)
+    return out
 
 
-def _sample_rows(logits: torch.Tensor, samplers: Sequence[SequenceSampler]) -> list[int]:
-    """logits: [n, V] of rows that sample with the common rules only -> one token each: what
-    `SequenceSampler.pick` computes row by row, as batched tensor operations, then each row's
-    draw with its own generator."""
+def _apply_rules(logits: torch.Tensor, samplers: Sequence[SequenceSampler]) -> torch.Tensor:
+    """logits: [n, V] -> the processed scores of steps 2-4: [n, V] float32 on logits' device, to
+    read only (with no rule to apply and finite float32 logits, the logits themselves). Each
+    rule is one batched operation over the (row, token) pairs it touches, skipped when no row has
+    it; the pairs are built on the CPU and copied to the device once."""
     vocab = logits.shape[1]
-    params = [s.params for s in samplers]
-    scores = _finite(logits.float()) / torch.tensor([[p.temperature] for p in params])
+    bias = [(i, t, b) for i, s in enumerate(samplers) for t, b in s.params.logit_bias if 0 <= t < vocab]
+    bans = [(i, t) for i, s in enumerate(samplers) for t in s.banned() if 0 <= t < vocab]
+    repeated = [i for i, s in enumerate(samplers) if s.params.repetition_penalty != 1.0]
+    counted = [
+        i for i, s in enumerate(samplers) if s.generated and (s.params.presence_penalty or s.params.frequency_penalty)
+    ]
+    ruled = [i for i, s in enumerate(samplers) if s.grammar is not None]
+    if not (bias or bans or repeated or counted or ruled):
+        return _finite(logits.float())
+    scores = logits.to(torch.float32, copy=True)
+    # 2. biases added at their (row, token), then the bans
+    if bias:
+        at, ids, values = _on(logits.device, *zip(*bias))
+        scores.index_put_((at, ids), values, accumulate=True)
+    if bans:
+        at, ids = _on(logits.device, *zip(*bans))
+        scores.index_put_((at, ids), torch.tensor(float("-inf"), device=logits.device))
+    # 3. the penalties, 4. the grammar's masks
+    if repeated:
+        _repetition(scores, samplers, repeated)
+    if counted:
+        _presence_and_frequency(scores, samplers, counted)
+    if ruled:
+        scores = _grammar(scores, logits, samplers, ruled)
+    return _finite(scores)
+
+
+def _repetition(scores: torch.Tensor, samplers: Sequence[SequenceSampler], rows: Sequence[int]) -> None:
+    """In place: the rows' repetition penalty over their prompt's and output's tokens (a token
+    seen twice is the same value written twice)."""
+    at, ids = _pairs(rows, [torch.cat([samplers[i]._prompt, samplers[i].output]) for i in rows], scores.shape[1])
+    penalty = torch.tensor([s.params.repetition_penalty for s in samplers])[at]
+    at, ids, penalty = _on(scores.device, at, ids, penalty)
+    seen = scores[at, ids]
+    scores.index_put_((at, ids), torch.where(seen > 0, seen / penalty, seen * penalty))
+
+
+def _presence_and_frequency(scores: torch.Tensor, samplers: Sequence[SequenceSampler], rows: Sequence[int]) -> None:
+    """In place: the rows' presence and frequency penalties over their output's counts."""
+    vocab = scores.shape[1]
+    at, ids = _pairs(rows, [samplers[i].output for i in rows], vocab)
+    pairs, counts = (at * vocab + ids).unique(return_counts=True)  # one per distinct (row, token)
+    at, ids = pairs // vocab, pairs % vocab
+    presence = torch.tensor([s.params.presence_penalty for s in samplers])[at]
+    penalty = presence + torch.tensor([s.params.frequency_penalty for s in samplers])[at] * counts.float()
+    at, ids, penalty = _on(scores.device, at, ids, penalty)
+    scores.index_put_((at, ids), scores[at, ids] - penalty)
+
+
+def _grammar(
+    scores: torch.Tensor, logits: torch.Tensor, samplers: Sequence[SequenceSampler], rows: Sequence[int]
+) -> torch.Tensor:
+    """The grammar rows' allowed masks, stacked: what they do not allow is dropped. Should the
+    bans have left a row nothing (+inf counts as nothing too), its grammar wins over the raw logits."""
+    (allowed,) = _on(scores.device, torch.stack([samplers[i].grammar.allowed(scores.shape[1]).cpu() for i in rows]))
+    masked = _take(scores, rows).masked_fill_(~allowed, float("-inf"))  # [g, V]
+    lost = ((masked - masked) != 0).all(dim=-1)  # [g]: no finite score (x - x is 0 when finite, else NaN)
+    if bool(lost.any()):  # note: a sync point
+        raw = _take(logits, rows).float().masked_fill(~allowed, float("-inf"))
+        masked = torch.where(lost[:, None], raw, masked)
+    if len(rows) == scores.shape[0]:
+        return masked
+    scores[_on(scores.device, rows)] = masked
+    return scores
+
+
+def _pairs(rows: Sequence[int], ids: Sequence[torch.Tensor], vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """rows' token ids (CPU int64 tensors) -> (row, token) index tensors, [m] each, of the ids
+    inside the vocabulary."""
+    at = torch.repeat_interleave(torch.tensor(rows, dtype=torch.long), torch.tensor([len(t) for t in ids]))
+    flat = torch.cat(list(ids))
+    keep = (flat >= 0) & (flat < vocab)
+    return at[keep], flat[keep]
+
+
+def _take(t: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+    """t[rows] (a copy), or t itself when rows are all of its rows, in order."""
+    return t if list(rows) == list(range(t.shape[0])) else t[list(rows)]
+
+
+def _on(device: torch.device, *values: Any) -> tuple[torch.Tensor, ...]:
+    """Index and value lists or CPU tensors -> tensors on the device. non_blocking: a copy from
+    pageable memory is staged at once, without waiting for the device's queued work."""
+    return tuple(torch.as_tensor(v).to(device, non_blocking=True) for v in values)
+
+
+def _column(values: Sequence[float], device: torch.device) -> torch.Tensor:
+    """One float32 value per row, [n, 1]: a Python float rounded as a float32 scalar would be."""
+    return torch.tensor(values, dtype=torch.float32, device=device)[:, None]
+
+
+def _pick(scores: torch.Tensor, samplers: Sequence[SequenceSampler]) -> list[int]:
+    """scores: [n, V] processed -> one token per row (step 5): the greedy rows' argmax, the
+    others drawn from `_probabilities`."""
+    greedy = [i for i, s in enumerate(samplers) if s.params.greedy]
+    drawn = [i for i, s in enumerate(samplers) if not s.params.greedy]
+    tokens = [0] * len(samplers)
+    if greedy:
+        for i, token in zip(greedy, _take(scores, greedy).argmax(dim=-1).tolist()):  # note: a sync point
+            tokens[i] = token
+    if drawn:
+        probs = _probabilities(_take(scores, drawn), [samplers[i].params for i in drawn])
+        for i, token in zip(drawn, _draw(probs, [samplers[i].generator for i in drawn])):
+            tokens[i] = token
+    return tokens
+
+
+def _probabilities(scores: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """scores: [n, V] processed, of sampled rows -> [n, V] probabilities (unnormalised after
+    top_p and min_p) after each row's temperature, top_k, top_p and min_p; a row without a rule
+    is left as it was (its k 0: a -inf threshold, its top_p 1: a cut at +inf, its min_p 0)."""
+    vocab = scores.shape[1]
+    device = scores.device
+    scores = scores / _column([p.temperature for p in params], device)
     ks = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
     if any(ks):
         top = scores.topk(max(ks), dim=-1).values  # [n, k]
-        kth = top.gather(1, torch.tensor([[max(k, 1) - 1] for k in ks]))
-        kth = torch.where(torch.tensor([[k > 0] for k in ks]), kth, float("-inf"))
+        kth = top.gather(1, torch.tensor([[max(k, 1) - 1] for k in ks], device=device))
+        kth = torch.where(torch.tensor([[k > 0] for k in ks], device=device), kth, float("-inf"))
         scores = scores.masked_fill(scores < kth, float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     if any(p.top_p < 1.0 for p in params):
         # a token is dropped when those ranked above it hold top_p of the mass (rows at 1.0 drop none)
-        cut = torch.tensor([[p.top_p if p.top_p < 1.0 else float("inf")] for p in params])
+        cut = _column([p.top_p if p.top_p < 1.0 else float("inf") for p in params], device)
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         drop = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= cut
         drop[:, 0] = False  # the most likely token stays, however small top_p is
         probs = torch.zeros_like(probs).scatter_(1, order, sorted_probs.masked_fill(drop, 0.0))
     if any(p.min_p > 0.0 for p in params):
-        floor = torch.tensor([[p.min_p] for p in params]) * probs.max(dim=-1, keepdim=True).values
+        floor = _column([p.min_p for p in params], device) * probs.max(dim=-1, keepdim=True).values
         probs = probs.masked_fill(probs < floor, 0.0)
-    return _draw(probs, [s.generator for s in samplers])
+    return probs
 
 
 def _finite(scores: torch.Tensor) -> torch.Tensor:
     """scores [n, V] a draw can take whatever arrived: NaN is never picked (-inf), and a row with
     +inf scores picks among those tokens only (they are infinitely more likely than the rest)."""
-    if bool(torch.isfinite(scores).all()):
+    peak = float(scores.max()) if scores.numel() else 0.0  # NaN if any: one pass (note: a sync point)
+    if peak == peak and peak != float("inf"):  # -inf may stay: nothing picks it
         return scores
     scores = scores.nan_to_num(nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
     top = scores == float("inf")
@@ -228,7 +306,9 @@ def _finite(scores: torch.Tensor) -> torch.Tensor:
 def _draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> list[int]:
     """probs: [n, V] (unnormalised is fine) -> one token per row, drawn with the row's own
     generator (torch.multinomial: the draw seeded requests have always repeated with). A row with
-    no mass left (every token banned) takes the most likely of what is left."""
+    no mass left (every token banned) takes the most likely of what is left. The generators
+    live on the CPU: the rows come there in one copy (note: a device-to-host sync point)."""
+    probs = probs.cpu()
     total = probs.sum(dim=-1)
     out = []
     for row, generator, mass in zip(probs, generators, total.tolist()):
@@ -239,6 +319,27 @@ def _draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> 
     return out
 
 
+def _with_logprobs(
+    logits: torch.Tensor, tokens: Sequence[int], samplers: Sequence[SequenceSampler]
+) -> list[SampledToken]:
+    """Step 1 for the rows that ask: one log_softmax of their raw logits, the picked tokens'
+    values and each row's `logprobs` alternatives (the top k of the largest k asked)."""
+    out = [SampledToken(token=t) for t in tokens]
+    asked = [i for i, s in enumerate(samplers) if s.params.logprobs is not None]
+    if not asked:
+        return out
+    logprobs = torch.log_softmax(_take(logits, asked).float(), dim=-1)  # [m, V]
+    picked = torch.tensor([[tokens[i]] for i in asked], device=logits.device)
+    chosen = logprobs.gather(1, picked)[:, 0].tolist()
+    k = min(max(samplers[i].params.logprobs or 0 for i in asked), logprobs.shape[1])
+    best = logprobs.topk(k, dim=-1)
+    ids, values = best.indices.tolist(), best.values.tolist()
+    for j, i in enumerate(asked):
+        top = samplers[i].params.logprobs or 0
+        out[i] = SampledToken(token=tokens[i], logprob=chosen[j], top=tuple(zip(ids[j][:top], values[j][:top])))
+    return out
+
+
 def sample_step(logits: torch.Tensor, inputs: Sequence[StepInput], eos_ids: Sequence[int] = ()) -> list[SampledToken]:
     """What a StepEngine's step calls: logits [N, V] of its inputs that sample, in order. An
     input without a sampler (a start-up check) gets a fresh one from its params."""
@@ -246,15 +347,6 @@ def sample_step(logits: torch.Tensor, inputs: Sequence[StepInput], eos_ids: Sequ
         item.sampler if item.sampler is not None else SequenceSampler(item.params, eos_ids=eos_ids) for item in inputs
     ]
     return sample(logits, samplers)
-
-
-def _with_logprobs(logits: torch.Tensor, token: int, top: int | None) -> SampledToken:
-    if top is None:
-        return SampledToken(token=token)
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    best = logprobs.topk(top) if top else None
-    alternatives = () if best is None else tuple(zip(best.indices.tolist(), best.values.tolist()))
-    return SampledToken(token=token, logprob=float(logprobs[token]), top=alternatives)
 
 
 def prompt_logprobs(logits: torch.Tensor, tokens: Sequence[int], top: int) -> list[SampledToken | None]:
