@@ -1,13 +1,14 @@
 """Each option of a command is declared once, as metadata on the config field it sets
 (`accelab.options.option`), and `accelab.options.command` makes the typer signature from them:
-for train, predict and serve the tests check that every option maps to one field and back, that
-its default is the field's, that `--help` lists it with its help, and that a bad value still gets
-typer's error.
+for every command made so (GENERATED) the tests check that every option maps to one field and
+back, that its default is the field's, that `--help` lists it with its help, and that a bad value
+still gets typer's error.
 
-bench, compare and loadtest still write their typer signatures by hand: for them the test checks
-the signature against the configs (names, defaults) and against the names the config modules map
-(`OPTION_FIELDS`, carried by `accelab.options.fields_of`), so a new option that misses its field,
-or a field no option sets, fails here."""
+Where the config an option ends in lives in a module the command line must not import at start-up
+(it loads torch or httpx: RoundsConfig, TuneRequest, LoadConfig), the option is declared on a light
+dataclass of the command's, and the tests below check the names and defaults against the real
+config (COMMANDS, and the tune tests), so a new option that misses its field, or a field no option
+sets, fails here."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ import typer
 from typer.main import get_command
 from typer.testing import CliRunner
 
+from accelab.benchmark import commands as bench_commands
 from accelab.benchmark.commands import bench_command, compare_command
+from accelab.benchmark.config import COMPARE_OUTPUT, COMPARE_WORKLOAD, BenchRun, CompareRun
 from accelab.benchmark.rounds import RoundsConfig
 from accelab.launch import LaunchOptions
 from accelab.loadtest import client as loadtest_client, run as loadtest_run
@@ -46,7 +49,11 @@ GENERATED = {
     "predict": (predict_commands.register, (PredictRun, PredictConfig, LaunchOptions, Output), {"model"}),
     "serve": (serve_commands.register, (ServeRun, ServeConfig), {"ctx", "model"}),
     "tune": (tune_commands.register, (TuneOptions,), {"model"}),
+    "bench": (bench_commands.register, (BenchRun, Workload, Output), {"model"}),
+    "compare": (bench_commands.register, (CompareRun, COMPARE_WORKLOAD, COMPARE_OUTPUT), {"model"}),
 }
+# configs whose options are converted on the way (a plan's settings, "auto"), not made from the defaults
+CONVERTED = (TrainConfig, PredictConfig, ServeConfig, Workload)
 
 
 def _click(name: str):
@@ -82,19 +89,22 @@ def test_every_option_is_one_field_and_carries_back_into_its_config(name):
         values = {k: v for k, v in fields_of(config, given).items() if v is not None}
         required = {f.name for f in fields(config) if f.default is MISSING and f.default_factory is MISSING}
         assert set(values_of(config, given)) <= {f.name for f in fields(config)}
-        if not required - set(values) and config not in (TrainConfig, PredictConfig, ServeConfig):
+        if not required - set(values) and config not in CONVERTED:
             config(**values)
 
 
 @pytest.mark.parametrize("name", GENERATED)
 def test_option_defaults_are_the_fields_defaults(name):
     """An option's default is its field's, or None where declared unset (the Plan or the task's
-    default decides), or a required option for a field without a default."""
+    default decides), or the one declared where the command converts it, or a required option for
+    a field without a default."""
     _, click_command = _click(name)
     defaults = {p.name: p.default for p in click_command.params}
     for field_name, (config, f, declared) in _declared(name).items():
         if declared.default is None:
             assert defaults[field_name] is None, field_name
+        elif declared.default != Option().default:  # the command converts it ("auto": the task decides)
+            assert defaults[field_name] == declared.default, field_name
         elif f.default_factory is not MISSING:
             assert defaults[field_name] == f.default_factory(), field_name
         elif f.default is MISSING:
@@ -126,6 +136,8 @@ def test_help_lists_every_option_with_its_help(name):
         ("train", ["--epochs", "many"], "--epochs"),
         ("predict", ["m", "-i", "x.txt", "-o", "y.jsonl", "--top-k", "1.5"], "--top-k"),
         ("tune", ["m", "--seq-len", "many"], "--seq-len"),
+        ("bench", ["m", "--warmup", "x"], "--warmup"),
+        ("compare", ["m", "--rounds", "x"], "--rounds"),
     ],
 )
 def test_a_bad_value_gets_typers_error(name, args, flag):
@@ -275,6 +287,24 @@ def test_tune_refuses_a_bad_goal_before_resolving_the_model(monkeypatch):
         tune_options.serve_tune_request("m", TuneOptions(quality="meh", scenario="serve"))
 
 
+def test_compare_declares_the_rounds_options_with_roundsconfigs_defaults():
+    """--rounds and --sequential set RoundsConfig's fields (declared on CompareRun: rounds.py loads torch)."""
+    rounds = {f.name: f.default for f in fields(RoundsConfig)}
+    declared = {f.name: f.default for f in fields(CompareRun) if f.name in rounds}
+    assert declared == {"rounds": rounds["rounds"], "sequential": rounds["sequential"]}
+    given = {**Options(config=CompareRun).defaults(), "rounds": 2, "sequential": True}
+    assert RoundsConfig(**fields_of(RoundsConfig, given)) == RoundsConfig(rounds=2, sequential=True)
+
+
+def test_compare_shows_its_own_batch_and_json_help_over_the_shared_declarations():
+    workload = dict(((f.name, d) for f, d in COMPARE_WORKLOAD.declared()))
+    assert workload["batch_size"].default == Option().default  # the field's: 1, the rows' shared batch
+    assert Options(config=Workload).defaults()["batch_size"] is None  # bench: the plan's, else 1
+    assert COMPARE_OUTPUT.defaults() == Options(config=Output).defaults()
+    with pytest.raises(ValueError, match="--plans is empty"):
+        CompareRun(plans=" , ")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Command:
     function: Callable[..., None]
@@ -295,7 +325,7 @@ class Command:
         return {config.__name__: {f.name for f in fields(config)} for config in self.configs}
 
 
-# the commands whose typer signatures are still written by hand, checked against their configs
+# the configs each command's options end in, checked against the generated signatures
 COMMANDS = {
     "bench": Command(
         function=bench_command,
@@ -342,7 +372,7 @@ COMMANDS = {
 
 
 @pytest.mark.parametrize("name", COMMANDS)
-def test_every_hand_written_option_sets_one_field_or_is_the_commands_own(name):
+def test_every_option_sets_one_field_of_the_configs_it_ends_in_or_is_the_commands_own(name):
     command = COMMANDS[name]
     homes = command.fields()
     options = command.options()
@@ -363,7 +393,7 @@ def test_every_hand_written_option_sets_one_field_or_is_the_commands_own(name):
 
 
 @pytest.mark.parametrize("name", COMMANDS)
-def test_hand_written_option_defaults_are_the_fields_defaults(name):
+def test_option_defaults_are_the_defaults_of_the_configs_they_end_in(name):
     """An flag's default is its field's, or None ("unset": the Plan or the task's default decides)."""
     command = COMMANDS[name]
     defaults = {f.name: f.default for config in command.configs for f in fields(config) if f.default is not MISSING}

@@ -1,9 +1,12 @@
-"""Workload: what to run (scenario, shapes, input source)."""
+"""Workload: what to run (scenario, shapes, input source). Each field `accelab bench` and
+`accelab compare` set declares its option (`accelab.options`)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Literal, get_args
+
+from accelab.options import option
 
 if TYPE_CHECKING:
     from accelab.plan.plan import Plan
@@ -27,15 +30,33 @@ class Workload:
     """Shapes and scenario of one measurement. `batch_size` is final: the command chose it with
     `resolve_batch_size`, and nothing downstream reads the Plan's batch_size again."""
 
-    scenario: Scenario = "forward"
-    batch_size: int = 1
-    seq_len: int = 128  # text inputs are padded / truncated to exactly this length (forward)
-    new_tokens: int = 32  # generate: min_new_tokens == max_new_tokens == new_tokens
-    image_size: int | None = None  # None: the processor's own size
-    inputs: InputSource = "real"
-    warmup: int = 2
-    min_iters: int = 5
-    min_seconds: float = 3.0
+    # the option's "auto" is the model's task's choice (`benchmark.options.build_request`)
+    scenario: Scenario = field(
+        default="forward",
+        metadata=option("forward | generate | auto (generate for generative models).", default="auto"),
+    )
+    batch_size: int = field(
+        default=1,
+        metadata=option(
+            "Inputs per call. Default: the plan's batch_size, else 1; the flag wins over the plan.",
+            "--batch-size",
+            "-b",
+            unset=True,
+        ),
+    )
+    # text inputs are padded / truncated to exactly this length (forward)
+    seq_len: int = field(default=128, metadata=option("Text length of forward inputs, in tokens."))
+    # generate: min_new_tokens == max_new_tokens == new_tokens
+    new_tokens: int = field(default=32, metadata=option("Tokens to generate per sequence."))
+    image_size: int | None = field(default=None, metadata=option("Image side in pixels (default: the processor's)."))
+    inputs: InputSource = field(
+        default="real", metadata=option("real (the catalog's sample inputs) | synthetic (random, same shape).")
+    )
+    warmup: int = field(
+        default=2, metadata=option("Untimed calls before measuring (the first call is always excluded).")
+    )
+    min_iters: int = field(default=5, metadata=option("Measure at least this many calls..."))
+    min_seconds: float = field(default=3.0, metadata=option("...and for at least this many seconds."))
     max_seconds: float = 120.0  # a loop stops here even if min_iters is not reached
 
     def __post_init__(self) -> None:
