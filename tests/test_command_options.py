@@ -28,8 +28,9 @@ from accelab.benchmark.commands import bench_command, compare_command
 from accelab.benchmark.config import COMPARE_OUTPUT, COMPARE_WORKLOAD, BenchRun, CompareRun
 from accelab.benchmark.rounds import RoundsConfig
 from accelab.launch import LaunchOptions
-from accelab.loadtest import client as loadtest_client, run as loadtest_run
+from accelab.loadtest import client as loadtest_client, commands as loadtest_commands, run as loadtest_run
 from accelab.loadtest.commands import loadtest_command
+from accelab.loadtest.config import LoadOptions
 from accelab.options import Option, Options, Output, as_options, command, fields_of, option, values_of
 from accelab.predict import commands as predict_commands
 from accelab.predict.config import PredictConfig, PredictRun
@@ -51,6 +52,7 @@ GENERATED = {
     "tune": (tune_commands.register, (TuneOptions,), {"model"}),
     "bench": (bench_commands.register, (BenchRun, Workload, Output), {"model"}),
     "compare": (bench_commands.register, (CompareRun, COMPARE_WORKLOAD, COMPARE_OUTPUT), {"model"}),
+    "loadtest": (loadtest_commands.register, (LoadOptions, Output), {"url"}),
 }
 # configs whose options are converted on the way (a plan's settings, "auto"), not made from the defaults
 CONVERTED = (TrainConfig, PredictConfig, ServeConfig, Workload)
@@ -138,6 +140,7 @@ def test_help_lists_every_option_with_its_help(name):
         ("tune", ["m", "--seq-len", "many"], "--seq-len"),
         ("bench", ["m", "--warmup", "x"], "--warmup"),
         ("compare", ["m", "--rounds", "x"], "--rounds"),
+        ("loadtest", ["http://127.0.0.1:1", "--rate", "fast"], "--rate"),
     ],
 )
 def test_a_bad_value_gets_typers_error(name, args, flag):
@@ -303,6 +306,17 @@ def test_compare_shows_its_own_batch_and_json_help_over_the_shared_declarations(
     assert COMPARE_OUTPUT.defaults() == Options(config=Output).defaults()
     with pytest.raises(ValueError, match="--plans is empty"):
         CompareRun(plans=" , ")
+
+
+def test_loadtest_options_make_the_request_by_name():
+    """LoadTestRequest.from_options takes the options by their names; every LoadOptions field is one."""
+    given = {**Options(config=LoadOptions).defaults(), **Options(config=Output).defaults(), "url": "http://h:1/v1"}
+    request = loadtest_run.LoadTestRequest.from_options(
+        {**given, "concurrency": 4, "duration": 5.0, "timeout": 9.0, "max_tokens": "16,128", "find_max_": False}
+    )
+    assert (request.config.concurrency, request.config.duration_s, request.config.timeout_s) == (4, 5.0, 9.0)
+    assert (request.config.max_tokens, request.config.base_url, request.find_max) == ((16, 128), "http://h:1", False)
+    assert request.config.inputs  # accelab's sample prompts
 
 
 @dataclass(frozen=True, kw_only=True)
