@@ -63,7 +63,7 @@ def test_every_key_name_is_in_a_contract_with_a_meaning():
         "loadtest/run.py",
         "train/report.py",
         "tuner/measure.py",
-        "tuner/serving.py",
+        "tuner/serve_window.py",
     ],
 )
 def test_producers_write_metrics_only_through_the_contract_names(path):

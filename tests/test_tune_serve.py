@@ -23,7 +23,8 @@ from accelab.loadtest.summary import SLO
 from accelab.plan.plan import Plan, load_plan
 from accelab.results import contract as K
 from accelab.serve.config import ServeConfig
-from accelab.tuner.serving import Candidate, parse_levels, parse_serve_slo, rank
+from accelab.tuner.serve_rank import Candidate, rank
+from accelab.tuner.serve_request import parse_levels, parse_serve_slo
 
 FAULTS = Path(__file__).parent / "faults"
 MODEL = "smollm2-135m"
@@ -96,7 +97,7 @@ def test_a_plan_carries_server_settings_and_the_typed_options_win():
 
 def test_only_generation_models_are_tuned_for_serving():
     from accelab.catalog.resolve import resolve
-    from accelab.tuner.serving import ServeTuneRequest
+    from accelab.tuner.serve_request import ServeTuneRequest
 
     with pytest.raises(ValueError, match="measures generation servers.*--scenario forward"):
         ServeTuneRequest(spec=resolve("minilm-l6", fetch=False), model="minilm-l6")

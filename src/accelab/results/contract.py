@@ -300,7 +300,7 @@ probes    -      every probe in search order, each with the PROBE keys
 """),
 )
 TUNE_SERVE: Final = LOADTEST.extended(
-    "accelab.tuner.serving.measure_window and window_result (one window of a serving tune, kind tune-serve)",
+    "accelab.tuner.serve_window.measure_window and window_result (one window of a serving tune, kind tune-serve)",
     *keys("""
 goodput_token_throughput  tokens/s  output tokens of the requests that met every objective / duration_s
 noise                     -         accelab.measure.noise.Window.to_dict() of the window: steal, others' cores, ...

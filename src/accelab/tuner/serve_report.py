@@ -14,7 +14,8 @@ from rich.table import Table
 
 from accelab.results import contract as K
 from accelab.results.table import make_console
-from accelab.tuner.serving import ServeTuneOutcome, ServeTuneRequest, _fmt, _p99, run_serve_tune
+from accelab.tuner.serve_window import _fmt, _p99
+from accelab.tuner.serving import ServeTuneOutcome, ServeTuneRequest, run_serve_tune
 
 
 def render(outcome: ServeTuneOutcome, request: ServeTuneRequest, console: Console) -> None:
