@@ -16,6 +16,8 @@ import pytest
 import torch
 
 from accelab.catalog import custom
+from accelab.catalog.custom_inputs import Call, CustomInputs
+from accelab.catalog.custom_module import CustomModule
 from accelab.catalog.resolve import resolve
 
 TESTS = Path(__file__).parent
@@ -191,25 +193,25 @@ def test_resolve_infers_the_task_from_the_inputs(monkeypatch: pytest.MonkeyPatch
 
 
 def test_inputs_are_photos_at_the_example_size_or_seeded_rows():
-    images = custom.CustomInputs.from_example(torch.randn(1, 3, 32, 32), "image-classification")
+    images = CustomInputs.from_example(torch.randn(1, 3, 32, 32), "image-classification")
     batch = images.batch(5)
     assert list(batch) == ["pixel_values"] and batch["pixel_values"].shape == (5, 3, 32, 32)
     assert not torch.equal(batch["pixel_values"][0], batch["pixel_values"][1])  # different photos
     assert images.batch(2, image_size=48)["pixel_values"].shape == (2, 3, 48, 48)
     ids = torch.tensor([[1, 7, 3]])
-    rows = custom.CustomInputs.from_example({"ids": ids, "mask": torch.ones_like(ids)}, "feature-extraction")
+    rows = CustomInputs.from_example({"ids": ids, "mask": torch.ones_like(ids)}, "feature-extraction")
     first, again = rows.random_rows(4), rows.random_rows(4)
     assert first["ids"].shape == (4, 3) and int(first["ids"].max()) <= 7
     assert torch.equal(first["ids"], again["ids"])  # seeded: the reference and the plan see the same rows
     with pytest.raises(ValueError, match="one float tensor"):
-        custom.CustomInputs.from_example({"ids": ids}, "image-classification")
+        CustomInputs.from_example({"ids": ids}, "image-classification")
 
 
 def test_the_module_behind_accelabs_call_shape_casts_inputs_and_returns_logits():
     from custom_models import TinyConvNet
 
     net = TinyConvNet().eval()
-    wrapped = custom.CustomModule(net.to(torch.bfloat16), custom.Call(keys=("pixel_values",)), "image-classification")
+    wrapped = CustomModule(net.to(torch.bfloat16), Call(keys=("pixel_values",)), "image-classification")
     out = wrapped(pixel_values=torch.randn(2, 3, 32, 32))  # fp32 in, bf16 weights
     assert out.logits.shape == (2, 10) and out.logits.dtype == torch.bfloat16
 
