@@ -7,7 +7,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 from accelab.benchmark.child import RoundDone
-from accelab.benchmark.rounds import Contender, RoundsConfig, needs_more
+from accelab.benchmark.contenders import Contender, RoundsConfig, needs_more
 from accelab.measure.noise import Window
 from accelab.plan.plan import Plan
 from accelab.scenarios.workload import Workload

@@ -18,23 +18,23 @@ ran; a plan that breaks (error, OOM, crash) is a row with its reason, and the ot
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
-from accelab.benchmark.child import BenchJob, BenchOutput, Finish, Load, Loaded, Round, RoundDone
+from accelab.benchmark.child import BenchJob, Finish, Load, Round, RoundDone
+from accelab.benchmark.contenders import Contender, RoundsConfig, needs_more, paired_usable, turn_order
 from accelab.catalog.spec import ModelSpec
 from accelab.measure import noise
 from accelab.measure.budget import PlanBudget
 from accelab.measure.capabilities import plan_techniques
 from accelab.measure.environment import environment, fingerprint
-from accelab.measure.paired import MIN_PAIRS, check_overlap, paired_ratio, unpaired_ratio
+from accelab.measure.paired import check_overlap, paired_ratio, unpaired_ratio
 from accelab.measure.runner import ChildOutcome
 from accelab.measure.session import WarmChild
 from accelab.plan.plan import Plan
@@ -42,99 +42,9 @@ from accelab.quality.collect import QualityConfig
 from accelab.quality.verify import judge_outputs, reference_outputs
 from accelab.results import contract as K
 from accelab.results.result import Result, command_line
-from accelab.scenarios.workload import RoundSpec, Workload, resolve_batch_size
+from accelab.scenarios.workload import Workload, resolve_batch_size
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RoundsConfig:
-    """How a run is split into turns."""
-
-    rounds: int = 6  # turns per plan; the workload's min_seconds / min_iters are shared among them
-    extra: int = 6  # at most this many more rounds while too few were quiet enough
-    min_usable: int = MIN_PAIRS  # quiet rounds (pairs, when comparing) a figure needs
-    settle_s: float = 0.05  # pause between two turns: the last plan's worker threads go idle
-    sequential: bool = False  # one plan at a time, each alone in memory; speed-ups then unpaired (Welch)
-
-    def __post_init__(self) -> None:
-        if self.rounds < 1:
-            raise ValueError(f"rounds={self.rounds} must be 1 or more")
-        if self.extra < 0:
-            raise ValueError(f"extra rounds={self.extra} must be 0 or more")
-
-    @classmethod
-    def single(cls) -> RoundsConfig:
-        """One plan (bench): fewer, longer rounds; noise still measured and noisy rounds dropped."""
-        return cls(rounds=3, extra=3, min_usable=2)
-
-    def spec(self, workload: Workload) -> RoundSpec:
-        return RoundSpec(
-            min_iters=max(1, math.ceil(workload.min_iters / self.rounds)),
-            min_seconds=workload.min_seconds / self.rounds,
-            max_seconds=max(workload.max_seconds / self.rounds, 1.0),
-        )
-
-
-def turn_order(n: int, round_index: int) -> list[int]:
-    """A B C in even rounds, C B A in odd ones: no plan always goes first after a pause."""
-    order = list(range(n))
-    return order if round_index % 2 == 0 else order[::-1]
-
-
-@dataclass(kw_only=True)
-class Contender:
-    plan: Plan
-    workload: Workload
-    job: BenchJob
-    techniques: list[str] = field(default_factory=list)
-    budget_s: float | None = None  # --max-seconds-per-plan or the slow-plan budget
-    child: WarmChild | None = None
-    loaded: Loaded | None = None
-    failure: ChildOutcome | None = None
-    stopped: str | None = None  # why it was stopped as too slow
-    used_s: float = 0.0  # its load and turns so far
-    rounds: list[RoundDone] = field(default_factory=list)
-    windows: list[noise.Window | None] = field(default_factory=list)
-    output: BenchOutput | None = None
-
-    @property
-    def active(self) -> bool:
-        return self.loaded is not None and self.loaded.status == "ok" and self.failure is None and self.output is None
-
-    def usable(self, index: int) -> bool:
-        w = self.windows[index] if index < len(self.windows) else None
-        return w is None or w.level != "unreliable"
-
-    @property
-    def kept(self) -> tuple[int, ...]:
-        return tuple(i for i in range(len(self.rounds)) if self.usable(i))
-
-    @property
-    def short_of_calls(self) -> bool:
-        """Its quiet rounds hold fewer calls than --min-iters asked for (noisy rounds are dropped)."""
-        return sum(self.rounds[i].calls for i in self.kept) < self.workload.min_iters
-
-
-def paired_usable(a: Contender, b: Contender) -> list[bool]:
-    n = min(len(a.rounds), len(b.rounds))
-    return [a.usable(i) and b.usable(i) for i in range(n)]
-
-
-def needs_more(contenders: Sequence[Contender], config: RoundsConfig) -> bool:
-    """Too few quiet rounds for a figure (of the only plan, or of a plan paired with the reference),
-    or too few calls in them for --min-iters."""
-    active = [c for c in contenders if c.active]
-    if not active:
-        return False
-    if any(c.short_of_calls for c in active):
-        return True
-    if len(contenders) == 1:
-        return len(active[0].kept) < config.min_usable
-    reference = next((c for c in contenders if c.loaded is not None and c.loaded.status == "ok"), None)
-    if reference is None or not reference.active:
-        return False
-    return any(sum(paired_usable(c, reference)) < config.min_usable for c in active if c is not reference)
 
 
 class Driver:
@@ -320,8 +230,7 @@ def measure_plans(
     console: Console | None = None,
 ) -> list[Result]:
     """Measure every plan in alternating rounds; one Result per plan, in order. With several
-    plans, each Result after the first that ran carries its paired speed-up (`speedup`)."""
-    console = console or Console(stderr=True)
+    plans, each Result after the first that ran carries its speed-up over it (`speedup`)."""
     contenders = [
         Contender(
             plan=p,
@@ -331,31 +240,17 @@ def measure_plans(
         )
         for p, w in zip(plans, workloads)
     ]
-    driver = Driver(
-        contenders,
-        config=config or RoundsConfig(),
-        timeout_s=timeout_s,
-        budget=budget or PlanBudget(),
-        console=console,
-        env=env,
-    )
-    driver.run()
+    config = config or RoundsConfig()
+    console = console or Console(stderr=True)
+    Driver(
+        contenders, config=config, timeout_s=timeout_s, budget=budget or PlanBudget(), console=console, env=env
+    ).run()
     reference = next((c for c in contenders if c.output is not None), None)
     results = []
     for c in contenders:
-        result = _result(
-            c,
-            spec,
-            kind=kind,
-            tag=tag,
-            group_id=group_id,
-            device=device,
-            quality=quality,
-            tolerance=tolerance,
-            timeout_s=timeout_s,
-        )
+        result = _result(c, kind=kind, tag=tag, group_id=group_id, tolerance=tolerance, timeout_s=timeout_s)
         if result.ok and reference is not None and c is not reference and len(contenders) > 1:
-            result.metrics[K.SPEEDUP] = speedup_record(c, reference, paired=not driver.config.sequential)
+            result.metrics[K.SPEEDUP] = speedup_record(c, reference, paired=not config.sequential)
         results.append(result)
     return results
 
@@ -380,17 +275,11 @@ def result_shell(
 
 
 def _result(
-    c: Contender,
-    spec: ModelSpec,
-    *,
-    kind: str,
-    tag: str | None,
-    group_id: str | None,
-    device: str | None,
-    quality: QualityConfig | None,
-    tolerance: str,
-    timeout_s: float,
+    c: Contender, *, kind: str, tag: str | None, group_id: str | None, tolerance: str, timeout_s: float
 ) -> Result:
+    """The plan's Result: what its child finished with (and the quality of its outputs against the
+    fp32 reference), or why it did not finish."""
+    spec, quality = c.job.spec, c.job.quality
     result = result_shell(spec, c.plan, c.workload, kind=kind, tag=tag, group_id=group_id)
     if c.output is not None:
         output = c.output
@@ -401,7 +290,7 @@ def _result(
         )
         result.metrics[K.ROUNDS] = rounds_record(c)
         if quality is not None and output.outputs is not None:
-            reference = reference_outputs(spec, quality, device=device, timeout_s=timeout_s)
+            reference = reference_outputs(spec, quality, device=c.job.device, timeout_s=timeout_s)
             result.quality = judge_outputs(spec.task, reference, output.outputs, tolerance)
     elif c.loaded is not None and c.loaded.status != "ok":
         result.status, result.reason = c.loaded.status, c.loaded.reason

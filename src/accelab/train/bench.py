@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from accelab.benchmark.rounds import turn_order
+from accelab.benchmark.contenders import turn_order
 from accelab.launch import LaunchOptions
 from accelab.measure import noise
 from accelab.measure.budget import PlanBudget
@@ -139,20 +139,7 @@ def run_bench(
     budget = budget or PlanBudget()
     table = turns.Table(Path(config.output_dir) / "turns")
     running = [_start_row(row, config, idle, table, seconds_per_turn) for row in rows if row.unsupported is None]
-    launch_timeout = timeout_s * max(1, len(running))  # a row also waits while the others take their turns
-    for r in running:
-        r.thread = threading.Thread(
-            target=_launch, args=(r, launch_timeout), name=f"accelab-train-{r.slug}", daemon=True
-        )
-        r.thread.start()
-    try:
-        _take_turns(running, table, timeout_s=timeout_s, budget=budget, settle_s=settle_s)
-    finally:
-        for r in running:
-            if r.alive:
-                table.stop(r.slug)
-            if r.thread is not None:
-                r.thread.join()
+    _launch_all(running, table, timeout_s=timeout_s, budget=budget, settle_s=settle_s)
     by_row = {r.row.name: r for r in running}
     reference = next((r for r in running if r.outcome is not None and r.outcome.status == "ok" and r.rounds), None)
     results = []
@@ -177,6 +164,27 @@ def run_bench(
         if on_row is not None:
             on_row(result)
     return results
+
+
+def _launch_all(
+    running: list[_Running], table: turns.Table, *, timeout_s: float, budget: PlanBudget, settle_s: float
+) -> None:
+    """Each row's launch in a thread of its own, the rows taking turns until all are done; every
+    row still running is stopped and every thread joined, whatever happens."""
+    launch_timeout = timeout_s * max(1, len(running))  # a row also waits while the others take their turns
+    for r in running:
+        r.thread = threading.Thread(
+            target=_launch, args=(r, launch_timeout), name=f"accelab-train-{r.slug}", daemon=True
+        )
+        r.thread.start()
+    try:
+        _take_turns(running, table, timeout_s=timeout_s, budget=budget, settle_s=settle_s)
+    finally:
+        for r in running:
+            if r.alive:
+                table.stop(r.slug)
+            if r.thread is not None:
+                r.thread.join()
 
 
 def _row_config(row: BenchRow, config: TrainConfig, idle: float | None) -> TrainConfig:
