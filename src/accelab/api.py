@@ -24,14 +24,16 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from accelab.scenarios.workload import Workload, resolve_batch_size
+
 if TYPE_CHECKING:
     import torch
 
     from accelab.catalog.spec import ModelSpec
+    from accelab.measure.budget import PlanBudget
     from accelab.plan.plan import Plan
     from accelab.plan.runtime import Runnable
     from accelab.results.result import Result
-    from accelab.scenarios.workload import Workload
     from accelab.tuner.run import Percentile, TuneGoal, TuneScenario
     from accelab.tuner.search import QualityLevel
 
@@ -106,9 +108,6 @@ def compare(
     "unsupported" and the reason."""
     from accelab.benchmark.compare import quality_config_for, run_compare
     from accelab.benchmark.rounds import RoundsConfig
-    from accelab.measure.budget import PlanBudget
-    from accelab.measure.capabilities import slow_techniques
-    from accelab.plan.apply import resolve_device
 
     if not plans:
         raise ValueError("plans is empty; give e.g. plans=['baseline', 'compile']")
@@ -116,9 +115,6 @@ def compare(
     plan_objs = [_plan(p) for p in plans]
     work = _workload(spec, workload, None)
     qconfig = quality_config_for(work, samples, 8) if quality else None
-    budget = PlanBudget(
-        explicit_s=max_seconds_per_plan, slow=slow_techniques(resolve_device(plan_objs[0], device), measure=True)
-    )
     results = run_compare(
         spec,
         plan_objs,
@@ -128,11 +124,23 @@ def compare(
         tolerance=tolerance,
         timeout_s=timeout_s,
         tag=tag,
-        budget=budget,
+        budget=_plan_budget(plan_objs[0], device, max_seconds_per_plan),
         rounds=RoundsConfig(rounds=rounds, sequential=sequential),
     )
     _keep(results, store, db)
     return results
+
+
+def _plan_budget(first: Plan, device: str | None, max_seconds_per_plan: float | None) -> PlanBudget:
+    """Each plan's time: the one given, or a budget for the techniques known to be slow on the
+    device the first plan runs on (measured here)."""
+    from accelab.measure.budget import PlanBudget
+    from accelab.measure.capabilities import slow_techniques
+    from accelab.plan.apply import resolve_device
+
+    return PlanBudget(
+        explicit_s=max_seconds_per_plan, slow=slow_techniques(resolve_device(first, device), measure=True)
+    )
 
 
 def verify(
@@ -335,7 +343,6 @@ def _plan(plan: PlanLike) -> Plan:
 
 def _workload(spec: ModelSpec, workload: WorkloadLike, plan: Plan | None) -> Workload:
     from accelab.benchmark.options import default_scenario, validate
-    from accelab.scenarios.workload import Workload, resolve_batch_size
 
     if isinstance(workload, Workload):
         return workload

@@ -116,32 +116,6 @@ def fuse(graph: Graph, *, use_gpu: bool) -> tuple[Graph, str]:
             f"this model is {graph.model_type or 'of unknown type'}: use ort_fusion=off"
         )
 
-    def build(src: Path, dst: Path) -> None:
-        import onnx
-        from onnxruntime.transformers.fusion_options import FusionOptions
-        from onnxruntime.transformers.optimizer import optimize_model
-
-        model = onnx.load(str(src))
-        rewritten = scale_as_division(model)
-        log.info("attention scale Mul -> Div in %d places (the form ORT's no-mask attention fusion matches)", rewritten)
-        fusions = FusionOptions(model_type)
-        if not use_gpu:  # slower on CPU than what they replace: the module's docstring
-            fusions.enable_skip_layer_norm = fusions.enable_bias_skip_layer_norm = False
-            fusions.enable_bias_gelu = False
-        # opt_level=0: the Python fusions only; the session applies ORT's own graph passes after
-        optimized = optimize_model(
-            model,
-            model_type=model_type,
-            num_heads=graph.num_heads,
-            hidden_size=graph.hidden_size,
-            opt_level=0,
-            use_gpu=use_gpu,
-            optimization_options=fusions,
-        )
-        stats = {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
-        optimized.save_model_to_file(str(dst))
-        (dst.parent / "fusions.json").write_text(json.dumps(stats))
-
     key = {
         "onnxruntime": onnxruntime.__version__,
         "model_type": model_type,
@@ -151,11 +125,42 @@ def fuse(graph: Graph, *, use_gpu: bool) -> tuple[Graph, str]:
         "heads": graph.num_heads,
         "hidden": graph.hidden_size,
     }
-    fused = derived_graph(graph, "ort-fused", key, build)
+    fused = derived_graph(
+        graph, "ort-fused", key, lambda src, dst: _optimize(src, dst, model_type, graph, use_gpu=use_gpu)
+    )
     stats = json.loads((fused.directory / "fusions.json").read_text())
     if not stats.get("Attention") and not stats.get("MultiHeadAttention"):
         log.warning("ORT's optimizer fused no attention in %s: %s", graph.path, stats)
     return fused, ", ".join(f"{k} x{v}" for k, v in sorted(stats.items())) or "nothing fused"
+
+
+def _optimize(src: Path, dst: Path, model_type: str, graph: Graph, *, use_gpu: bool) -> None:
+    """The ONNX file at `src` through ORT's transformer optimizer into `dst`, with the fused op
+    counts beside it (fusions.json)."""
+    import onnx
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    model = onnx.load(str(src))
+    rewritten = scale_as_division(model)
+    log.info("attention scale Mul -> Div in %d places (the form ORT's no-mask attention fusion matches)", rewritten)
+    fusions = FusionOptions(model_type)
+    if not use_gpu:  # slower on CPU than what they replace: the module's docstring
+        fusions.enable_skip_layer_norm = fusions.enable_bias_skip_layer_norm = False
+        fusions.enable_bias_gelu = False
+    # opt_level=0: the Python fusions only; the session applies ORT's own graph passes after
+    optimized = optimize_model(
+        model,
+        model_type=model_type,
+        num_heads=graph.num_heads,
+        hidden_size=graph.hidden_size,
+        opt_level=0,
+        use_gpu=use_gpu,
+        optimization_options=fusions,
+    )
+    stats = {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
+    optimized.save_model_to_file(str(dst))
+    (dst.parent / "fusions.json").write_text(json.dumps(stats))
 
 
 def scale_as_division(model: Any) -> int:

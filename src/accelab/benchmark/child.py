@@ -13,8 +13,9 @@ import dataclasses
 import logging
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -33,6 +34,9 @@ from accelab.quality.collect import QualityConfig, collect
 from accelab.results import contract as K
 from accelab.scenarios.forward import ForwardScenario
 from accelab.scenarios.workload import RoundSpec, Workload
+
+if TYPE_CHECKING:
+    from accelab.measure.hardware import HardwareLimits
 
 log = logging.getLogger(__name__)
 
@@ -241,53 +245,80 @@ def _hardware_figures(runnable: Any, batch: dict, workload: Workload, metrics: d
     as unknown, with the reason, instead of an impossible number."""
     from accelab.measure.hardware import hardware_limits
 
-    figures: dict[str, Any] = {}
     limits = hardware_limits(str(device.type))
     path, peak = limits.peak_for(runnable.plan.precision)
-    figures[K.HARDWARE] = {
-        "peak_flops": peak,
-        "compute_path": path,
-        "bandwidth_bytes_per_s": limits.bandwidth_bytes_per_s,
-    }
+    hardware = {"peak_flops": peak, "compute_path": path, "bandwidth_bytes_per_s": limits.bandwidth_bytes_per_s}
     model_bytes = runnable.weight_bytes or _safe(lambda: weight_bytes(runnable.model))
-    figures[K.WEIGHT_BYTES] = model_bytes
+    figures: dict[str, Any] = {K.HARDWARE: hardware, K.WEIGHT_BYTES: model_bytes}
+
+    def measured_again() -> HardwareLimits:  # for a figure above 100%: the peaks under quieter conditions
+        return hardware_limits(str(device.type), refresh=True)
+
     if workload.scenario == "forward" and runnable.plan.quantization == "none" and peak:
         # (torch's counter does not see torchao's int8 kernels: a quantised plan gets no MFU
         # rather than a figure that counts only its few full-precision layers)
         flops = _safe(lambda: count_flops(runnable.forward, batch))
         if flops:
             seconds = metrics[K.LATENCY_MS]["p50"] / 1000
-            figures[K.FLOPS_PER_CALL] = flops
-            figures[K.ACHIEVED_FLOPS] = flops / seconds
-            value = mfu(flops, seconds, peak)
-            if value > 1.0:
-                limits = hardware_limits(str(device.type), refresh=True)
-                path, peak = limits.peak_for(runnable.plan.precision)
-                figures[K.HARDWARE]["peak_flops"] = peak
-                value = mfu(flops, seconds, peak) if peak else value
-            if value > 1.0:
-                figures[K.MFU_UNKNOWN] = (
-                    f"MFU unknown: the forward ran at {flops / seconds / 1e9:.1f} GFLOP/s, above the {path} peak "
-                    f"measured twice here ({(peak or 0) / 1e9:.1f} GFLOP/s, {limits.kernels.get(path, 'kernel?')}): "
-                    "a kernel the model runs is faster than those measured, or the FLOP count is off"
-                )
-            else:
-                figures[K.MFU] = value
+            figures.update(_mfu_figures(flops, seconds, runnable.plan.precision, peak, measured_again, hardware))
     elif K.DECODE_STEP_S in metrics and model_bytes:
-        roof = decode_roofline(model_bytes, metrics[K.DECODE_STEP_S], limits.bandwidth_bytes_per_s)
-        if roof["fraction"] > 1.0:
-            limits = hardware_limits(str(device.type), refresh=True)
-            figures[K.HARDWARE]["bandwidth_bytes_per_s"] = limits.bandwidth_bytes_per_s
-            roof = decode_roofline(model_bytes, metrics[K.DECODE_STEP_S], limits.bandwidth_bytes_per_s)
-        if roof["fraction"] > 1.0:
-            figures[K.ROOFLINE_UNKNOWN] = (
+        figures.update(_roofline_figures(model_bytes, metrics[K.DECODE_STEP_S], limits, measured_again, hardware))
+    return figures
+
+
+def _mfu_figures(
+    flops: float,
+    seconds: float,
+    precision: str,
+    peak: float,
+    measured_again: Callable[[], HardwareLimits],
+    hardware: dict[str, Any],
+) -> dict[str, Any]:
+    """FLOPs per call, FLOP/s and the MFU against the compute path's peak (measured again once,
+    into `hardware`, when the MFU comes out above 100%)."""
+    figures: dict[str, Any] = {K.FLOPS_PER_CALL: flops, K.ACHIEVED_FLOPS: flops / seconds}
+    value = mfu(flops, seconds, peak)
+    if value <= 1.0:
+        figures[K.MFU] = value
+        return figures
+    limits = measured_again()
+    path, fresh = limits.peak_for(precision)
+    hardware["peak_flops"] = fresh
+    value = mfu(flops, seconds, fresh) if fresh else value
+    if value > 1.0:
+        figures[K.MFU_UNKNOWN] = (
+            f"MFU unknown: the forward ran at {flops / seconds / 1e9:.1f} GFLOP/s, above the {path} peak "
+            f"measured twice here ({(fresh or 0) / 1e9:.1f} GFLOP/s, {limits.kernels.get(path, 'kernel?')}): "
+            "a kernel the model runs is faster than those measured, or the FLOP count is off"
+        )
+    else:
+        figures[K.MFU] = value
+    return figures
+
+
+def _roofline_figures(
+    model_bytes: float,
+    step_s: float,
+    limits: HardwareLimits,
+    measured_again: Callable[[], HardwareLimits],
+    hardware: dict[str, Any],
+) -> dict[str, Any]:
+    """Decoding's share of the memory-bandwidth bound (the bandwidth measured again once, into
+    `hardware`, when the share comes out above 100%)."""
+    roof = decode_roofline(model_bytes, step_s, limits.bandwidth_bytes_per_s)
+    if roof["fraction"] > 1.0:
+        limits = measured_again()
+        hardware["bandwidth_bytes_per_s"] = limits.bandwidth_bytes_per_s
+        roof = decode_roofline(model_bytes, step_s, limits.bandwidth_bytes_per_s)
+    if roof["fraction"] > 1.0:
+        return {
+            K.ROOFLINE_UNKNOWN: (
                 f"roofline unknown: decoding read {roof['achieved_bandwidth'] / 1e9:.1f} GB/s of weights, above the "
                 f"bandwidth measured twice here ({limits.bandwidth_bytes_per_s / 1e9:.1f} GB/s, "
                 f"{limits.kernels.get('bandwidth', 'kernel?')}): part of the weights stays in cache between steps"
             )
-        else:
-            figures[K.ROOFLINE] = roof
-    return figures
+        }
+    return {K.ROOFLINE: roof}
 
 
 def _safe(fn: Any) -> Any:

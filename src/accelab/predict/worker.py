@@ -22,6 +22,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -199,28 +200,17 @@ def _run_chunks(
     )
     target = input_device(runnable.model, device)
     files = _ChunkFiles(config.out, source.ids)
-    wait = compute = write = 0.0
     total = sum(len(c.indices) for c in chunks)
-    # RSS of this process only (forked DataLoader workers share its pages); CPU time with the workers'
-    sampler = PeakMemorySampler(
-        device=device,
-        interval=SAMPLE_INTERVAL_S,
-        rss_reader=process_rss_reader(False),
-        cpu_seconds_reader=process_cpu_seconds_reader(True),
-    )
     label = "predict" if group.world_size == 1 else f"predict (rank 0's share, 1/{group.world_size})"
-    with sampler as memory, progress_bar(total, label, enabled=config.progress and group.is_main) as advance:
+    with (
+        _rank_memory(device) as memory,
+        progress_bar(total, label, enabled=config.progress and group.is_main) as advance,
+    ):
         start = time.perf_counter()
         batches = iter(loader)
-        for chunk, indices in planned:
-            t0 = time.perf_counter()
-            batch = next(batches)
-            t1 = time.perf_counter()
-            rows = handler.predict(runnable, to_device(batch.tensors, target)) if batch.indices else []
-            t2 = time.perf_counter()
-            files.add(chunk, batch.indices, rows, batch.skipped)
-            wait, compute, write = wait + t1 - t0, compute + t2 - t1, write + time.perf_counter() - t2
-            advance(len(indices))
+        wait, compute, write = _predict_batches(
+            planned, batches, lambda batch: handler.predict(runnable, to_device(batch.tensors, target)), files, advance
+        )
         leftover = next(batches, None)  # ends the loader: its workers are joined, so their CPU time counts
         if leftover is not None or files.pending:
             raise AssertionError(f"rank {group.rank}: the loader and the chunk plan disagree")
@@ -243,6 +233,38 @@ def _run_chunks(
         gpu_util_percent=report.gpu_util_percent,
         gpu_peak_allocated_mb=report.gpu_peak_allocated_mb,
     )
+
+
+def _rank_memory(device: torch.device) -> PeakMemorySampler:
+    """RSS of this process only (forked DataLoader workers share its pages); CPU time with the workers'."""
+    return PeakMemorySampler(
+        device=device,
+        interval=SAMPLE_INTERVAL_S,
+        rss_reader=process_rss_reader(False),
+        cpu_seconds_reader=process_cpu_seconds_reader(True),
+    )
+
+
+def _predict_batches(
+    planned: list[tuple[Chunk, list[int]]],
+    batches: Iterator[Any],
+    predict: Callable[[Any], list],
+    files: _ChunkFiles,
+    advance: Callable[[int], None],
+) -> tuple[float, float, float]:
+    """Every planned batch predicted and written to its chunk's file, in plan order: the seconds
+    spent waiting on the loader, computing and writing."""
+    wait = compute = write = 0.0
+    for chunk, indices in planned:
+        t0 = time.perf_counter()
+        batch = next(batches)
+        t1 = time.perf_counter()
+        rows = predict(batch) if batch.indices else []
+        t2 = time.perf_counter()
+        files.add(chunk, batch.indices, rows, batch.skipped)
+        wait, compute, write = wait + t1 - t0, compute + t2 - t1, write + time.perf_counter() - t2
+        advance(len(indices))
+    return wait, compute, write
 
 
 def _finish(

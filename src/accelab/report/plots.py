@@ -182,6 +182,8 @@ def pareto(ps: ParetoSet) -> MplFigure:
 
 # -- load curve --------------------------------------------------------------------------------
 def load_curve(curve: LoadCurve) -> MplFigure:
+    """Latency percentiles against load, the SLO and the most load under it; on a right axis, the
+    requests/s served and within the SLO when the run recorded them."""
     fig = MplFigure(figsize=(9, 4.2))
     ax = fig.add_subplot()
     xs = [p.load for p in curve.points]
@@ -211,28 +213,35 @@ def load_curve(curve: LoadCurve) -> MplFigure:
     ax.set_ylabel(f"{latency} latency (ms)".strip())
     ax.set_ylim(bottom=0)
     handles, labels = ax.get_legend_handles_labels()
-    rates = [("served", [p.served for p in curve.points], "s"), ("goodput", [p.goodput for p in curve.points], "^")]
-    if any(v is not None for _, values, _ in rates for v in values):
-        twin = ax.twinx()
-        twin.grid(False)
-        for name, values, marker in rates:
-            if any(v is not None for v in values):
-                twin.plot(
-                    xs,
-                    [math.nan if v is None else v for v in values],
-                    color="#6b7280" if name == "served" else "#0891b2",
-                    linestyle="--",
-                    marker=marker,
-                    markersize=4,
-                    label=f"{name} (req/s)",
-                )
-        twin.set_ylabel("requests/s")
-        twin.set_ylim(bottom=0)
-        h2, l2 = twin.get_legend_handles_labels()
-        handles, labels = handles + h2, labels + l2
-    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.08, 1.0), borderaxespad=0)
+    h2, l2 = _rates_axis(ax, curve)
+    ax.legend(handles + h2, labels + l2, loc="upper left", bbox_to_anchor=(1.08, 1.0), borderaxespad=0)
     ax.set_title(curve.label, loc="left")
     return fig
+
+
+def _rates_axis(ax: Any, curve: LoadCurve) -> tuple[list, list[str]]:
+    """The requests/s served and within the SLO on a right axis; its legend's (handles, labels),
+    empty when the run recorded neither."""
+    rates = [("served", [p.served for p in curve.points], "s"), ("goodput", [p.goodput for p in curve.points], "^")]
+    if not any(v is not None for _, values, _ in rates for v in values):
+        return [], []
+    xs = [p.load for p in curve.points]
+    twin = ax.twinx()
+    twin.grid(False)
+    for name, values, marker in rates:
+        if any(v is not None for v in values):
+            twin.plot(
+                xs,
+                [math.nan if v is None else v for v in values],
+                color="#6b7280" if name == "served" else "#0891b2",
+                linestyle="--",
+                marker=marker,
+                markersize=4,
+                label=f"{name} (req/s)",
+            )
+    twin.set_ylabel("requests/s")
+    twin.set_ylim(bottom=0)
+    return twin.get_legend_handles_labels()
 
 
 # -- training ----------------------------------------------------------------------------------

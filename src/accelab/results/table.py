@@ -82,58 +82,10 @@ def speedup_text(
 def bench_rows(result: Result) -> list[tuple[str, str]]:
     """(label, value) rows describing one bench Result, most important first."""
     m = result.metrics
-    wl = result.workload
-    rows = [
-        ("model", f"{result.model.get('name')} ({result.model.get('task')})"),
-        ("plan", result.plan.get("name", "")),
-        (
-            "workload",
-            f"{wl.get('scenario')} batch={wl.get('batch_size')}"
-            + (f" seq={wl.get('seq_len')}" if result.model.get("task") in ("feature-extraction",) else "")
-            + (f" new_tokens={wl.get('new_tokens')}" if wl.get("scenario") == "generate" else ""),
-        ),
-        ("status", result.status + (f": {result.reason}" if result.reason else "")),
-    ]
+    rows = [*_identity_rows(result), ("status", result.status + (f": {result.reason}" if result.reason else ""))]
     if not result.ok:
         return rows
-    if wl.get("scenario") == "generate":
-        rows += [
-            ("TTFT", _stat_line(m.get("ttft_ms"))),
-            ("TPOT", _stat_line(m.get("tpot_ms"))),
-            ("ITL", _stat_line(m.get("itl_ms"))),
-            ("end-to-end", _stat_line(m.get("e2e_ms"))),
-            ("decode tokens/s", fmt(m.get("decode_tokens_per_s"))),
-            ("tokens/s (all)", fmt(m.get("throughput"))),
-        ]
-        roof = m.get("roofline") or {}
-        if m.get("roofline_unknown"):
-            rows.append(("roofline", m["roofline_unknown"]))
-        elif roof:
-            rows.append(
-                (
-                    "roofline",
-                    f"{roof.get('fraction', 0) * 100:.1f}% of the memory-bandwidth bound "
-                    f"({fmt(roof.get('bound_steps_per_s'))} steps/s for "
-                    f"{fmt((m.get('weight_bytes') or 0) / 1e6)} MB of weights)",
-                )
-            )
-    else:
-        rows += [
-            ("latency", _stat_line(m.get("latency_ms"))),
-            ("throughput", f"{fmt(m.get('throughput'))} {m.get('throughput_unit', 'items/s')}"),
-        ]
-        if m.get("mfu_unknown"):
-            rows.append(("MFU", m["mfu_unknown"]))
-        elif m.get("mfu") is not None:
-            hw = m.get("hardware", {})
-            rows.append(
-                (
-                    "MFU",
-                    f"{m['mfu'] * 100:.1f}% ({fmt(m.get('achieved_flops', 0) / 1e9)} GFLOP/s of the "
-                    f"{fmt((hw.get('peak_flops') or 0) / 1e9)} GFLOP/s {hw.get('compute_path', 'fp32')} peak "
-                    "measured here)",
-                )
-            )
+    rows += _generate_rows(m) if result.workload.get("scenario") == "generate" else _forward_rows(m)
     rows += [
         ("noise", noise_line(m.get("noise"))),
         ("peak memory", f"{fmt(m.get('peak_memory_mb'))} MB"),
@@ -147,6 +99,67 @@ def bench_rows(result: Result) -> list[tuple[str, str]]:
         rows.append(("sample output", repr(m["sample_text"][:200])))
     for note in result.notes:
         rows.append(("note", note))
+    return rows
+
+
+def _identity_rows(result: Result) -> list[tuple[str, str]]:
+    """What was measured: the model, the plan and the workload's shape."""
+    wl = result.workload
+    shape = (
+        f"{wl.get('scenario')} batch={wl.get('batch_size')}"
+        + (f" seq={wl.get('seq_len')}" if result.model.get("task") in ("feature-extraction",) else "")
+        + (f" new_tokens={wl.get('new_tokens')}" if wl.get("scenario") == "generate" else "")
+    )
+    return [
+        ("model", f"{result.model.get('name')} ({result.model.get('task')})"),
+        ("plan", result.plan.get("name", "")),
+        ("workload", shape),
+    ]
+
+
+def _generate_rows(m: dict[str, Any]) -> list[tuple[str, str]]:
+    """Generation: the per-token latencies, the rates, and the share of the memory-bandwidth bound."""
+    rows = [
+        ("TTFT", _stat_line(m.get("ttft_ms"))),
+        ("TPOT", _stat_line(m.get("tpot_ms"))),
+        ("ITL", _stat_line(m.get("itl_ms"))),
+        ("end-to-end", _stat_line(m.get("e2e_ms"))),
+        ("decode tokens/s", fmt(m.get("decode_tokens_per_s"))),
+        ("tokens/s (all)", fmt(m.get("throughput"))),
+    ]
+    roof = m.get("roofline") or {}
+    if m.get("roofline_unknown"):
+        rows.append(("roofline", m["roofline_unknown"]))
+    elif roof:
+        rows.append(
+            (
+                "roofline",
+                f"{roof.get('fraction', 0) * 100:.1f}% of the memory-bandwidth bound "
+                f"({fmt(roof.get('bound_steps_per_s'))} steps/s for "
+                f"{fmt((m.get('weight_bytes') or 0) / 1e6)} MB of weights)",
+            )
+        )
+    return rows
+
+
+def _forward_rows(m: dict[str, Any]) -> list[tuple[str, str]]:
+    """A forward pass: latency, throughput, and the share of the peak compute measured here (MFU)."""
+    rows = [
+        ("latency", _stat_line(m.get("latency_ms"))),
+        ("throughput", f"{fmt(m.get('throughput'))} {m.get('throughput_unit', 'items/s')}"),
+    ]
+    if m.get("mfu_unknown"):
+        rows.append(("MFU", m["mfu_unknown"]))
+    elif m.get("mfu") is not None:
+        hw = m.get("hardware", {})
+        rows.append(
+            (
+                "MFU",
+                f"{m['mfu'] * 100:.1f}% ({fmt(m.get('achieved_flops', 0) / 1e9)} GFLOP/s of the "
+                f"{fmt((hw.get('peak_flops') or 0) / 1e9)} GFLOP/s {hw.get('compute_path', 'fp32')} peak "
+                "measured here)",
+            )
+        )
     return rows
 
 

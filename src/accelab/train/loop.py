@@ -76,8 +76,8 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, 
 
 
 def setup(config: TrainConfig) -> Session:
+    """The recipe of the module docstring, up to the trackers: everything the epochs need."""
     from accelerate.utils import set_seed
-    from transformers import get_scheduler
 
     # Process settings and the Accelerator
     if config.threads:
@@ -97,14 +97,8 @@ def setup(config: TrainConfig) -> Session:
     steps_per_epoch = len(sampler) // config.batch_size
     total = total_steps(config, steps_per_epoch)
 
-    # Optimizer and LR schedule (stepped once per optimizer step: split_batches=True)
-    optimizer = torch.optim.AdamW(param_groups(loaded.model, config.weight_decay), lr=config.lr)
-    scheduler = get_scheduler(
-        config.schedule if config.schedule != "constant" else "constant_with_warmup",
-        optimizer,
-        num_warmup_steps=warmup_for(config, total),
-        num_training_steps=total,
-    )
+    # Optimizer and LR schedule
+    optimizer, scheduler = _optimizer(config, loaded.model, total)
 
     # prepare (inside accelerate, in this order): device placement, autocast forward, DDP wrap, compile
     model, optimizer, train_dl, eval_dl, scheduler = accelerator.prepare(
@@ -112,16 +106,6 @@ def setup(config: TrainConfig) -> Session:
     )
     num_labels = len(classes) if classes else None
     ident = identity(read_model_config(config.model_source), config.task, num_labels)
-    gate = None
-    if config.turns_dir and config.turns_row:
-        gate = Gate(
-            config.turns_dir,
-            config.turns_row,
-            main=accelerator.is_main_process,
-            seconds_per_turn=config.seconds_per_turn,
-            timed_from=config.timing_warmup,
-            last_step=total,
-        )
     return Session(
         config=config,
         accelerator=accelerator,
@@ -136,7 +120,35 @@ def setup(config: TrainConfig) -> Session:
         steps_per_epoch=steps_per_epoch,
         total_steps=total,
         identity=ident,
-        gate=gate,
+        gate=_gate(config, accelerator.is_main_process, total),
+    )
+
+
+def _optimizer(config: TrainConfig, model: torch.nn.Module, total: int) -> tuple[Any, Any]:
+    """AdamW and its LR schedule, stepped once per optimizer step (split_batches=True)."""
+    from transformers import get_scheduler
+
+    optimizer = torch.optim.AdamW(param_groups(model, config.weight_decay), lr=config.lr)
+    scheduler = get_scheduler(
+        config.schedule if config.schedule != "constant" else "constant_with_warmup",
+        optimizer,
+        num_warmup_steps=warmup_for(config, total),
+        num_training_steps=total,
+    )
+    return optimizer, scheduler
+
+
+def _gate(config: TrainConfig, main: bool, total: int) -> Gate | None:
+    """The turn gate, when this run takes turns with other bench rows (`accelab.train.turns`)."""
+    if not (config.turns_dir and config.turns_row):
+        return None
+    return Gate(
+        config.turns_dir,
+        config.turns_row,
+        main=main,
+        seconds_per_turn=config.seconds_per_turn,
+        timed_from=config.timing_warmup,
+        last_step=total,
     )
 
 
