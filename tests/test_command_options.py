@@ -20,6 +20,7 @@ from typing import Literal
 
 import pytest
 import typer
+from rich.markup import escape
 from typer.main import get_command
 from typer.testing import CliRunner
 
@@ -124,7 +125,7 @@ def test_help_lists_every_option_with_its_help(name):
     for field_name, (_, _, declared) in _declared(name).items():
         parameter = by_name[field_name]
         assert parameter.opts[0] in shown.output, parameter.opts
-        assert parameter.help == declared.help, field_name
+        assert parameter.help == (declared.help and escape(declared.help)), field_name  # as written, not markup
         if declared.flags:
             assert declared.flags[0].split("/")[0] in parameter.opts, (field_name, parameter.opts)
         else:
@@ -419,3 +420,11 @@ def test_option_defaults_are_the_defaults_of_the_configs_they_end_in(name):
             f"accelab {name} --{flag.replace('_', '-')} defaults to {info.default!r}, "
             f"the field {target} to {defaults[target]!r}"
         )
+
+
+def test_help_shows_a_plan_with_fields_as_written():
+    """Help text is plain text: rich would take `baseline[batch_size=16]` for markup and drop the brackets."""
+    app, _ = _click("compare")
+    shown = CliRunner().invoke(app, ["compare", "--help"], env={"COLUMNS": "300"})
+    assert shown.exit_code == 0
+    assert "baseline[batch_size=16]" in shown.output

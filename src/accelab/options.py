@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, TypeVar, cast
 
 import typer
+from rich.markup import escape
 
 C = TypeVar("C", bound=str)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -88,7 +89,7 @@ class Options:
                 default=typer.Option(
                     _default(f, declared),
                     *declared.flags,
-                    help=declared.help,
+                    help=escape(declared.help) if declared.help else None,  # name[field=value] is text, not markup
                     envvar=declared.envvar,
                     show_envvar=declared.envvar is not None,
                 ),
