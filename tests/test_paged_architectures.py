@@ -14,6 +14,7 @@ from accelab.plan.runtime import Runnable, Unsupported
 from accelab.serve.engines.base import SamplingParams, StepInput
 from accelab.serve.engines.ragged import RaggedTorchEngine
 from accelab.serve.scheduler import Scheduler, SchedulerConfig
+from accelab.serve.stops import StopRules
 
 VOCAB = 384
 # initializer_range 0.2: peaked logits, so greedy picks are not near-ties that rounding could flip
@@ -100,7 +101,7 @@ def serve(engine: RaggedTorchEngine, limits: SchedulerConfig, reqs, *, fork_firs
     """The continuous worker's loop, single-threaded: schedule, copy-on-write, step, advance."""
     sched = Scheduler(limits, FakeClock())
     greedy = SamplingParams(max_tokens=64, temperature=0)
-    seqs = [sched.add(i, tuple(p), max_tokens=n) for i, (p, n) in enumerate(reqs)]
+    seqs = [sched.add(i, tuple(p), stops=StopRules(max_tokens=n)) for i, (p, n) in enumerate(reqs)]
     copies = 0
     while not sched.idle:
         step = sched.schedule()
@@ -119,9 +120,9 @@ def serve(engine: RaggedTorchEngine, limits: SchedulerConfig, reqs, *, fork_firs
         ]
         picked = iter(engine.step(inputs))
         for chunk in step.chunks:
-            sched.advance(chunk, next(picked).token if chunk.sample else None)
+            ends = sched.advance(chunk, next(picked).token if chunk.sample else None)
             seq = chunk.seq
-            if len(seq.generated) >= seq.max_tokens:
+            if ends is not None:  # the scheduler's verdict: max_tokens reached
                 sched.finish(seq)
             elif fork_first and seq is seqs[0] and len(seq.generated) == 1:  # n = 2: a second greedy choice
                 seqs.append(sched.fork(seq, "choice 2"))

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any, Final, Literal, TypeVar, cast
 
 import typer
-from rich.markup import escape
 
 C = TypeVar("C", bound=str)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -80,6 +79,8 @@ class Options:
         return {f.name: _default(f, declared) for f, declared in self.declared()}
 
     def parameters(self) -> list[inspect.Parameter]:
+        from rich.markup import escape
+
         hints = typing.get_type_hints(self.config)
         return [
             inspect.Parameter(
