@@ -38,8 +38,9 @@ from accelab.predict.config import PredictConfig, PredictRun
 from accelab.scenarios.workload import Workload
 from accelab.serve import commands as serve_commands
 from accelab.serve.config import ServeConfig, ServeRun
-from accelab.train import commands as train_commands, config as train_config
-from accelab.train.config import TrainConfig, TrainRun
+from accelab.train import commands as train_commands, run_options as train_config
+from accelab.train.config import TrainConfig
+from accelab.train.run_options import TrainRun
 from accelab.tuner import commands as tune_commands, options as tune_options
 from accelab.tuner.options import TuneOptions
 

@@ -14,86 +14,22 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
-import typer
-from typer.testing import CliRunner
-
-from accelab.train.commands import register
+from train_fixtures import cli, invoke, private_cache
 
 pytestmark = pytest.mark.slow
 
 DDP_LOSS_RTOL = 1e-4
 
 
-def cli(*args: str):
-    """Run `accelab train ARGS` in-process (the workers are real child processes); raise on failure."""
-    app = typer.Typer()
-    register(app)
-    app.command("noop", hidden=True)(lambda: None)  # two commands: typer keeps `train` as a subcommand
-    result = CliRunner().invoke(app, ["train", *args, "--no-progress"])
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    assert result.exit_code == 0, result.output
-    return result
-
-
-def invoke(*args: str):
-    app = typer.Typer()
-    register(app)
-    app.command("noop", hidden=True)(lambda: None)
-    return CliRunner().invoke(app, ["train", *args, "--no-progress"])
-
-
-def build_tiny_vit(path: Path, num_labels: int = 10) -> Path:
-    from transformers import ViTConfig, ViTForImageClassification
-
-    from accelab.catalog.build_vision import image_processor_class
-
-    labels = {i: str(i) for i in range(num_labels)}
-    config = ViTConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        image_size=16,
-        patch_size=4,
-        num_labels=num_labels,
-        id2label=labels,
-        label2id={v: k for k, v in labels.items()},
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        ViTForImageClassification(config).save_pretrained(path)
-    image_processor_class("ViTImageProcessor")(
-        size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3
-    ).save_pretrained(path)
-    return path
-
-
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    """A private ACCELAB_CACHE with vit-tiny (linked from the real cache, else built) and a tiny ViT."""
-    root = tmp_path_factory.mktemp("accelab-cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ACCELAB_CACHE", str(root))
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        models = root / "models"
-        models.mkdir()
-        real = Path.home() / ".cache" / "accelab" / "models" / "vit-tiny"
-        if (real / "accelab.json").is_file():
-            os.symlink(real, models / "vit-tiny")
-        else:
-            from accelab.catalog.fetch import fetch
-
-            fetch("vit-tiny")
-        build_tiny_vit(root / "tiny-vit")
+    """A private ACCELAB_CACHE with vit-tiny and a tiny ViT (train_fixtures.py)."""
+    with private_cache(tmp_path_factory.mktemp("accelab-cache")) as root:
         yield root
 
 
@@ -253,6 +189,8 @@ def test_bench_rows_and_one_vs_two_processes(cache, tmp_path):
         str(db),
         "--output-dir",
         str(tmp_path / "bench"),
+        "--bench-rows",
+        "bf16,fp16,accum,ddp",  # the baseline always runs; compile, checkpointing, workers: the next test
     )
     doc = result_json(out)
     rows = {row["configuration"]: row for row in doc["rows"]}
@@ -276,6 +214,9 @@ def test_bench_rows_and_one_vs_two_processes(cache, tmp_path):
     assert full["2 processes"]["workload"]["per_process_batch"] == 8
     assert len(two["peak_rss_mb_per_rank"]) == 2  # two real ranks reported
     assert two["losses"] == pytest.approx(baseline["losses"], rel=DDP_LOSS_RTOL)
+    # DDP's all-reduce timed by its comm hook, beside backward; one process has none to time
+    assert two["step_split"]["comm"] == "ddp" and 0 < two["step_split"]["communication"]["p50_ms"]
+    assert baseline["step_split"]["comm"] == "none" and baseline["step_split"]["communication"] is None
     assert full["grad accum x4"]["metrics"]["losses"] == pytest.approx(baseline["losses"], rel=DDP_LOSS_RTOL)
     assert baseline["losses"][-1] < baseline["losses"][0]
     # eval gathered from both ranks: every test sample exactly once, same accuracy
@@ -296,6 +237,61 @@ def test_bench_rows_and_one_vs_two_processes(cache, tmp_path):
             "no measurable difference",
             "unreliable",
         )
+
+
+# Stated tolerance: a row's step split and its StepTimer read the same clock at the same step
+# boundaries, so its phases add up to the timed steps' wall time up to float rounding (1e-9 relative).
+SPLIT_RTOL = 1e-9
+
+
+@pytest.mark.alone  # four rows, their workers and loader processes: the second core is theirs
+def test_bench_rows_compile_checkpointing_workers_split_the_step_and_report_mfu(cache, tmp_path):
+    """Compile, activation checkpointing and loader workers are rows of their own; checkpointing
+    and workers do the baseline's math on its data order (same loss curve); every row splits its
+    steps into phases that add up to them, and reports an MFU within (0, 100%]."""
+    out = tmp_path / "bench.json"
+    result = cli(
+        "--bench",
+        "--model",
+        str(cache / "tiny-vit"),
+        "--dataset",
+        "digits",
+        "--max-steps",
+        "4",
+        "--bench-warmup",
+        "1",
+        "--batch-size",
+        "16",
+        "--threads",
+        "1",
+        "--json",
+        str(out),
+        "--no-store",
+        "--output-dir",
+        str(tmp_path / "bench"),
+        "--bench-rows",
+        "checkpointing,workers,compile",
+    )
+    doc = result_json(out)
+    rows = {row["configuration"]: row for row in doc["rows"]}
+    full = {r["plan"]["name"]: r["metrics"] for r in doc["results"]}
+    assert list(rows) == ["baseline (fp32)", "compile", "activation checkpointing", "loader workers x2"]
+    assert all(row["status"] == "ok" for row in rows.values()), rows
+    baseline = full["baseline (fp32)"]
+    for name in ("activation checkpointing", "loader workers x2"):  # the same math in the same order
+        assert full[name]["losses"] == pytest.approx(baseline["losses"], rel=1e-6)
+    assert full["compile"]["losses"] == pytest.approx(baseline["losses"], rel=1e-4)  # fused kernels round otherwise
+    assert full["compile"]["warmup_s"] > baseline["warmup_s"]  # its first step compiled
+    for name, metrics in full.items():
+        split = metrics["step_split"]
+        assert split["steps"] == 3 and split["total_s"] == pytest.approx(metrics["timed_wall_s"], rel=SPLIT_RTOL)
+        phases = split["phases"]
+        assert sum(p["share"] for p in phases.values()) == pytest.approx(1.0)
+        assert min(phases[p]["p50_ms"] for p in ("data", "forward", "backward", "optimizer")) > 0, name
+        assert phases["other"]["share"] < 0.5, name  # the loop's bookkeeping, not a phase left unmarked
+        assert split["forward_flops_per_sample"] == baseline["step_split"]["forward_flops_per_sample"] > 0
+        assert 0 < rows[name]["mfu"] <= 1 and rows[name]["step_split"]["forward"] == phases["forward"]["share"]
+    assert "MFU" in result.output and "fwd" in result.output  # the printed table
 
 
 # other data sources ----------------------------------------------------------------------------

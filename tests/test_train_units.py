@@ -11,10 +11,11 @@ import pytest
 
 from accelab.train import checkpoint as ckpt
 from accelab.train.accel import precision_problem
-from accelab.train.bench import bench_rows
+from accelab.train.bench_rows import bench_rows
 from accelab.train.config import TrainConfig, epochs_needed, micro_batch, total_steps, warmup_for
 from accelab.train.model import configure_processor, identity, image_size_for, label_fit
 from accelab.train.options import default_name, merge, plan_settings
+from accelab.train.progress import NoProgress
 from accelab.train.sampler import EpochSampler
 from accelab.train.timing import StepTimer
 
@@ -272,7 +273,17 @@ def test_fp16_is_unsupported_on_cpu_and_bf16_needs_a_capable_gpu():
 def test_bench_rows_on_cpu_and_on_a_one_gpu_machine():
     config = make_config(batch_size=32)
     rows = {r.name: r for r in bench_rows(config, cuda=False, bf16_on_gpu=None, gpus=0, nproc=2, accum=4)}
-    assert list(rows) == ["baseline (fp32)", "bf16 autocast", "fp16 autocast", "grad accum x4", "2 processes"]
+    assert list(rows) == [
+        "baseline (fp32)",
+        "bf16 autocast",
+        "fp16 autocast",
+        "grad accum x4",
+        "2 processes",
+        "compile",
+        "activation checkpointing",
+        "loader workers x2",
+        "fsdp (2 processes)",
+    ]
     assert rows["fp16 autocast"].unsupported and rows["bf16 autocast"].unsupported is None
     assert rows["grad accum x4"].changes == {"grad_accum": 4} and rows["2 processes"].nproc == 2
     gpu = {r.name: r for r in bench_rows(config, cuda=True, bf16_on_gpu=True, gpus=1, nproc=2, accum=4)}
@@ -326,7 +337,7 @@ def test_after_step_counts_skipped_fp16_steps_and_checkpoints_on_cadence(monkeyp
         if position.step_in_epoch == session.steps_per_epoch:  # run_epochs starts the next epoch
             position.epoch, position.step_in_epoch = position.epoch + 1, 0
         clock.advance(1.0)
-        loop._after_step(session, position, record, torch.tensor(3.0), timer, loop.NoProgress(False))
+        loop._after_step(session, position, record, torch.tensor(3.0), timer, NoProgress(False))
     assert record.skipped_steps == 1
     assert record.losses == [1.5] * 6  # summed micro-step losses / grad_accum
     assert saved == [2, 4]  # every 2 steps; step 6 ends epoch 2, where run_epochs checkpoints after eval

@@ -14,12 +14,17 @@ gets the faults it names, comma-separated:
   memory: a candidate over a memory limit (tests/test_tune_serve.py).
 - fake-gpu:<bytes>: FAKE GPU memory readings for the server's GPU gauges (this machine has no
   GPU): one device reporting <bytes> allocated, twice that reserved, 1.5x peak. Only the metrics
-  see it; the model still runs on the CPU (tests/test_monitoring.py)."""
+  see it; the model still runs on the CPU (tests/test_monitoring.py).
+- train-lr:<row>:<factor>: a training worker whose run directory ends with <row> (a `train --bench`
+  or `--tune` row's slug) trains with its learning rate multiplied by <factor>: a plan that
+  truly hurts learning (tests/test_train_tune.py).
+- slow-train:<row>:<ms>: such a worker sleeps <ms> more in every optimizer step: a candidate that
+  is slow on purpose (tests/test_train_tune.py)."""
 
 import os
 
 FAULT = os.environ.get("ACCELAB_TEST_FAULT")
-KINDS = ("perturb-weights", "serve-errors", "fake-gpu", "slow-serve", "ballast-serve")
+KINDS = ("perturb-weights", "serve-errors", "fake-gpu", "slow-serve", "ballast-serve", "train-lr", "slow-train")
 
 
 def _perturb_weights(size: str) -> None:
@@ -130,6 +135,44 @@ def _ballast_serve(arg: str) -> None:
         _BALLAST.append(bytearray(b"\x01") * (int(mib) << 20))  # every page written: resident
 
 
+def _train_lr(arg: str) -> None:
+    row, _, factor = arg.rpartition(":")
+    import sys
+
+    if "accelab.train.worker" not in sys.orig_argv:  # python -m accelab.train.worker (torchrun's workers too)
+        return
+    import accelab.train.loop as loop
+
+    original = loop._optimizer
+
+    def faulty_optimizer(config, model, total):
+        if config.output_dir.rstrip("/").endswith(row):
+            config = config.with_changes(lr=config.lr * float(factor))
+        return original(config, model, total)
+
+    loop._optimizer = faulty_optimizer
+
+
+def _slow_train(arg: str) -> None:
+    row, _, ms = arg.rpartition(":")
+    import sys
+
+    if "accelab.train.worker" not in sys.orig_argv:
+        return
+    import time
+
+    import accelab.train.loop as loop
+
+    original = loop._after_step
+
+    def slow_after_step(session, *args, **kwargs):
+        if session.config.output_dir.rstrip("/").endswith(row):
+            time.sleep(float(ms) / 1000)  # before the step's clock is read: the step is this much slower
+        return original(session, *args, **kwargs)
+
+    loop._after_step = slow_after_step
+
+
 if FAULT:
     for fault in FAULT.split(","):
         kind, _, arg = fault.partition(":")
@@ -141,4 +184,6 @@ if FAULT:
             "fake-gpu": _fake_gpu,
             "slow-serve": _slow_serve,
             "ballast-serve": _ballast_serve,
+            "train-lr": _train_lr,
+            "slow-train": _slow_train,
         }[kind](arg)

@@ -143,11 +143,15 @@ TIMED_STEPS: Final = "timed_steps"
 TIMED_SAMPLES: Final = "timed_samples"
 TIMED_WALL_S: Final = "timed_wall_s"
 WARMUP_S: Final = "warmup_s"
+STEP_SPLIT: Final = "step_split"
 STEPS: Final = "steps"
+STEPS_PER_EPOCH: Final = "steps_per_epoch"
 PEAK_RSS_MB_MAX: Final = "peak_rss_mb_max"
 PEAK_RSS_MB_SUM: Final = "peak_rss_mb_sum"
 PEAK_RSS_MB_PER_RANK: Final = "peak_rss_mb_per_rank"
 GPU_PEAK_ALLOCATED_MB_MAX: Final = "gpu_peak_allocated_mb_max"
+STATE_MB_PER_RANK: Final = "state_mb_per_rank"
+STATE_MB_MAX: Final = "state_mb_max"
 SKIPPED_STEPS: Final = "skipped_steps"
 FIRST_LOSS: Final = "first_loss"
 FINAL_LOSS: Final = "final_loss"
@@ -332,6 +336,7 @@ samples     -         held-out samples evaluated
 tokens      -         language model: held-out tokens evaluated
 epoch       -         0-based epoch the evaluation ended
 step        -         optimizer step the evaluation followed
+wall_s      s         training wall time up to this evaluation (every step, warm-up included; evaluations excluded)
 """),
 )
 TRAIN: Final = Contract(
@@ -345,11 +350,19 @@ timed_steps                -          optimizer steps timed (warm-up steps exclu
 timed_samples              -          samples of the timed steps
 timed_wall_s               s          wall time of the timed steps
 warmup_s                   s          the warm-up steps, compilation included
+step_split                 -          bench rows: where the timed steps' time went (accelab.train.step_split):
+                                      phases (data, forward, backward, optimizer, other: p50_ms, share),
+                                      communication (DDP all-reduce in flight: p50_ms, share; overlaps
+                                      backward), comm, comm_note, steps, total_s, step_p50_ms,
+                                      forward_flops_per_sample
 steps                      -          optimizer steps run
+steps_per_epoch            -          optimizer steps of one epoch
 peak_rss_mb_max            MiB        the largest process's peak RSS
 peak_rss_mb_sum            MiB        the processes' peak RSS, summed
 peak_rss_mb_per_rank       MiB        each process's peak RSS, by rank
 gpu_peak_allocated_mb_max  MiB        the largest torch peak GPU allocation over ranks (None on CPU)
+state_mb_per_rank          MiB        training state of each rank: parameters, gradients, optimizer state (FSDP: shards)
+state_mb_max               MiB        the largest rank's training state
 skipped_steps              -          fp16 steps the grad scaler skipped (inf/nan)
 first_loss                 -          the first optimizer step's loss
 final_loss                 -          the last optimizer step's loss
@@ -370,5 +383,10 @@ rounds   -  every turn of the row: rate (samples/s), seconds, calls (optimizer s
             others_cores, level
 speedup  -  rows after the first: the paired ratio over the first row's turns (accelab.measure.paired.Ratio):
             value, low, high, rounds, dropped, verdict, reason, confidence, reference
+achieved_flops  FLOP/s    model FLOP/s of training: 3 x forward FLOPs per sample x samples/s (accelab.train.mfu)
+mfu             fraction  achieved_flops over the row's peak: the measured peak of its compute path, scaled
+                          to its threads (CPU) or devices (GPU), 0..1
+mfu_unknown     -         why the MFU is not reported (no FLOP count or measured peak, or above 100%)
+hardware        -         the row's peak: compute_path, peak_flops (scaled), measured_flops, measured_threads
 """),
 )

@@ -1,11 +1,17 @@
-"""`accelab train --bench`: what mixed precision, accumulation and data parallelism buy here.
+"""`accelab train --bench`: what each training technique buys here.
 
-Rows (each in its own worker process(es): accelerate's state is a process singleton):
-baseline (fp32, one process), bf16 autocast, fp16 autocast (with GradScaler; "unsupported"
-on CPU), gradient accumulation xA at the same global batch, N processes at the same global
-batch (torchrun). Every row trains the same steps on the same data order; the rows share one
-`group_id` in the results store. The rows run at once and take turns (accelab.train.turns), so
-their speed-ups are paired rounds with an interval, as compare's are.
+Rows (each in its own worker process(es): accelerate's state is a process singleton), by their
+--bench-rows key: baseline (fp32, one process), bf16 and fp16 autocast (fp16 "unsupported" on
+CPU), accum (gradient accumulation xA at the same global batch), ddp (N processes at the same
+global batch, torchrun), compile (torch.compile, default mode), checkpointing (activation
+checkpointing, where the model's class supports it), workers (two DataLoader worker processes)
+and fsdp (N processes, FSDP). Every row trains the same steps on the same data order; the rows
+share one `group_id` in the results store. The rows run at once and take turns
+(accelab.train.turns), so their speed-ups are paired rounds with an interval, as compare's are.
+
+Each row also splits its steps into data / forward / backward / optimizer (and the gradient
+communication where it happens: accelab.train.step_split) and reports its MFU against the peak
+`accelab env` measured for its compute path (accelab.train.mfu).
 """
 
 from __future__ import annotations
@@ -24,62 +30,19 @@ from accelab.launch import LaunchOptions
 from accelab.measure import noise
 from accelab.measure.budget import PlanBudget
 from accelab.measure.environment import environment
+from accelab.measure.hardware import PRECISION_PATHS, HardwareLimits, cached_limits
 from accelab.measure.paired import check_overlap, paired_ratio
 from accelab.measure.stats import summarize
 from accelab.results import contract as K
 from accelab.results.result import Result, new_run_id
 from accelab.train import launch as launcher, turns
-from accelab.train.accel import precision_problem
+from accelab.train.accel import uses_cuda
+from accelab.train.bench_rows import BenchRow, row_techniques
 from accelab.train.config import TrainConfig
+from accelab.train.mfu import row_peak, train_mfu
 from accelab.train.report import result_of
+from accelab.train.step_split import split_shares
 from accelab.train.threads import threads_per_process
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class BenchRow:
-    name: str
-    changes: dict[str, Any] = field(default_factory=dict)  # TrainConfig fields
-    nproc: int = 1
-    unsupported: str | None = None  # why it cannot run here (the row is reported, not run)
-
-
-def bench_rows(
-    config: TrainConfig, *, cuda: bool, bf16_on_gpu: bool | None, gpus: int, nproc: int, accum: int
-) -> list[BenchRow]:
-    """The configurations to compare. Pure: the device facts are arguments."""
-    rows = [BenchRow(name="baseline (fp32)")]
-    for precision in ("bf16", "fp16"):
-        rows.append(
-            BenchRow(
-                name=f"{precision} autocast",
-                changes={"mixed_precision": precision},
-                unsupported=precision_problem(precision, cuda=cuda, bf16_on_gpu=bf16_on_gpu),
-            )
-        )
-    rows.append(
-        BenchRow(
-            name=f"grad accum x{accum}",
-            changes={"grad_accum": accum},
-            unsupported=_split_problem(config.batch_size, 1, accum),
-        )
-    )
-    problem = _split_problem(config.batch_size, nproc, 1)
-    if cuda and nproc > gpus:
-        problem = f"{nproc} processes need {nproc} GPUs; {gpus} found"
-    rows.append(BenchRow(name=f"{nproc} processes", nproc=nproc, unsupported=problem))
-    return rows
-
-
-def row_techniques(row: BenchRow) -> list[str]:
-    """The capability-report names of what a row changes (mixed precision is autocast)."""
-    precision = row.changes.get("mixed_precision")
-    return [f"{precision}-autocast"] if precision in ("bf16", "fp16") else []
-
-
-def _split_problem(batch: int, nproc: int, accum: int) -> str | None:
-    if batch % (nproc * accum):
-        return f"global batch {batch} does not split into {nproc} process(es) x {accum} micro-steps"
-    return None
 
 
 def _slug(name: str) -> str:
@@ -142,6 +105,7 @@ def run_bench(
     _launch_all(running, table, timeout_s=timeout_s, budget=budget, settle_s=settle_s)
     by_row = {r.row.name: r for r in running}
     reference = next((r for r in running if r.outcome is not None and r.outcome.status == "ok" and r.rounds), None)
+    limits = cached_limits("cuda" if uses_cuda(config) else "cpu")  # measured by `accelab env` / the bench's caller
     results = []
     for row in rows:
         ran = by_row.get(row.name)
@@ -158,6 +122,7 @@ def run_bench(
         )
         if ran is not None:
             _add_rounds(result, ran, reference)
+            _add_mfu(result, limits, cuda=uses_cuda(config))
             if ran.stopped:
                 result.status, result.reason = "stopped", ran.stopped
         results.append(result)
@@ -189,7 +154,7 @@ def _launch_all(
 
 def _row_config(row: BenchRow, config: TrainConfig, idle: float | None) -> TrainConfig:
     row_config = config.with_changes(
-        **row.changes,
+        **{"sharding": "ddp" if row.nproc == 1 else config.sharding, **row.changes},  # one process shards nothing
         world_size=row.nproc,
         output_dir=str(Path(config.output_dir) / _slug(row.name)),
         result_path=None,
@@ -199,6 +164,7 @@ def _row_config(row: BenchRow, config: TrainConfig, idle: float | None) -> Train
         progress=False,
         log_with="none",
         resume_from=None,
+        step_breakdown=True,
     )
     if idle is not None:
         row_config = row_config.with_changes(threads=threads_per_process(row.nproc, config.threads, idle))
@@ -307,6 +273,35 @@ def _add_rounds(result: Result, r: _Running, reference: _Running | None) -> None
         result.metrics[K.SPEEDUP] = {**ratio.to_dict(), "reference": reference.row.name}
 
 
+def _add_mfu(result: Result, limits: HardwareLimits | None, *, cuda: bool) -> None:
+    """The row's MFU (accelab.train.mfu): its model FLOP/s over the measured peak of its compute
+    path, scaled to the threads (CPU) or devices (GPU) it used."""
+    split = result.metrics.get(K.STEP_SPLIT)
+    if not result.ok or not split:
+        return
+    precision = result.plan["precision"]
+    path, measured = limits.peak_for(precision) if limits else (PRECISION_PATHS.get(precision, "fp32"), None)
+    peak = None
+    if limits is not None and measured:
+        threads = result.metrics.get(K.THREADS_PER_PROCESS) or limits.threads
+        processes = result.workload["world_size"]
+        peak = row_peak(measured, measured_threads=limits.threads, threads=threads, processes=processes, cuda=cuda)
+        result.metrics[K.HARDWARE] = {
+            "compute_path": path,
+            "peak_flops": peak,
+            "measured_flops": measured,
+            "measured_threads": limits.threads,
+        }
+    result.metrics.update(
+        train_mfu(
+            forward_flops_per_sample=split.get("forward_flops_per_sample"),
+            samples_per_s=result.metrics.get(K.SAMPLES_PER_S),
+            peak_flops=peak,
+            path=path,
+        )
+    )
+
+
 def rows_json(results: list[Result]) -> list[dict[str, Any]]:
     """The table's rows as plain numbers (for --json and CI)."""
     out = []
@@ -329,6 +324,9 @@ def rows_json(results: list[Result]) -> list[dict[str, Any]]:
                 "final_perplexity": m.get("final_perplexity"),
                 "final_loss": m.get("final_loss"),
                 "skipped_steps": m.get("skipped_steps"),
+                "mfu": m.get(K.MFU),
+                "mfu_unknown": m.get(K.MFU_UNKNOWN),
+                "step_split": split_shares(m.get(K.STEP_SPLIT)),
                 "nproc": r.workload.get("nproc"),
                 "grad_accum": r.workload.get("grad_accum"),
                 "global_batch": r.workload.get("global_batch"),

@@ -26,7 +26,8 @@ import typer
 
 from accelab.launch import LaunchOptions, outcome_elsewhere, refuse_outer_launcher
 from accelab.options import Output, command, fields_of
-from accelab.train.config import TrainConfig, TrainRun, explicit_fields
+from accelab.train.config import TrainConfig
+from accelab.train.run_options import TrainRun, explicit_fields
 
 
 def register(app: typer.Typer) -> None:
@@ -43,11 +44,15 @@ def train_command(**options: Any) -> None:
 
     run = TrainRun(**fields_of(TrainRun, options))
     output = Output(**fields_of(Output, options))
-    if run.bench:  # fresh runs in a directory of their own, no model stored
+    if run.bench or run.tune:  # fresh runs in a directory of their own, no model stored
         run = dataclasses.replace(run, output_dir=run.output_dir or _bench_dir(run.model), save=False)
     request = build_request(run, explicit=explicit_fields(options), launch=LaunchOptions.from_options(options))
     if run.bench:
         _bench(request, run, output)
+    elif run.tune:
+        from accelab.train.tune_command import tune_command
+
+        tune_command(request, run, output, idle=_idle_cpus(request.config))
     else:
         _train(request, run.timeout, output)
 
@@ -147,7 +152,7 @@ def _bench(request, run: TrainRun, output: Output) -> None:
 def _bench_rows(config, run: TrainRun, cuda: bool) -> list:
     import torch
 
-    from accelab.train.bench import bench_rows
+    from accelab.train.bench_rows import bench_rows, checkpointing_problem
 
     gpus = torch.cuda.device_count() if cuda else 0
     return bench_rows(
@@ -157,6 +162,8 @@ def _bench_rows(config, run: TrainRun, cuda: bool) -> list:
         gpus=gpus,
         nproc=run.bench_nproc or max(gpus, 2),
         accum=run.bench_accum,
+        only=run.bench_rows,
+        checkpointing=checkpointing_problem(config),
     )
 
 

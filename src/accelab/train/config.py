@@ -18,12 +18,10 @@ models with BatchNorm (statistics over each rank's slice).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any, Literal, get_args
 
-from accelab.options import Options, option
+from accelab.options import option
 
 MixedPrecision = Literal["no", "bf16", "fp16"]
 CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
@@ -31,6 +29,8 @@ Schedule = Literal["linear", "cosine", "constant"]
 TrainTask = Literal["image-classification", "text-generation"]
 DatasetKind = Literal["digits", "imagefolder", "disk", "text"]
 LogWith = Literal["none", "tensorboard"]
+Sharding = Literal["ddp", "fsdp"]
+# `train --bench` rows, in the order they run and print (baseline first: the reference)
 
 TRAIN_TASKS: tuple[TrainTask, ...] = get_args(TrainTask)
 
@@ -43,93 +43,6 @@ THREADS_HELP = (
     "launch / processes (a busy core stalls every OpenMP op: vit-tiny here ran "
     "4.8 samples/s with 2 threads on a half-busy 2-core machine, 120 with 1)."
 )
-BENCH_BUDGET_HELP = (
-    "--bench: stop a row after this many seconds as too slow (its row says "
-    "so). Default: only rows using a technique `accelab env` measured slower than fp32 here, after 3x the "
-    "baseline row's time (at least 60 s)."
-)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TrainRun:
-    """What `accelab train` trains, where it keeps the run, and the --bench rows; each field
-    declares its option. `train.options.build_request` resolves it into a TrainConfig."""
-
-    model: str = field(
-        default="vit-tiny",
-        metadata=option("Catalog name, user model or local model directory.", "--model", "-m"),
-    )
-    task: str | None = field(
-        default=None, metadata=option("image-classification | text-generation (default: the model's).")
-    )
-    dataset: str | None = field(
-        default=None,
-        metadata=option(
-            "digits (built in), a directory of class "
-            "subfolders, a `datasets` dataset saved to disk, or a text file (text-generation; "
-            "default: the catalog's held-out essay).",
-            "--dataset",
-            "-d",
-        ),
-    )
-    plan: str | None = field(
-        default=None,
-        metadata=option(
-            "A Plan (preset or YAML): precision *-autocast, compile, "
-            "batch_size, threads, attention apply; explicit options win.",
-            "--plan",
-        ),
-    )
-    compile_mode: CompileMode = field(
-        default="default",
-        metadata=option("default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs.", "--compile-mode"),
-    )
-    output_dir: Path | None = field(
-        default=None,
-        metadata=option(
-            "Run directory (checkpoints, tensorboard, final model). Default: <cache>/runs/<name>/<time>.",
-            "--output-dir",
-            "-o",
-        ),
-    )
-    resume: str | None = field(
-        default=None, metadata=option("PATH to a checkpoint or run directory, or 'latest'.", "--resume")
-    )
-    save_as: str | None = field(
-        default=None,
-        metadata=option(
-            "Store the trained model under this name (default <dataset>-<model>); bench, verify and serve find it.",
-            "--save-as",
-        ),
-    )
-    save: bool = field(default=True, metadata=option("Store the trained model.", "--save/--no-save"))
-    bench: bool = field(
-        default=False,
-        metadata=option("Compare baseline, bf16, fp16, accumulation and N processes.", "--bench"),
-    )
-    bench_nproc: int | None = field(
-        default=None,
-        metadata=option("Processes of the data-parallel bench row (default 2, or the GPU count).", "--bench-nproc"),
-    )
-    bench_accum: int = field(default=4, metadata=option("Micro-steps of the accumulation bench row.", "--bench-accum"))
-    max_seconds_per_plan: float | None = field(
-        default=None, metadata=option(BENCH_BUDGET_HELP, "--max-seconds-per-plan")
-    )
-    timeout: float = field(default=7200.0, metadata=option("Give up on a run (or bench row) after this many seconds."))
-
-    def __post_init__(self) -> None:
-        if self.bench and self.resume:
-            raise ValueError("--bench measures fresh runs; drop --resume")
-
-
-def explicit_fields(options: Mapping[str, Any]) -> dict[str, Any]:
-    """The TrainConfig fields `accelab train`'s options (its parameters by field name) give, None
-    where not given (then the plan or the task's default decides); `compile` comes from --compile /
-    --no-compile with --compile-mode."""
-    explicit = {f.name: options[f.name] for f, _ in Options(config=TrainConfig).declared()}
-    flag = explicit["compile"]
-    explicit["compile"] = None if flag is None else (options["compile_mode"] if flag else "off")
-    return explicit
 
 
 def _choice(name: str, value: object, allowed: tuple, fix: str = "") -> None:
@@ -243,6 +156,23 @@ class TrainConfig:
     attention: str | None = None  # attn_implementation, from a Plan
     # intra-op threads per process; None: torch's default (the CLI picks it, threads.py)
     threads: int | None = field(default=None, metadata=option(THREADS_HELP, unset=True))
+    sharding: Sharding = field(
+        default="ddp",
+        metadata=option(
+            "ddp (every rank holds all weights, gradients all-reduced) | fsdp (FSDP2: torch's fully_shard, "
+            "parameters, gradients and optimizer state sharded over the ranks; gloo on CPU).",
+            "--sharding",
+            unset=True,
+        ),
+    )
+    loader_workers: int = field(
+        default=0,
+        metadata=option(
+            "DataLoader worker processes per rank (0: batches are made in the training process).",
+            "--loader-workers",
+            unset=True,
+        ),
+    )
     # train on CPU even where CUDA is present
     cpu: bool = field(default=False, metadata=option("Train on CPU even where CUDA is present (gloo).", "--cpu"))
 
@@ -261,6 +191,15 @@ class TrainConfig:
     checkpoints: bool = True  # False: no checkpoints at all (bench rows)
     save_final: bool = True  # write the final model to <output_dir>/model (bench rows: no)
     resume_from: str | None = None  # a checkpoint directory (resolved from PATH | latest)
+    eval_every: int | None = field(
+        default=None,
+        metadata=option(
+            "Also evaluate every N optimizer steps (the eval curve that time-to-target reads).",
+            "--eval-every",
+            unset=True,
+        ),
+    )
+    step_breakdown: bool = False  # time data / forward / backward / optimizer / communication (bench rows)
     log_with: LogWith = field(default="none", metadata=option("none | tensorboard.", "--log-with"))
     save_as: str | None = None  # store the trained model under this name (None: do not store)
     progress: bool = field(default=True, metadata=option(None, "--progress/--no-progress"))
@@ -280,6 +219,7 @@ class TrainConfig:
         _choice("compile", self.compile, get_args(CompileMode), " (--compile)")
         _choice("schedule", self.schedule, get_args(Schedule), " (--schedule)")
         _choice("log_with", self.log_with, get_args(LogWith), " (--log-with)")
+        _choice("sharding", self.sharding, get_args(Sharding), " (--sharding)")
         for name, flag in (
             ("epochs", "--epochs"),
             ("batch_size", "--batch-size"),
@@ -290,6 +230,8 @@ class TrainConfig:
             _at_least(name, getattr(self, name), 1, flag)
         _at_least("max_steps", self.max_steps, 1, "--max-steps")
         _at_least("checkpoint_every", self.checkpoint_every, 1, "--checkpoint-every")
+        _at_least("eval_every", self.eval_every, 1, "--eval-every")
+        _at_least("loader_workers", self.loader_workers, 0, "--loader-workers")
         _at_least("threads", self.threads, 1, "--threads")
         _at_least("warmup_steps", self.warmup_steps, 0, "--warmup-steps")
         _at_least("timing_warmup", self.timing_warmup, 0, "--bench-warmup")

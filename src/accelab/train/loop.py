@@ -12,17 +12,15 @@ same weights as an uninterrupted run.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from torch.utils.data import DataLoader
 
-from accelab.train import checkpoint as ckpt
+from accelab.train import checkpoint as ckpt, fsdp, split_probes
 from accelab.train.accel import make_accelerator, uses_cuda
 from accelab.train.config import TrainConfig, epochs_needed, total_steps, warmup_for
 from accelab.train.data import build, class_names
@@ -92,17 +90,21 @@ def setup(config: TrainConfig) -> Session:
 
     # Loaders: the global micro-batch per dataloader batch; accelerate slices it per rank
     sampler = EpochSampler(len(data.train), seed=config.seed, multiple_of=config.batch_size)
-    train_dl = DataLoader(data.train, batch_size=config.loader_batch, sampler=sampler, drop_last=True)
+    train_dl = DataLoader(
+        data.train,
+        batch_size=config.loader_batch,
+        sampler=sampler,
+        drop_last=True,
+        num_workers=config.loader_workers,  # worker processes make the batches ahead of the step
+        persistent_workers=config.loader_workers > 0,  # kept across epochs: no new processes per epoch
+    )
     eval_dl = DataLoader(data.eval, batch_size=config.loader_batch, shuffle=False)
     steps_per_epoch = len(sampler) // config.batch_size
     total = total_steps(config, steps_per_epoch)
 
-    # Optimizer and LR schedule
-    optimizer, scheduler = _optimizer(config, loaded.model, total)
-
-    # prepare (inside accelerate, in this order): device placement, autocast forward, DDP wrap, compile
-    model, optimizer, train_dl, eval_dl, scheduler = accelerator.prepare(
-        loaded.model, optimizer, train_dl, eval_dl, scheduler
+    # Optimizer, LR schedule and prepare (DDP, or FSDP2 sharding)
+    model, optimizer, train_dl, eval_dl, scheduler = _prepare(
+        config, accelerator, loaded.model, train_dl, eval_dl, total
     )
     num_labels = len(classes) if classes else None
     ident = identity(read_model_config(config.model_source), config.task, num_labels)
@@ -122,6 +124,22 @@ def setup(config: TrainConfig) -> Session:
         identity=ident,
         gate=_gate(config, accelerator.is_main_process, total),
     )
+
+
+def _prepare(config: TrainConfig, accelerator: Any, model: Any, train_dl: Any, eval_dl: Any, total: int) -> tuple:
+    """The model wrapped for data parallelism, the optimizer over its parameters, the loaders and
+    schedule through accelerate's prepare."""
+    if config.sharding == "fsdp":
+        # prepare would DDP-wrap the model: FSDP2 shards it here (fsdp.py); the optimizer is built
+        # after, over the sharded parameters, and accelerate prepares everything else
+        autocast = accelerator.autocast if config.mixed_precision != "no" else None
+        model = fsdp.apply_fsdp(model, config, accelerator.device, autocast)
+        optimizer, scheduler = _optimizer(config, model, total)
+        optimizer, train_dl, eval_dl, scheduler = accelerator.prepare(optimizer, train_dl, eval_dl, scheduler)
+        return model, optimizer, train_dl, eval_dl, scheduler
+    optimizer, scheduler = _optimizer(config, model, total)
+    # prepare (inside accelerate, in this order): device placement, autocast forward, DDP wrap, compile
+    return accelerator.prepare(model, optimizer, train_dl, eval_dl, scheduler)
 
 
 def _optimizer(config: TrainConfig, model: torch.nn.Module, total: int) -> tuple[Any, Any]:
@@ -169,7 +187,13 @@ def resume(session: Session) -> Position:
     )
     for message in warnings if session.accelerator.is_main_process else []:
         log.warning(message)
-    session.accelerator.load_state(str(path))
+    problem = fsdp.checkpoint_problem(path, config.sharding)
+    if problem:
+        raise ValueError(problem)
+    if config.sharding == "fsdp":  # each rank reads its own shards; RNG, scheduler as accelerate saved them
+        fsdp.load_checkpoint(path, session.accelerator, session.model, session.optimizer, session.scheduler)
+    else:
+        session.accelerator.load_state(str(path))
     log.info(
         "resumed from %s at step %d (epoch %d, step %d of it)",
         path,
@@ -183,7 +207,10 @@ def resume(session: Session) -> Position:
 def save_checkpoint(session: Session, position: Position) -> Path:
     accelerator = session.accelerator
     path = Path(session.config.output_dir) / ckpt.CHECKPOINTS / ckpt.checkpoint_name(position.global_step)
-    accelerator.save_state(str(path))
+    if session.config.sharding == "fsdp":  # each rank writes its own shards (no model in accelerate's state)
+        fsdp.save_checkpoint(path, accelerator, session.model, session.optimizer, session.scheduler)
+    else:
+        accelerator.save_state(str(path))
     accelerator.wait_for_everyone()  # every rank's RNG file is on disk before the state marks it complete
     if accelerator.is_main_process:
         config = session.config
@@ -226,7 +253,7 @@ def run_epochs(session: Session, start: Position, timer: StepTimer, progress: An
         if position.step_in_epoch == session.steps_per_epoch:  # a full epoch: evaluate, checkpoint
             record.full_epochs.append(epoch)
             with timer.paused():
-                _evaluate(session, position, record, progress)
+                _evaluate(session, position, record, progress, timer)
                 if config.checkpoints:
                     save_checkpoint(session, Position(global_step=position.global_step, epoch=epoch + 1))
         if position.global_step >= session.total_steps:
@@ -234,7 +261,7 @@ def run_epochs(session: Session, start: Position, timer: StepTimer, progress: An
     if session.gate is not None:
         session.gate.finish()  # before the final evaluation: the other rows need not wait for it
     if not record.evals or record.evals[-1]["step"] != position.global_step:  # stopped mid-epoch (--max-steps)
-        _evaluate(session, position, record, progress)
+        _evaluate(session, position, record, progress, timer)
     return record
 
 
@@ -245,17 +272,26 @@ def _one_epoch(session: Session, position: Position, record: Record, timer: Step
     loader = accelerator.skip_first_batches(session.train_dl, skip) if skip else session.train_dl
     loader.set_epoch(position.epoch)
     running = torch.zeros((), device=accelerator.device)
+    split = timer.split  # where each step's time goes (config.step_breakdown: bench rows); step_split.py
+    mark = split.mark if split is not None else lambda phase: None
     try:
         for batch in loader:
+            mark("data")
+            if split is not None and not split.probed:  # once, before the first forward: comm hook, FLOPs
+                with timer.paused():
+                    split_probes.probe(split, accelerator, model, batch)
             with accelerator.accumulate(model):
                 loss = model(**batch).loss
+                mark("forward")
                 accelerator.backward(loss)  # divides by grad_accum; DDP all-reduces on the last micro-step
+                mark("backward")
                 running += loss.detach()
                 if accelerator.sync_gradients and config.max_grad_norm:
-                    accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)  # unscales fp16 first
+                    _clip_gradients(session, config.max_grad_norm)
                 session.optimizer.step()  # skipped by accelerate while accumulating, or on fp16 inf/nan
                 session.scheduler.step()  # not stepped when the optimizer step was skipped
                 session.optimizer.zero_grad()
+                mark("optimizer")
             if not accelerator.sync_gradients:
                 continue
             _after_step(session, position, record, running, timer, progress)
@@ -293,77 +329,61 @@ def _after_step(
     ):  # epoch ends are checkpointed after eval
         with timer.paused():
             save_checkpoint(session, position)
+    if _eval_due(config, position, session):
+        with timer.paused():
+            _evaluate(session, position, record, progress, timer)
+    if timer.split is not None:
+        timer.split.mark("other")  # this bookkeeping is the next step's by the timer's clock; not its data
 
 
-def _evaluate(session: Session, position: Position, record: Record, progress: Any) -> None:
+def _eval_due(config: TrainConfig, position: Position, session: Session) -> bool:
+    """--eval-every: an eval at every N optimizer steps, besides the epoch ends and the last step."""
+    return bool(
+        config.eval_every
+        and position.global_step % config.eval_every == 0
+        and position.step_in_epoch < session.steps_per_epoch
+        and position.global_step < session.total_steps
+    )
+
+
+def _evaluate(session: Session, position: Position, record: Record, progress: Any, timer: StepTimer) -> None:
+    """Eval metrics at this step, with the training wall time so far (`wall_s`: every step's
+    duration, warm-up and compilation included, evaluations and checkpoints not)."""
     metrics = evaluate(session.accelerator, session.model, session.eval_dl, session.config.task)
-    metrics = {**metrics, "epoch": position.epoch, "step": position.global_step}
+    metrics = {**metrics, "epoch": position.epoch, "step": position.global_step, "wall_s": sum(timer.durations)}
     record.evals.append(metrics)
     session.accelerator.log(
-        {f"eval/{k}": v for k, v in metrics.items() if k not in ("epoch", "step")}, step=position.global_step
+        {f"eval/{k}": v for k, v in metrics.items() if k not in ("epoch", "step", "wall_s")}, step=position.global_step
     )
-    shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float) and k != "wall_s")
     progress.say(
         f"epoch {position.epoch + 1}, step {position.global_step}: eval {shown} ({metrics['samples']} samples)"
     )
 
 
+def _clip_gradients(session: Session, max_norm: float) -> None:
+    model = session.model
+    if session.config.sharding == "fsdp":
+        fsdp.clip_grad_norm_(model, max_norm)  # DTensor gradient shards; no GradScaler (fp16 is refused)
+    else:
+        session.accelerator.clip_grad_norm_(model.parameters(), max_norm)  # unscales fp16 first
+
+
 def save_model(session: Session, directory: Path) -> None:
-    """The final model (fp32, unwrapped from DDP, autocast and compile) with its processor."""
+    """The final model (fp32, unwrapped from DDP, autocast and compile; FSDP shards gathered on
+    rank 0) with its processor."""
     accelerator = session.accelerator
     accelerator.wait_for_everyone()
-    model = accelerator.unwrap_model(session.model, keep_fp32_wrapper=False, keep_torch_compile=False)
+    if session.config.sharding == "fsdp":
+        model = session.model
+        state = fsdp.full_state_dict(model)  # collective: every rank sends its shards, rank 0 keeps them (CPU)
+    else:
+        model = accelerator.unwrap_model(session.model, keep_fp32_wrapper=False, keep_torch_compile=False)
+        state = None  # save_pretrained reads the model's own
     if accelerator.is_main_process:
-        model.save_pretrained(directory, safe_serialization=True)
+        model.save_pretrained(directory, state_dict=state, safe_serialization=True)
         session.loaded.processor.save_pretrained(directory)
     accelerator.wait_for_everyone()
-
-
-class NoProgress:
-    """No bar; eval lines still printed by the main process (people wait for them)."""
-
-    def __init__(self, main: bool):
-        self._main = main
-
-    def advance(self, loss: float, lr: float) -> None:
-        pass
-
-    def say(self, message: str) -> None:
-        if self._main:
-            print(message, flush=True)
-
-
-class RichProgress:
-    """A rich progress bar over optimizer steps (main process only)."""
-
-    def __init__(self, total: int, done: int):
-        self._progress = Progress(
-            TextColumn("train"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-            TextColumn("{task.fields[status]}"),
-        )
-        self._task = self._progress.add_task("train", total=total, completed=done, status="")
-
-    def __enter__(self) -> RichProgress:
-        self._progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._progress.stop()
-
-    def advance(self, loss: float, lr: float) -> None:
-        self._progress.update(self._task, advance=1, status=f"loss {loss:.4f}  lr {lr:.2e}")
-
-    def say(self, message: str) -> None:
-        self._progress.console.print(message)
-
-
-def progress_for(session: Session, start: Position) -> contextlib.AbstractContextManager:
-    if session.config.progress and session.accelerator.is_main_process:
-        return RichProgress(session.total_steps, start.global_step)
-    return contextlib.nullcontext(NoProgress(session.accelerator.is_main_process))
 
 
 def cuda_sync(session: Session) -> Any:

@@ -9,6 +9,7 @@ Precedence: an explicit option, then the Plan's field (`--plan`), then the task'
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import re
@@ -21,9 +22,10 @@ from accelab.catalog.store import check_name
 from accelab.launch import LaunchOptions
 from accelab.paths import cache_dir
 from accelab.plan.plan import load_plan
-from accelab.train import checkpoint as ckpt
-from accelab.train.config import TRAIN_TASKS, TrainConfig, TrainRun, TrainTask
+from accelab.train import checkpoint as ckpt, plan_file
+from accelab.train.config import TRAIN_TASKS, TrainConfig, TrainTask
 from accelab.train.data import class_names, detect_kind
+from accelab.train.run_options import TrainRun
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,9 @@ def plan_settings(plan_ref: str | None) -> tuple[dict[str, Any], list[str]]:
     """The training options a Plan sets, and notes on the fields training does not use."""
     if plan_ref is None:
         return {}, []
+    if plan_file.is_train_plan(plan_ref):  # written by `accelab train --tune`
+        tuned = plan_file.read(plan_ref)
+        return dict(tuned.train), [f"train plan {tuned.name!r} from {plan_ref}"]
 
     plan = load_plan(plan_ref)
     if plan.precision not in _PLAN_PRECISION:
@@ -73,6 +78,14 @@ def plan_settings(plan_ref: str | None) -> tuple[dict[str, Any], list[str]]:
     ignored = [name for name in plan.differs_from_baseline() if name not in _PLAN_FIELDS_USED]
     notes = [f"plan fields {', '.join(ignored)} do not apply to training; ignored"] if ignored else []
     return settings, notes
+
+
+def plan_launch(plan_ref: str | None, launch: LaunchOptions) -> LaunchOptions:
+    """A train plan's processes, unless --nproc was given (anything but its default of 1)."""
+    if launch.nproc != 1 or not plan_file.is_train_plan(plan_ref):
+        return launch
+    assert plan_ref is not None
+    return dataclasses.replace(launch, nproc=plan_file.read(plan_ref).nproc)
 
 
 def merge(explicit: dict[str, Any], plan: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
@@ -105,6 +118,7 @@ def build_request(run: TrainRun, *, explicit: dict[str, Any], launch: LaunchOpti
     from accelab.catalog.resolve import resolve
 
     plan_values, notes = plan_settings(run.plan)  # cheap checks first: a typo fails before any fetch
+    launch = plan_launch(run.plan, launch)
     spec = resolve(run.model, run.task)
     task = _train_task(spec, run.model)
     dataset = run.dataset if run.dataset is not None else ("digits" if task == "image-classification" else "")
@@ -178,6 +192,7 @@ def check(config: TrainConfig, spec: ModelSpec, launch: LaunchOptions) -> list[s
 
     notes: list[str] = []
     _check_devices(config, launch)
+    check_sharding(config, launch)
     model_config = read_model_config(config.model_source)
     classes = class_names(config)
     if classes is not None:
@@ -185,7 +200,7 @@ def check(config: TrainConfig, spec: ModelSpec, launch: LaunchOptions) -> list[s
         notes += [fit.note] if fit.note else []
         image_size_for(model_config, read_processor_config(config.model_source), config.image_size, config.model)
     if config.gradient_checkpointing:
-        _check_gradient_checkpointing(model_config, config.model)
+        check_gradient_checkpointing(model_config, config.model)
     cuda = _cuda(config)
     problem = precision_problem(config.mixed_precision, cuda=cuda, bf16_on_gpu=_bf16(cuda))
     if problem:
@@ -227,7 +242,28 @@ def _check_devices(config: TrainConfig, launch: LaunchOptions) -> None:
         )
 
 
-def _check_gradient_checkpointing(model_config: dict[str, Any], model: str) -> None:
+def check_sharding(config: TrainConfig, launch: LaunchOptions) -> None:
+    """What --sharding fsdp cannot run with (train/fsdp.py), and a checkpoint of the other kind."""
+    from accelab.train.fsdp import checkpoint_problem
+
+    problem = checkpoint_problem(Path(config.resume_from), config.sharding) if config.resume_from else None
+    if config.sharding == "fsdp" and launch.world_size < 2:
+        problem = "--sharding fsdp shards the model over processes, and there is 1: pass --nproc 2 or more"
+    elif config.sharding == "fsdp" and config.compile != "off":
+        problem = (
+            "--compile with --sharding fsdp is not supported: accelab compiles through accelerate's prepare, "
+            "which FSDP2 runs skip; drop --compile, or use --sharding ddp"
+        )
+    elif config.sharding == "fsdp" and config.mixed_precision == "fp16":
+        problem = (
+            "--mixed-precision fp16 with --sharding fsdp is not supported (accelab's FSDP path has no GradScaler for "
+            "sharded gradients); use --mixed-precision bf16"
+        )
+    if problem:
+        raise ValueError(problem)
+
+
+def check_gradient_checkpointing(model_config: dict[str, Any], model: str) -> None:
     import transformers
 
     for arch in model_config.get("architectures") or []:

@@ -16,6 +16,7 @@ from accelab.results import contract as K
 from accelab.results.result import Result, ResultStatus, command_line
 from accelab.results.table import noise_cell, noise_line, speedup_text
 from accelab.train.config import TrainConfig
+from accelab.train.step_split import split_text
 
 _PRECISION_NAMES: dict[str, Precision] = {"no": "fp32", "bf16": "bf16-autocast", "fp16": "fp16-autocast"}
 
@@ -65,10 +66,13 @@ def metrics_of(summary: dict[str, Any]) -> dict[str, Any]:
         K.TIMED_WALL_S: timing["timed_wall_s"],
         K.WARMUP_S: timing.get("warmup_s"),
         K.STEPS: summary["total_steps"],
+        K.STEPS_PER_EPOCH: summary.get("steps_per_epoch"),
         K.PEAK_RSS_MB_MAX: memory["peak_rss_mb_max"],
         K.PEAK_RSS_MB_SUM: memory["peak_rss_mb_sum"],
         K.PEAK_RSS_MB_PER_RANK: memory["peak_rss_mb_per_rank"],
         K.GPU_PEAK_ALLOCATED_MB_MAX: memory["gpu_peak_allocated_mb_max"],
+        K.STATE_MB_PER_RANK: memory.get("state_mb_per_rank"),
+        K.STATE_MB_MAX: memory.get("state_mb_max"),
         K.SKIPPED_STEPS: summary["skipped_steps"],
         K.FINAL_LOSS: losses[-1] if losses else None,
         K.FIRST_LOSS: losses[0] if losses else None,
@@ -80,6 +84,8 @@ def metrics_of(summary: dict[str, Any]) -> dict[str, Any]:
     for key, name in ((K.ACCURACY, K.FINAL_ACCURACY), (K.PERPLEXITY, K.FINAL_PERPLEXITY)):
         if key in final:
             out[name] = final[key]
+    if timing.get("split"):  # bench rows (config.step_breakdown)
+        out[K.STEP_SPLIT] = timing["split"]
     return out
 
 
@@ -154,10 +160,16 @@ def quality_cell(metrics: dict[str, Any]) -> str:
     return "-"
 
 
+def mfu_cell(metrics: dict[str, Any]) -> str:
+    if metrics.get(K.MFU) is not None:
+        return f"{metrics[K.MFU]:.1%}"
+    return "unknown" if metrics.get(K.MFU_UNKNOWN) else "-"
+
+
 def row_cells(result: Result, baseline_sps: float | None) -> list[str]:
     m = result.metrics
     if not result.ok:
-        return [result.plan["name"], "-", "-", "-", "-", "-", "-", f"{result.status} (below)"]
+        return [result.plan["name"], "-", "-", "-", "-", "-", "-", "-", "-", f"{result.status} (below)"]
     sps = m.get("samples_per_s")
     paired = m.get(K.SPEEDUP)
     if isinstance(paired, dict):  # rows that took turns: the paired ratio of their rounds
@@ -172,6 +184,8 @@ def row_cells(result: Result, baseline_sps: float | None) -> list[str]:
         f"{sps:.1f}" if sps else "-",
         speedup,
         quality_cell(m),
+        mfu_cell(m),
+        split_text(m.get(K.STEP_SPLIT)),
         noise_cell(m.get(K.NOISE)),
         note,
     ]
@@ -186,12 +200,14 @@ def bench_table(results: list[Result], title: str, console: Console | None = Non
         "samples/s",
         "vs baseline",
         "final quality",
+        "MFU",
+        "step split",
         "noise",
         "notes",
     ):
         table.add_column(
             column,
-            justify="left" if column in ("configuration", "notes") else "right",
+            justify="left" if column in ("configuration", "step split", "notes") else "right",
             no_wrap=column == "configuration",
         )
     baseline = next((r.metrics.get("samples_per_s") for r in results if r.ok), None)
@@ -204,6 +220,8 @@ def bench_table(results: list[Result], title: str, console: Console | None = Non
             console.print(f"{result.plan['name']}: {result.status}: {result.reason}", style="yellow")
         elif (result.metrics.get(K.NOISE) or {}).get("level") not in (None, "quiet"):
             console.print(f"{result.plan['name']}: {noise_line(result.metrics[K.NOISE], 'row')}", style="yellow")
+        if result.ok and result.metrics.get(K.MFU_UNKNOWN):
+            console.print(f"{result.plan['name']}: {result.metrics[K.MFU_UNKNOWN]}", style="yellow")
         if isinstance(result.metrics.get(K.SPEEDUP), dict) and result.metrics[K.SPEEDUP].get("verdict") in (
             "unreliable",
             "no measurable difference",
@@ -219,6 +237,23 @@ def bench_table(results: list[Result], title: str, console: Console | None = Non
         "per-process RSS peak, max over ranks (sum in brackets), or torch's peak GPU allocation",
         style="dim",
     )
+    _split_legend(results, console)
+
+
+def _split_legend(results: list[Result], console: Console) -> None:
+    """What the MFU and step split columns mean, and where each row's communication is."""
+    if not any(r.metrics.get(K.STEP_SPLIT) for r in results):
+        return
+    console.print(
+        "MFU = 3 x forward FLOPs per sample x samples/s / the measured peak of the row's compute path, "
+        "scaled to its threads (CPU) or GPUs; step split = each phase's share of the timed steps' time "
+        "(other: loss sync, logging, turn-taking)",
+        style="dim",
+    )
+    for result in results:
+        split = result.metrics.get(K.STEP_SPLIT)
+        if split and split.get("comm") != "none":
+            console.print(f"{result.plan['name']}: {split['comm_note']}", style="dim")
 
 
 def print_run(result: Result, console: Console | None = None) -> None:

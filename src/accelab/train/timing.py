@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from accelab.measure.stats import summarize
+from accelab.train.step_split import StepSplit
 
 
 @dataclass(kw_only=True, slots=True)
@@ -26,11 +27,14 @@ class StepTimer:
     sync: Callable[[], None] = lambda: None  # torch.cuda.synchronize on GPUs: kernels finish before the clock is read
     durations: list[float] = field(default_factory=list)
     epochs: list[int] = field(default_factory=list)  # the epoch of each step
+    split: StepSplit | None = None  # where each step's time goes (bench rows), on this timer's step boundaries
     _last: float | None = None
 
     def start(self) -> None:
         self.sync()
         self._last = self.clock()
+        if self.split is not None:
+            self.split.restart(self._last)
 
     def step_done(self, epoch: int) -> float:
         assert self._last is not None, "StepTimer.start() first"
@@ -38,6 +42,8 @@ class StepTimer:
         now = self.clock()
         duration, self._last = now - self._last, now
         self.durations.append(duration)
+        if self.split is not None:
+            self.split.step_done(now)
         self.epochs.append(epoch)
         return duration
 
@@ -67,6 +73,8 @@ class StepTimer:
             "samples_per_s": len(timed) * global_batch / wall if wall > 0 else None,
             "step_ms": step_ms,
         }
+        if self.split is not None:
+            out["split"] = self.split.summary(self.warmup)
         if full_epochs:
             out["epoch_s"], out["epoch_s_estimated"] = self.epoch_seconds(full_epochs[-1]), False
         elif step_ms is not None:  # steps were timed

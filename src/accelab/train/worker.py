@@ -25,6 +25,9 @@ from accelab.measure.memory import PeakMemorySampler
 from accelab.train import loop
 from accelab.train.accel import Unsupported, uses_cuda
 from accelab.train.config import TrainConfig
+from accelab.train.fsdp import training_state_bytes
+from accelab.train.progress import progress_for
+from accelab.train.step_split import StepSplit, comm_of
 from accelab.train.timing import StepTimer
 
 log = logging.getLogger(__name__)
@@ -40,15 +43,18 @@ def train(config: TrainConfig) -> dict[str, Any] | None:
         if config.log_with != "none":
             accelerator.init_trackers("accelab-train", config=_tracker_config(config))
         start = loop.resume(session)
-        timer = StepTimer(warmup=config.timing_warmup, sync=loop.cuda_sync(session))
+        sync = loop.cuda_sync(session)
+        comm = comm_of(config.world_size, config.sharding)
+        split = StepSplit(sync=sync, comm=comm) if config.step_breakdown else None  # bench rows
+        timer = StepTimer(warmup=config.timing_warmup, sync=sync, split=split)
         device = accelerator.device if uses_cuda(config) else "cpu"
-        with PeakMemorySampler(device=device, interval=0.02) as memory, loop.progress_for(session, start) as bar:
+        with PeakMemorySampler(device=device, interval=0.02) as memory, progress_for(session, start) as bar:
             timer.start()
             record = loop.run_epochs(session, start, timer, bar)
         final_dir = Path(config.output_dir) / FINAL_MODEL
         if config.save_final or config.save_as:
             loop.save_model(session, final_dir)
-        peaks = _gather_peaks(accelerator, memory.report)
+        peaks = _gather_peaks(session, memory.report)
         summary = _summary(session, start, record, timer, peaks, final_dir)
         if accelerator.is_main_process and config.save_as:
             summary["saved_model"] = str(_register(session, summary, final_dir))
@@ -64,20 +70,28 @@ def _tracker_config(config: TrainConfig) -> dict[str, Any]:
     return {k: v for k, v in config.to_dict().items() if isinstance(v, (int, float, str, bool))}
 
 
-def _gather_peaks(accelerator: Any, report: Any) -> dict[str, Any]:
-    """Per-rank peaks: RSS (each process's own, shared pages counted in each) and, on GPUs,
-    torch's peak allocation on the rank's device."""
+def _gather_peaks(session: Any, report: Any) -> dict[str, Any]:
+    """Per rank: peak RSS (each process's own, shared pages counted in each), on GPUs torch's
+    peak allocation on the rank's device, and the training state the rank holds (parameters,
+    gradients, optimizer state: its shards under FSDP). RSS on CPU also counts the interpreter,
+    the libraries and the full model each rank loads before sharding; the state is the
+    deterministic figure that shows what sharding saves."""
+    accelerator = session.accelerator
     gpu = report.gpu_peak_allocated_mb if report.gpu_peak_allocated_mb is not None else -1.0
-    local = torch.tensor([[report.peak_rss_mb, gpu]], dtype=torch.float64, device=accelerator.device)
-    rows = accelerator.gather(local).cpu().tolist()  # [world_size, 2]
+    state_mb = training_state_bytes(session.model, session.optimizer) / 2**20
+    local = torch.tensor([[report.peak_rss_mb, gpu, state_mb]], dtype=torch.float64, device=accelerator.device)
+    rows = accelerator.gather(local).cpu().tolist()  # [world_size, 3]
     rss = [r[0] for r in rows]
     gpus = [r[1] for r in rows if r[1] >= 0]
+    state = [r[2] for r in rows]
     return {
         "peak_rss_mb_per_rank": rss,
         "peak_rss_mb_max": max(rss),
         "peak_rss_mb_sum": sum(rss),
         "gpu_peak_allocated_mb_per_rank": gpus or None,
         "gpu_peak_allocated_mb_max": max(gpus) if gpus else None,
+        "state_mb_per_rank": state,
+        "state_mb_max": max(state),
     }
 
 

@@ -1,0 +1,91 @@
+"""`accelab train --tune`: from the command's options to the tables, the stored Results and the plan file."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+import typer
+from rich.console import Console
+
+from accelab.options import Output
+from accelab.results.result import command_line
+from accelab.results.store import open_store
+from accelab.train.run_options import TrainRun
+from accelab.train.tune import TuneSettings, tune
+from accelab.train.tune_report import finalists_table, plan_of, screening_table, write_plan
+from accelab.train.tune_space import candidates, only
+from accelab.units import parse_duration_s, parse_size_mib
+
+
+def settings_of(run: TrainRun) -> TuneSettings:
+    return TuneSettings(
+        screen_steps=run.tune_steps,
+        epochs=run.tune_epochs,
+        finalists=run.finalists,
+        max_memory_mib=parse_size_mib(run.max_memory) if run.max_memory else None,
+        budget_s=parse_duration_s(run.budget) if run.budget else None,
+        timeout_s=run.timeout,
+    )
+
+
+def tune_command(request: Any, run: TrainRun, output: Output, *, idle: float | None) -> None:
+    config = request.config
+    if request.launch.nproc != 1 or config.world_size != 1:
+        raise typer.BadParameter("--tune chooses the processes itself: drop --nproc", param_hint="--nproc")
+    settings = settings_of(run)
+    cuda = torch.cuda.is_available() and not config.cpu
+    gpus = torch.cuda.device_count() if cuda else 0
+    space = candidates(
+        config,
+        cuda=cuda,
+        bf16_on_gpu=torch.cuda.is_bf16_supported(including_emulation=False) if cuda else None,
+        gpus=gpus,
+        nproc=run.bench_nproc or max(gpus, 2),
+    )
+    space = only(space, run.tune_plans)
+    console = Console()
+    outcome = tune(
+        config, request.spec, space, settings, idle=idle, tag=output.tag, say=lambda line: typer.secho(line, err=True)
+    )
+    screening_table(outcome, console)
+    finalists_table(outcome, console)
+    for note in outcome.notes:
+        console.print(f"note: {note}", style="yellow")
+    results = outcome.screen_results + [j.result for j in outcome.judged]
+    if output.store:
+        open_store(output.db).add(*results)
+    plan = plan_of(outcome, config.to_dict(), run.model, config.dataset or "held-out text")
+    if output.json_out:
+        doc = {
+            "winner": outcome.winner.result.plan["name"] if outcome.winner else None,
+            "plan": plan.name if plan else None,
+            "target": {outcome.metric: outcome.target},
+            "screening": [
+                {"plan": s.candidate.name, "speedup": s.speedup, "verdict": s.verdict, "out": s.out}
+                for s in outcome.screened
+            ],
+            "finalists": [
+                {
+                    "plan": j.result.plan["name"],
+                    "convergence": j.verdict,
+                    "reason": j.reason,
+                    "time_to_target_s": j.time_to_target_s,
+                    "eval_difference": j.eval_difference,
+                    "out": j.out,
+                }
+                for j in outcome.judged
+            ],
+            "results": [r.to_dict() for r in results],
+        }
+        output.json_out.write_text(json.dumps(doc, indent=2, default=str))
+    if plan is None:
+        typer.secho(
+            "no plan converged like the baseline within the limits; nothing written", fg=typer.colors.RED, err=True
+        )
+        raise typer.Exit(1)
+    write_plan(plan, run.out, command_line())
+    typer.secho(
+        f"winner: {plan.name}; plan written to {run.out} (train with `accelab train --plan {run.out}`)", err=True
+    )
