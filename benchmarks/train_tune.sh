@@ -10,6 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 RESULTS=benchmarks/results
 EPOCHS=${EPOCHS:-2}
+BUDGET=${BUDGET:-20m}
 MODELS=${MODELS:-"vit-tiny resnet-50"}
 mkdir -p "$RESULTS/tmp"
 for model in $MODELS; do
@@ -17,7 +18,7 @@ for model in $MODELS; do
   if [ "$model" = resnet-50 ]; then extra=(--image-size 32 --reinit-head); fi
   out="$RESULTS/train_tune_$model"
   cmd=(.venv/bin/accelab train --tune --model "$model" --dataset digits "${extra[@]}" --tune-epochs "$EPOCHS"
-       --budget 20m --out "$out.yaml" --json "$out.json" --db "$RESULTS/tmp/train_tune.db" --no-progress
+       --budget "$BUDGET" --out "$out.yaml" --json "$out.json" --db "$RESULTS/tmp/train_tune.db" --no-progress
        --output-dir "$RESULTS/tmp/train_tune_$model-$(date +%s)")
   {
     echo "reproduce: bash benchmarks/train_tune.sh   (${cmd[*]})"

@@ -246,7 +246,7 @@ SPLIT_RTOL = 1e-9
 
 @pytest.mark.alone  # four rows, their workers and loader processes: the second core is theirs
 def test_bench_rows_compile_checkpointing_workers_split_the_step_and_report_mfu(cache, tmp_path):
-    """Compile, activation checkpointing and loader workers are rows of their own; checkpointing
+    """Compile, activation checkpointing, loader workers and FSDP are rows of their own; checkpointing
     and workers do the baseline's math on its data order (same loss curve); every row splits its
     steps into phases that add up to them, and reports an MFU within (0, 100%]."""
     out = tmp_path / "bench.json"
@@ -270,17 +270,25 @@ def test_bench_rows_compile_checkpointing_workers_split_the_step_and_report_mfu(
         "--output-dir",
         str(tmp_path / "bench"),
         "--bench-rows",
-        "checkpointing,workers,compile",
+        "checkpointing,workers,compile,fsdp",
     )
     doc = result_json(out)
     rows = {row["configuration"]: row for row in doc["rows"]}
     full = {r["plan"]["name"]: r["metrics"] for r in doc["results"]}
-    assert list(rows) == ["baseline (fp32)", "compile", "activation checkpointing", "loader workers x2"]
+    assert list(rows) == [
+        "baseline (fp32)",
+        "compile",
+        "activation checkpointing",
+        "loader workers x2",
+        "fsdp (2 processes)",
+    ]
     assert all(row["status"] == "ok" for row in rows.values()), rows
     baseline = full["baseline (fp32)"]
     for name in ("activation checkpointing", "loader workers x2"):  # the same math in the same order
         assert full[name]["losses"] == pytest.approx(baseline["losses"], rel=1e-6)
     assert full["compile"]["losses"] == pytest.approx(baseline["losses"], rel=1e-4)  # fused kernels round otherwise
+    assert full["fsdp (2 processes)"]["losses"] == pytest.approx(baseline["losses"], rel=1e-4)  # DDP's tolerance
+    assert full["fsdp (2 processes)"]["state_mb_max"] < 0.6 * baseline["state_mb_max"]  # half the state per rank
     assert full["compile"]["warmup_s"] > baseline["warmup_s"]  # its first step compiled
     for name, metrics in full.items():
         split = metrics["step_split"]

@@ -314,7 +314,7 @@ def _after_step(
     loss = accelerator.reduce(running / config.grad_accum, reduction="mean").item()  # note: sync point
     seconds = timer.step_done(position.epoch)
     gate = getattr(session, "gate", None)  # Session.gate; stand-ins for a Session (unit tests) may not have it
-    if gate is not None and gate.after_step(position.global_step, seconds):
+    if gate is not None and gate.after_step(position.global_step, _slowest(accelerator, seconds)):
         timer.start()  # it waited for its turn: the next step's clock starts now
     lr = session.scheduler.get_last_lr()[0]
     record.losses.append(loss)
@@ -334,6 +334,17 @@ def _after_step(
             _evaluate(session, position, record, progress, timer)
     if timer.split is not None:
         timer.split.mark("other")  # this bookkeeping is the next step's by the timer's clock; not its data
+
+
+def _slowest(accelerator: Any, seconds: float) -> float:
+    """The slowest rank's step time, the same on every rank: each rank decides when its turn ends
+    from the step times it sees, and a rank that stopped a step before the others would leave them
+    waiting in the next step's collective (an all-gather under FSDP) while it waits for its turn."""
+    if accelerator.num_processes == 1:
+        return seconds
+    value = torch.tensor([seconds], dtype=torch.float64, device=accelerator.device)
+    torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
+    return float(value.item())
 
 
 def _eval_due(config: TrainConfig, position: Position, session: Session) -> bool:
