@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from accelab.train.commands import register
 
-pytestmark = [pytest.mark.slow, pytest.mark.alone]  # every candidate's rounds are timed: quiet cores
+pytestmark = pytest.mark.slow  # not `alone`: under load the slowed baseline still screens slower, or "unreliable"
 
 FAULTS = Path(__file__).parent / "faults"
 FAULTED = "batch 32 (lr x1.41)"
@@ -122,7 +122,7 @@ def test_screening_measures_each_candidate_against_the_baseline_in_turns(tuned):
         if screening[name]["verdict"] != "unreliable":
             assert screening[name]["verdict"] == "faster" and screening[name]["speedup"] > 2, screening[name]
     screen = [r for r in tuned["doc"]["results"] if r["metrics"].get("steps") == 8]
-    assert len(screen) == 3 and all(len(r["metrics"]["rounds"]) >= 3 for r in screen)  # one step per turn
+    assert len(screen) == 3 and all(sum(t["calls"] for t in r["metrics"]["rounds"]) == 6 for r in screen)  # in turns
 
 
 def test_a_plan_that_hurts_learning_is_marked_diverges_and_never_chosen(tuned):
@@ -138,7 +138,10 @@ def test_a_plan_that_hurts_learning_is_marked_diverges_and_never_chosen(tuned):
     target = tuned["doc"]["target"]["accuracy"]
     assert 0.5 < target < 1  # the seeds learned: 2 epochs of a model that reaches 62% in one
     output = " ".join(tuned["output"].split())  # the tables, wrapped at the runner's 80 columns
-    assert "target: the worse baseline seed's final accuracy" in output and f"{FAULTED}: diverges: far above" in output
+    assert (
+        "target: the worse baseline seed's final accuracy less the seeds' spread" in output
+        and f"{FAULTED}: diverges: far above" in output
+    )
 
 
 def test_the_plan_file_trains_with_the_winner(tuned):

@@ -175,7 +175,9 @@ def test_the_winner_reaches_the_target_first_and_a_diverging_or_too_big_plan_nev
     assert by_name["lr too high"].time_to_target_s is None
     assert by_name["over memory"].out == "over the memory limit: 5000 MiB > 1000 MiB"  # fastest, yet out
     seed0 = by_name["baseline (seed 0)"]
-    assert seed0.time_to_target_s is not None  # the target is the worse seed's score: every seed reaches it
+    assert seed0.time_to_target_s is not None  # the target is below the worse seed's score: every seed reaches it
+    finals = [j.result.metrics["evals"][-1]["accuracy"] for j in outcome.judged[:2]]
+    assert outcome.target == pytest.approx(2 * min(finals) - max(finals))  # the worse seed less the seeds' spread
     assert seed0.out.startswith("slower to the target") and by_name["baseline (seed 1)"].out is None
     assert outcome.winner.time_to_target_s < seed0.time_to_target_s
 

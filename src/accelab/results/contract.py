@@ -343,8 +343,8 @@ TRAIN: Final = Contract(
     producer="accelab.train.report.result_of (metrics_of: train/timing.py, train/worker.py, train/loop.py)",
     keys=keys("""
 samples_per_s              samples/s  samples of the timed steps (all processes) / their wall time
-epoch_s                    s          training time of the last full epoch, or the estimate from the median step
-epoch_s_estimated          -          epoch_s is an estimate (no full epoch ran)
+epoch_s                    s          the last full epoch's time, else from the median step (bench rows: timed steps)
+epoch_s_estimated          -          epoch_s is an estimate (no full epoch ran, or a bench row)
 step_ms                    ms         stats of the timed optimizer steps
 timed_steps                -          optimizer steps timed (warm-up steps excluded)
 timed_samples              -          samples of the timed steps

@@ -123,6 +123,7 @@ def run_bench(
         if ran is not None:
             _add_rounds(result, ran, reference)
             _add_mfu(result, limits, cuda=uses_cuda(config))
+            _epoch_from_turns(result)
             if ran.stopped:
                 result.status, result.reason = "stopped", ran.stopped
         results.append(result)
@@ -236,6 +237,16 @@ def _take_turns(
             if table.finished(first.slug) or not first.alive:
                 reference_s = first.own_s
         index += 1
+
+
+def _epoch_from_turns(result: Result) -> None:
+    """A row's epoch time from its timed steps (steps per epoch x batch / samples/s): its warm-up
+    steps ran beside every other row's, before the turns began, so the epoch's own wall time
+    would charge it for the others' start-up."""
+    m = result.metrics
+    steps, rate = m.get(K.STEPS_PER_EPOCH), m.get(K.SAMPLES_PER_S)
+    if steps and rate:
+        m[K.EPOCH_S], m[K.EPOCH_S_ESTIMATED] = steps * int(result.workload["global_batch"]) / rate, True
 
 
 def _cv(durations: list[float]) -> float:

@@ -119,7 +119,7 @@ class TrainRun:
         ),
     )
     tune_steps: int = field(
-        default=12, metadata=option("--tune: optimizer steps of each screening run (2 warm-up).", "--tune-steps")
+        default=30, metadata=option("--tune: optimizer steps of each screening run (2 warm-up).", "--tune-steps")
     )
     tune_epochs: int = field(
         default=2,

@@ -55,7 +55,8 @@ def finalists_table(outcome: TuneOutcome, console: Console) -> None:
         f"{outcome.target:.2%}" if outcome.metric == "accuracy" and outcome.target is not None else f"{outcome.target}"
     )
     table = Table(
-        title=f"finalists: trained to convergence; target: the worse baseline seed's final {outcome.metric}, {target}",
+        title=f"finalists: trained to convergence; target: the worse baseline seed's final {outcome.metric} "
+        f"less the seeds' spread, {target}",
         title_justify="left",
     )
     for column in ("plan", "samples/s", "memory", "time-to-target", "final", "convergence", "result"):
