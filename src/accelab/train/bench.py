@@ -231,6 +231,9 @@ def _take_turns(
                     else f"timeout: no turn finished within {timeout_s:.0f} s"
                 )
                 table.stop(r.slug)
+            elif table.finished(r.slug) and r.thread is not None:
+                # its final evaluation and exit run now, not inside the next rows' turns
+                r.thread.join(timeout=timeout_s)
             time.sleep(settle_s)
         if reference_s is None:
             first = running[0]

@@ -90,15 +90,7 @@ def setup(config: TrainConfig) -> Session:
 
     # Loaders: the global micro-batch per dataloader batch; accelerate slices it per rank
     sampler = EpochSampler(len(data.train), seed=config.seed, multiple_of=config.batch_size)
-    train_dl = DataLoader(
-        data.train,
-        batch_size=config.loader_batch,
-        sampler=sampler,
-        drop_last=True,
-        num_workers=config.loader_workers,  # worker processes make the batches ahead of the step
-        persistent_workers=config.loader_workers > 0,  # kept across epochs: no new processes per epoch
-    )
-    eval_dl = DataLoader(data.eval, batch_size=config.loader_batch, shuffle=False)
+    train_dl, eval_dl = _loaders(config, data, sampler)
     steps_per_epoch = len(sampler) // config.batch_size
     total = total_steps(config, steps_per_epoch)
 
@@ -124,6 +116,18 @@ def setup(config: TrainConfig) -> Session:
         identity=ident,
         gate=_gate(config, accelerator.is_main_process, total),
     )
+
+
+def _loaders(config: TrainConfig, data: TrainData, sampler: EpochSampler) -> tuple[DataLoader, DataLoader]:
+    train_dl = DataLoader(
+        data.train,
+        batch_size=config.loader_batch,
+        sampler=sampler,
+        drop_last=True,
+        num_workers=config.loader_workers,  # worker processes make the batches ahead of the step
+        persistent_workers=config.loader_workers > 0,  # kept across epochs: no new processes per epoch
+    )
+    return train_dl, DataLoader(data.eval, batch_size=config.loader_batch, shuffle=False)
 
 
 def _prepare(config: TrainConfig, accelerator: Any, model: Any, train_dl: Any, eval_dl: Any, total: int) -> tuple:

@@ -30,21 +30,50 @@ def settings_of(run: TrainRun) -> TuneSettings:
     )
 
 
-def tune_command(request: Any, run: TrainRun, output: Output, *, idle: float | None) -> None:
-    config = request.config
-    if request.launch.nproc != 1 or config.world_size != 1:
-        raise typer.BadParameter("--tune chooses the processes itself: drop --nproc", param_hint="--nproc")
-    settings = settings_of(run)
+def _space(config: Any, run: TrainRun) -> list:
+    """The candidates for this device: its GPUs (or CPU processes) and bf16 support."""
     cuda = torch.cuda.is_available() and not config.cpu
     gpus = torch.cuda.device_count() if cuda else 0
-    space = candidates(
+    return candidates(
         config,
         cuda=cuda,
         bf16_on_gpu=torch.cuda.is_bf16_supported(including_emulation=False) if cuda else None,
         gpus=gpus,
         nproc=run.bench_nproc or max(gpus, 2),
     )
-    space = only(space, run.tune_plans)
+
+
+def json_doc(outcome: Any, plan: str | None, results: list) -> dict[str, Any]:
+    """--json: the winner, the target, every plan's screening and convergence verdicts, the Results."""
+    return {
+        "winner": outcome.winner.result.plan["name"] if outcome.winner else None,
+        "plan": plan,
+        "target": {outcome.metric: outcome.target},
+        "screening": [
+            {"plan": s.candidate.name, "speedup": s.speedup, "verdict": s.verdict, "out": s.out}
+            for s in outcome.screened
+        ],
+        "finalists": [
+            {
+                "plan": j.result.plan["name"],
+                "convergence": j.verdict,
+                "reason": j.reason,
+                "time_to_target_s": j.time_to_target_s,
+                "eval_difference": j.eval_difference,
+                "out": j.out,
+            }
+            for j in outcome.judged
+        ],
+        "results": [r.to_dict() for r in results],
+    }
+
+
+def tune_command(request: Any, run: TrainRun, output: Output, *, idle: float | None) -> None:
+    config = request.config
+    if request.launch.nproc != 1 or config.world_size != 1:
+        raise typer.BadParameter("--tune chooses the processes itself: drop --nproc", param_hint="--nproc")
+    settings = settings_of(run)
+    space = only(_space(config, run), run.tune_plans)
     console = Console()
     outcome = tune(
         config, request.spec, space, settings, idle=idle, tag=output.tag, say=lambda line: typer.secho(line, err=True)
@@ -58,27 +87,7 @@ def tune_command(request: Any, run: TrainRun, output: Output, *, idle: float | N
         open_store(output.db).add(*results)
     plan = plan_of(outcome, config.to_dict(), run.model, config.dataset or "held-out text")
     if output.json_out:
-        doc = {
-            "winner": outcome.winner.result.plan["name"] if outcome.winner else None,
-            "plan": plan.name if plan else None,
-            "target": {outcome.metric: outcome.target},
-            "screening": [
-                {"plan": s.candidate.name, "speedup": s.speedup, "verdict": s.verdict, "out": s.out}
-                for s in outcome.screened
-            ],
-            "finalists": [
-                {
-                    "plan": j.result.plan["name"],
-                    "convergence": j.verdict,
-                    "reason": j.reason,
-                    "time_to_target_s": j.time_to_target_s,
-                    "eval_difference": j.eval_difference,
-                    "out": j.out,
-                }
-                for j in outcome.judged
-            ],
-            "results": [r.to_dict() for r in results],
-        }
+        doc = json_doc(outcome, plan.name if plan else None, results)
         output.json_out.write_text(json.dumps(doc, indent=2, default=str))
     if plan is None:
         typer.secho(

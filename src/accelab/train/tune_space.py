@@ -70,19 +70,7 @@ def candidates(config: TrainConfig, *, cuda: bool, bf16_on_gpu: bool | None, gpu
         )
     if config.loader_workers == 0:
         out.append(Candidate(name="loader workers x2", axis="workers", key="workers", changes={"loader_workers": 2}))
-    procs_problem = f"{nproc} processes need {nproc} GPUs; {gpus} found" if cuda and nproc > gpus else None
-    split = _split_problem(batch, nproc, config.grad_accum)
-    for sharding in ("ddp", "fsdp"):
-        out.append(
-            Candidate(
-                name=f"{nproc} processes ({sharding.upper()})",
-                axis="processes",
-                key=sharding,
-                changes={"sharding": sharding},
-                nproc=nproc,
-                unsupported=procs_problem or split,
-            )
-        )
+    out += _processes(config, cuda=cuda, gpus=gpus, nproc=nproc)
     out.append(
         Candidate(
             name=f"batch {2 * batch} (lr x1.41)",
@@ -92,6 +80,23 @@ def candidates(config: TrainConfig, *, cuda: bool, bf16_on_gpu: bool | None, gpu
         )
     )
     return out
+
+
+def _processes(config: TrainConfig, *, cuda: bool, gpus: int, nproc: int) -> list[Candidate]:
+    """`nproc` processes, DDP and FSDP, at the same global batch."""
+    problem = f"{nproc} processes need {nproc} GPUs; {gpus} found" if cuda and nproc > gpus else None
+    problem = problem or _split_problem(config.batch_size, nproc, config.grad_accum)
+    return [
+        Candidate(
+            name=f"{nproc} processes ({sharding.upper()})",
+            axis="processes",
+            key=sharding,
+            changes={"sharding": sharding},
+            nproc=nproc,
+            unsupported=problem,
+        )
+        for sharding in ("ddp", "fsdp")
+    ]
 
 
 KEYS = ("bf16", "fp16", "compile", "checkpointing", "workers", "ddp", "fsdp", "batch")
