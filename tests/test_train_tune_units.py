@@ -47,6 +47,8 @@ def test_space_leaves_out_what_the_baseline_already_does_and_checks_splits():
     names = [c.name for c in space]
     assert "bf16 autocast" not in names and "compile" not in names
     assert "does not split" in next(c for c in space if c.name == "2 processes (DDP)").unsupported
+    resnet = candidates(config(), cuda=False, bf16_on_gpu=None, gpus=0, nproc=2, checkpointing="no checkpointing")
+    assert next(c for c in resnet if c.key == "checkpointing").unsupported == "no checkpointing"
     gpu = candidates(config(), cuda=True, bf16_on_gpu=True, gpus=1, nproc=2)
     assert "need 2 GPUs; 1 found" in next(c for c in gpu if c.key == "ddp").unsupported
 

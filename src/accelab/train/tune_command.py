@@ -12,6 +12,7 @@ from rich.console import Console
 from accelab.options import Output
 from accelab.results.result import command_line
 from accelab.results.store import open_store
+from accelab.train.bench_rows import checkpointing_problem
 from accelab.train.run_options import TrainRun
 from accelab.train.tune import TuneSettings, tune
 from accelab.train.tune_report import finalists_table, plan_of, screening_table, write_plan
@@ -40,6 +41,7 @@ def _space(config: Any, run: TrainRun) -> list:
         bf16_on_gpu=torch.cuda.is_bf16_supported(including_emulation=False) if cuda else None,
         gpus=gpus,
         nproc=run.bench_nproc or max(gpus, 2),
+        checkpointing=checkpointing_problem(config),
     )
 
 

@@ -41,8 +41,17 @@ class Candidate:
         )
 
 
-def candidates(config: TrainConfig, *, cuda: bool, bf16_on_gpu: bool | None, gpus: int, nproc: int) -> list[Candidate]:
-    """The baseline and each single change that could run here (the others carry why not)."""
+def candidates(
+    config: TrainConfig,
+    *,
+    cuda: bool,
+    bf16_on_gpu: bool | None,
+    gpus: int,
+    nproc: int,
+    checkpointing: str | None = None,
+) -> list[Candidate]:
+    """The baseline and each single change that could run here (the others carry why not;
+    `checkpointing`: why the model cannot checkpoint activations, None when it can)."""
     batch = config.batch_size
     out = [Candidate(name=BASELINE, axis=BASELINE)]
     if config.mixed_precision == "no":
@@ -66,6 +75,7 @@ def candidates(config: TrainConfig, *, cuda: bool, bf16_on_gpu: bool | None, gpu
                 axis="checkpointing",
                 key="checkpointing",
                 changes={"gradient_checkpointing": True},
+                unsupported=checkpointing,
             )
         )
     if config.loader_workers == 0:
