@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+from train_fixtures import build_tiny_vit
 
 from accelab.predict.outputs import read_output
 
@@ -69,9 +69,6 @@ def on_two_nodes(args: list[str], per_node: list[list[str]], env: dict[str, str]
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     """A private ACCELAB_CACHE: a tiny ViT (2 layers of width 32, 16 px) and the catalog's MiniLM."""
-    from transformers import ViTConfig, ViTForImageClassification
-
-    from accelab.catalog.build_vision import image_processor_class
     from accelab.catalog.fetch import fetch, is_fetched
     from accelab.catalog.store import model_dir
 
@@ -80,25 +77,7 @@ def env(tmp_path_factory):
     if not is_fetched("minilm-l6"):
         fetch("minilm-l6")
     os.symlink(model_dir("minilm-l6"), root / "models" / "minilm-l6")
-    labels = {i: str(i) for i in range(10)}
-    config = ViTConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        image_size=16,
-        patch_size=4,
-        num_labels=10,
-        id2label=labels,
-        label2id={v: k for k, v in labels.items()},
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    torch.manual_seed(0)
-    ViTForImageClassification(config).save_pretrained(root / "tiny-vit")
-    image_processor_class("ViTImageProcessor")(
-        size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3
-    ).save_pretrained(root / "tiny-vit")
+    build_tiny_vit(root / "tiny-vit")
     return {**os.environ, "ACCELAB_CACHE": str(root), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 
 

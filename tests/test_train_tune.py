@@ -13,9 +13,9 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 import typer
 import yaml
+from train_fixtures import build_tiny_vit
 from typer.testing import CliRunner
 
 from accelab.train.commands import register
@@ -28,31 +28,9 @@ FAULTED = "batch 32 (lr x1.41)"
 
 def build_learning_vit(path: Path) -> Path:
     """One layer of width 64 over 2x2 patches of 16 px digits: learns in seconds."""
-    from transformers import ViTConfig, ViTForImageClassification
-
-    from accelab.catalog.build_vision import image_processor_class
-
-    labels = {i: str(i) for i in range(10)}
-    config = ViTConfig(
-        hidden_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        intermediate_size=128,
-        image_size=16,
-        patch_size=8,
-        num_labels=10,
-        id2label=labels,
-        label2id={v: k for k, v in labels.items()},
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
+    return build_tiny_vit(
+        path, hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=128, patch_size=8
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        ViTForImageClassification(config).save_pretrained(path)
-    image_processor_class("ViTImageProcessor")(
-        size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3
-    ).save_pretrained(path)
-    return path
 
 
 def train(*args: str):

@@ -33,20 +33,25 @@ def cli(*args: str):
     return result
 
 
-def build_tiny_vit(path: Path, num_labels: int = 10) -> Path:
-    """A ViT classifier of 2 layers, width 32, 16 px images (4 px patches), dropout off, seeded."""
+def build_tiny_vit(path: Path, num_labels: int = 10, **shape: int) -> Path:
+    """A ViT classifier of 2 layers, width 32, 16 px images (4 px patches), dropout off, seeded;
+    `shape` overrides the ViTConfig sizes (hidden_size, num_hidden_layers, patch_size, ...)."""
     from transformers import ViTConfig, ViTForImageClassification
 
     from accelab.catalog.build_vision import image_processor_class
 
     labels = {i: str(i) for i in range(num_labels)}
+    sizes = {
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "image_size": 16,
+        "patch_size": 4,
+        **shape,
+    }
     config = ViTConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        image_size=16,
-        patch_size=4,
+        **sizes,
         num_labels=num_labels,
         id2label=labels,
         label2id={v: k for k, v in labels.items()},
