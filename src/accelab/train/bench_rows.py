@@ -152,6 +152,23 @@ def _unless_baseline(row: BenchRow, config: TrainConfig) -> BenchRow:
     return row
 
 
+def device_facts(config: TrainConfig, nproc: int | None = None) -> dict[str, Any]:
+    """This machine, as `bench_rows` and the tuner's `candidates` take it: CUDA (unless the run is
+    --cpu), its GPUs and their bf16 support, the processes of a multi-process row (`nproc`, else one
+    per GPU and at least 2) and why the model cannot checkpoint activations (None: it can)."""
+    import torch
+
+    cuda = torch.cuda.is_available() and not config.cpu
+    gpus = torch.cuda.device_count() if cuda else 0
+    return {
+        "cuda": cuda,
+        "bf16_on_gpu": torch.cuda.is_bf16_supported(including_emulation=False) if cuda else None,
+        "gpus": gpus,
+        "nproc": nproc or max(gpus, 2),
+        "checkpointing": checkpointing_problem(config),
+    }
+
+
 def checkpointing_problem(config: TrainConfig) -> str | None:
     """Why the model cannot checkpoint activations (transformers' own flag), or None. Reads its config."""
     try:

@@ -125,7 +125,7 @@ def _bench(request, run: TrainRun, output: Output) -> None:
 
     config = request.config
     cuda = torch.cuda.is_available() and not config.cpu
-    rows = _bench_rows(config, run, cuda)
+    rows = _bench_rows(config, run)
     device = torch.device("cuda" if cuda else "cpu")
     budget = PlanBudget(explicit_s=run.max_seconds_per_plan, slow=slow_techniques(device, measure=not cuda))
     warn_if_busy(lambda text: typer.secho(f"warning: {text}", fg=typer.colors.YELLOW, err=True))
@@ -149,22 +149,10 @@ def _bench(request, run: TrainRun, output: Output) -> None:
     _bench_report(request, results, output)
 
 
-def _bench_rows(config, run: TrainRun, cuda: bool) -> list:
-    import torch
+def _bench_rows(config, run: TrainRun) -> list:
+    from accelab.train.bench_rows import bench_rows, device_facts
 
-    from accelab.train.bench_rows import bench_rows, checkpointing_problem
-
-    gpus = torch.cuda.device_count() if cuda else 0
-    return bench_rows(
-        config,
-        cuda=cuda,
-        bf16_on_gpu=torch.cuda.is_bf16_supported(including_emulation=False) if cuda else None,
-        gpus=gpus,
-        nproc=run.bench_nproc or max(gpus, 2),
-        accum=run.bench_accum,
-        only=run.bench_rows,
-        checkpointing=checkpointing_problem(config),
-    )
+    return bench_rows(config, accum=run.bench_accum, only=run.bench_rows, **device_facts(config, run.bench_nproc))
 
 
 def _bench_report(request, results: list, output: Output) -> None:

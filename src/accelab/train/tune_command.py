@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import torch
 import typer
 from rich.console import Console
 
 from accelab.options import Output
 from accelab.results.result import command_line
 from accelab.results.store import open_store
-from accelab.train.bench_rows import checkpointing_problem
+from accelab.train.bench_rows import device_facts
 from accelab.train.run_options import TrainRun
 from accelab.train.tune import TuneSettings, tune
 from accelab.train.tune_report import finalists_table, plan_of, screening_table, write_plan
@@ -33,16 +32,7 @@ def settings_of(run: TrainRun) -> TuneSettings:
 
 def _space(config: Any, run: TrainRun) -> list:
     """The candidates for this device: its GPUs (or CPU processes) and bf16 support."""
-    cuda = torch.cuda.is_available() and not config.cpu
-    gpus = torch.cuda.device_count() if cuda else 0
-    return candidates(
-        config,
-        cuda=cuda,
-        bf16_on_gpu=torch.cuda.is_bf16_supported(including_emulation=False) if cuda else None,
-        gpus=gpus,
-        nproc=run.bench_nproc or max(gpus, 2),
-        checkpointing=checkpointing_problem(config),
-    )
+    return candidates(config, **device_facts(config, run.bench_nproc))
 
 
 def json_doc(outcome: Any, plan: str | None, results: list) -> dict[str, Any]:
