@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from accelab.launch import LaunchOptions
 from accelab.train.accel import precision_problem
 from accelab.train.config import TrainConfig
@@ -156,8 +158,6 @@ def device_facts(config: TrainConfig, nproc: int | None = None) -> dict[str, Any
     """This machine, as `bench_rows` and the tuner's `candidates` take it: CUDA (unless the run is
     --cpu), its GPUs and their bf16 support, the processes of a multi-process row (`nproc`, else one
     per GPU and at least 2) and why the model cannot checkpoint activations (None: it can)."""
-    import torch
-
     cuda = torch.cuda.is_available() and not config.cpu
     gpus = torch.cuda.device_count() if cuda else 0
     return {

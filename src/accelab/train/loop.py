@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 from torch.utils.data import DataLoader
 
 from accelab.train import checkpoint as ckpt, fsdp, split_probes
@@ -78,8 +79,6 @@ def fused_supported(groups: list[dict[str, Any]]) -> bool:
     kernel for (CPU, CUDA, ...). One kernel for all tensors instead of a dozen foreach passes: the
     optimizer step of vit-tiny falls from 10.5 to 2.6 ms here, the same numbers to float rounding
     (Hugging Face Trainer defaults to it too). Otherwise AdamW picks foreach or the per-tensor loop."""
-    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
-
     devices = set(_get_fused_kernels_supported_devices())
     params = [p for group in groups for p in group["params"]]
     return bool(params) and all(p.device.type in devices and torch.is_floating_point(p) for p in params)
