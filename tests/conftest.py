@@ -27,16 +27,27 @@ def clock() -> FakeClock:
 # while the other worker idles; the rest follow in collection order. A test marked `alone` runs
 # with no other test beside it (`_alone_or_shared`).
 SLOWEST_FIRST = (
+    "test_tune_serve",
     "test_vllm_e2e",
     "test_engine_process_serve",
-    "test_bench_e2e",
+    "test_openvino_genai_e2e",
     "test_train_e2e",
     "test_custom_models",
+    "test_serve_fuzz",
+    "test_openai_fields",
     "test_backends",
     "test_quality_e2e",
-    "test_openai_fields",
+    "test_bench_e2e",
+    "test_tune_e2e",
     "test_api",
     "test_hub",
+    "test_hardware",
+    "test_openai_llamacpp",
+    "test_openai_clients",
+    "test_predict_e2e",
+    "test_serve_models",
+    "test_paged_architectures",
+    "test_multinode",
 )
 
 

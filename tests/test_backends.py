@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from caches import with_limits
 
 from accelab.backends import export, is_installed, load_backend
 from accelab.catalog.spec import ModelSpec
@@ -153,7 +154,7 @@ def tiny_bert(tmp_path, monkeypatch) -> ModelSpec:
     from transformers import BertConfig, BertModel
 
     minilm = Path(catalog_spec("minilm-l6").source)  # before the cache moves
-    monkeypatch.setenv("ACCELAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("ACCELAB_CACHE", str(with_limits(tmp_path / "cache")))
     source = tmp_path / "tiny-bert"
     torch.manual_seed(0)
     BertModel(

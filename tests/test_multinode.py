@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from caches import with_limits
 from train_fixtures import build_tiny_vit
 
 from accelab.predict.outputs import read_output
@@ -72,7 +73,7 @@ def env(tmp_path_factory):
     from accelab.catalog.fetch import fetch, is_fetched
     from accelab.catalog.store import model_dir
 
-    root = tmp_path_factory.mktemp("multinode-cache")
+    root = with_limits(tmp_path_factory.mktemp("multinode-cache"))
     (root / "models").mkdir()
     if not is_fetched("minilm-l6"):
         fetch("minilm-l6")

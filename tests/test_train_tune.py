@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import typer
 import yaml
+from caches import with_limits
 from train_fixtures import build_tiny_vit
 from typer.testing import CliRunner
 
@@ -45,7 +46,7 @@ def tuned(tmp_path_factory):
     root = tmp_path_factory.mktemp("train-tune")
     model = build_learning_vit(root / "vit")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ACCELAB_CACHE", str(root / "cache"))
+        mp.setenv("ACCELAB_CACHE", str(with_limits(root / "cache")))
         mp.setenv("HF_HUB_OFFLINE", "1")
         mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(FAULTS), os.environ.get("PYTHONPATH")])))
         mp.setenv("ACCELAB_TEST_FAULT", "slow-train:baseline:30,train-lr:batch-32-lr-x1-41:250")

@@ -111,7 +111,7 @@ def test_tune_ranks_a_slowed_candidate_last_leaves_out_one_over_memory_and_resum
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(FAULTS), os.environ.get("PYTHONPATH")])),
-        "ACCELAB_TEST_FAULT": "slow-serve:bf16:150,ballast-serve:int8-bf16:3072",
+        "ACCELAB_TEST_FAULT": "slow-serve:bf16:100,ballast-serve:int8-bf16:3072",
     }
     out, report, db = tmp_path / "serve.yaml", tmp_path / "tune.json", tmp_path / "results.db"
     command = [

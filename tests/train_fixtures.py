@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import typer
+from caches import with_limits
 from typer.testing import CliRunner
 
 from accelab.train.commands import register
@@ -72,7 +73,7 @@ def private_cache(root: Path) -> Iterator[Path]:
     """ACCELAB_CACHE=root (offline) with vit-tiny (linked from the real cache, else built) and a
     tiny ViT in root/tiny-vit; the environment is restored on exit."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ACCELAB_CACHE", str(root))
+        mp.setenv("ACCELAB_CACHE", str(with_limits(root)))
         mp.setenv("HF_HUB_OFFLINE", "1")
         models = root / "models"
         models.mkdir()
