@@ -104,8 +104,8 @@ def sampler_for(config: Any, size: int) -> Any:
 
 
 def decay_names(model: torch.nn.Module, weight_decay: float) -> list[str]:
-    """Names of the parameters in accelab's weight-decay group (`accelab.train.loop.param_groups`)."""
-    from accelab.train.loop import param_groups
+    """Names of the parameters in accelab's weight-decay group (`accelab.train.optim.param_groups`)."""
+    from accelab.train.optim import param_groups
 
     decayed = {id(p) for p in param_groups(model, weight_decay)[0]["params"]}
     return [name for name, p in model.named_parameters() if id(p) in decayed]
@@ -220,7 +220,7 @@ def run_accelerate(spec: RunSpec, output_dir: str) -> dict[str, Any]:
     from transformers import get_scheduler
 
     from accelab.train.config import warmup_for
-    from accelab.train.loop import param_groups
+    from accelab.train.optim import param_groups
     from accelab.train.timing import StepTimer
 
     assert spec.max_steps is not None

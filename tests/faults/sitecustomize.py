@@ -141,16 +141,16 @@ def _train_lr(arg: str) -> None:
 
     if "accelab.train.worker" not in sys.orig_argv:  # python -m accelab.train.worker (torchrun's workers too)
         return
-    import accelab.train.loop as loop
+    import accelab.train.optim as optim
 
-    original = loop._optimizer
+    original = optim.optimizer_and_schedule
 
     def faulty_optimizer(config, model, total):
         if config.output_dir.rstrip("/").endswith(row):
             config = config.with_changes(lr=config.lr * float(factor))
         return original(config, model, total)
 
-    loop._optimizer = faulty_optimizer
+    optim.optimizer_and_schedule = faulty_optimizer
 
 
 def _slow_train(arg: str) -> None:

@@ -18,12 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 from torch.utils.data import DataLoader
 
-from accelab.train import checkpoint as ckpt, fsdp, split_probes
+from accelab.train import checkpoint as ckpt, fsdp, optim, split_probes
 from accelab.train.accel import make_accelerator, uses_cuda
-from accelab.train.config import TrainConfig, epochs_needed, total_steps, warmup_for
+from accelab.train.config import TrainConfig, epochs_needed, total_steps
 from accelab.train.data import build, class_names
 from accelab.train.data_spec import TrainData
 from accelab.train.evaluate import evaluate
@@ -33,8 +32,6 @@ from accelab.train.timing import StepTimer
 from accelab.train.turns import Gate
 
 log = logging.getLogger(__name__)
-
-NO_DECAY = ("bias", "norm", "layernorm", "layer_norm", "ln_", "embeddings")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -62,26 +59,6 @@ class Position:
     global_step: int = 0
     epoch: int = 0
     step_in_epoch: int = 0
-
-
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW groups: no weight decay on biases, norms and embeddings (the usual transformer recipe)."""
-    decay: list[torch.nn.Parameter] = []
-    no_decay: list[torch.nn.Parameter] = []
-    for name, param in model.named_parameters():
-        if param.requires_grad:
-            (no_decay if any(key in name.lower() for key in NO_DECAY) else decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def fused_supported(groups: list[dict[str, Any]]) -> bool:
-    """Whether AdamW's fused kernel can step these parameters: floating point, on a device it has a
-    kernel for (CPU, CUDA, ...). One kernel for all tensors instead of a dozen foreach passes: the
-    optimizer step of vit-tiny falls from 10.5 to 2.6 ms here, the same numbers to float rounding
-    (Hugging Face Trainer defaults to it too). Otherwise AdamW picks foreach or the per-tensor loop."""
-    devices = set(_get_fused_kernels_supported_devices())
-    params = [p for group in groups for p in group["params"]]
-    return bool(params) and all(p.device.type in devices and torch.is_floating_point(p) for p in params)
 
 
 def setup(config: TrainConfig) -> Session:
@@ -149,27 +126,12 @@ def _prepare(config: TrainConfig, accelerator: Any, model: Any, train_dl: Any, e
         # after, over the sharded parameters, and accelerate prepares everything else
         autocast = accelerator.autocast if config.mixed_precision != "no" else None
         model = fsdp.apply_fsdp(model, config, accelerator.device, autocast)
-        optimizer, scheduler = _optimizer(config, model, total)
+        optimizer, scheduler = optim.optimizer_and_schedule(config, model, total)
         optimizer, train_dl, eval_dl, scheduler = accelerator.prepare(optimizer, train_dl, eval_dl, scheduler)
         return model, optimizer, train_dl, eval_dl, scheduler
-    optimizer, scheduler = _optimizer(config, model, total)
+    optimizer, scheduler = optim.optimizer_and_schedule(config, model, total)
     # prepare (inside accelerate, in this order): device placement, autocast forward, DDP wrap, compile
     return accelerator.prepare(model, optimizer, train_dl, eval_dl, scheduler)
-
-
-def _optimizer(config: TrainConfig, model: torch.nn.Module, total: int) -> tuple[Any, Any]:
-    """AdamW and its LR schedule, stepped once per optimizer step (split_batches=True)."""
-    from transformers import get_scheduler
-
-    groups = param_groups(model, config.weight_decay)
-    optimizer = torch.optim.AdamW(groups, lr=config.lr, fused=fused_supported(groups) or None)
-    scheduler = get_scheduler(
-        config.schedule if config.schedule != "constant" else "constant_with_warmup",
-        optimizer,
-        num_warmup_steps=warmup_for(config, total),
-        num_training_steps=total,
-    )
-    return optimizer, scheduler
 
 
 def _gate(config: TrainConfig, main: bool, total: int) -> Gate | None:
