@@ -6,13 +6,14 @@ user's cache, and each private cache starts with a copy."""
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
+
+from accelab.backends.engine_launch import locked
 
 # read at import, before any test points ACCELAB_CACHE elsewhere
 USER_CACHE = Path(os.environ.get("ACCELAB_CACHE") or Path.home() / ".cache" / "accelab")
@@ -34,7 +35,9 @@ def _measured() -> Path:
 
     from accelab.measure.hardware import hardware_limits
 
-    with _user_cache(), _locked(USER_CACHE / "hardware.json.lock"):
+    USER_CACHE.mkdir(parents=True, exist_ok=True)
+    with pytest.MonkeyPatch.context() as mp, locked(USER_CACHE / "hardware.json.lock"):
+        mp.setenv("ACCELAB_CACHE", str(USER_CACHE))
         threads = torch.get_num_threads()
         try:
             for count in THREAD_COUNTS:
@@ -43,27 +46,3 @@ def _measured() -> Path:
         finally:
             torch.set_num_threads(threads)
     return USER_CACHE / "hardware.json"
-
-
-@contextlib.contextmanager
-def _user_cache() -> Iterator[None]:
-    before = os.environ.get("ACCELAB_CACHE")
-    os.environ["ACCELAB_CACHE"] = str(USER_CACHE)
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["ACCELAB_CACHE"]
-        else:
-            os.environ["ACCELAB_CACHE"] = before
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import typer
-from caches import with_limits
+from caches import USER_CACHE, with_limits
 from typer.testing import CliRunner
 
 from accelab.train.commands import register
@@ -77,7 +77,7 @@ def private_cache(root: Path) -> Iterator[Path]:
         mp.setenv("HF_HUB_OFFLINE", "1")
         models = root / "models"
         models.mkdir()
-        real = Path.home() / ".cache" / "accelab" / "models" / "vit-tiny"
+        real = USER_CACHE / "models" / "vit-tiny"
         if (real / "accelab.json").is_file():
             os.symlink(real, models / "vit-tiny")
         else:
