@@ -23,7 +23,7 @@ openai = pytest.importorskip("openai")
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.xdist_group("vllm"),  # one worker: test_vllm_e2e stops the engines started meanwhile
+    pytest.mark.xdist_group("vllm"),  # one worker: one vLLM engine (GiBs of KV cache) up at a time
     pytest.mark.alone,  # its SIGTERM drain and engine checks race a second worker's load (tests/conftest.py)
     pytest.mark.skipif(not is_fetched("smollm2-135m"), reason="run `accelab models fetch smollm2-135m` first"),
 ]

@@ -1,18 +1,16 @@
 """backend openvino generating with OpenVINO GenAI end to end on SmolLM2 (the real engine from
 .venv-openvino): compare against the torch baseline with quality verdicts (fp32 gives the
 reference's greedy tokens), verify int8 weights against the fp32 reference, and one export per
-model and weight format. Engines this module started are stopped at its end."""
+model and weight format. Its engines are its own (tests/engines.py) and stop at its end."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 
 import pytest
+from engines import own_runtime_dir
 
 from accelab.catalog.fetch import is_fetched
 
@@ -22,42 +20,25 @@ pytestmark = [
     pytest.mark.skipif(not is_fetched("smollm2-135m"), reason="run `accelab models fetch smollm2-135m` first"),
 ]
 
+ENV: dict[str, str] = {}  # the commands' environment: engine_env
 QUICK = ["--warmup", "1", "--min-iters", "3", "--min-seconds", "0.5"]
 
 
 def accelab(*args):
-    env = {**os.environ, "ACCELAB_OPENVINO_KEEP_S": "120"}  # a leftover engine leaves by itself
     proc = subprocess.run(
-        [sys.executable, "-m", "accelab", *args], capture_output=True, text=True, timeout=1200, env=env, check=False
+        [sys.executable, "-m", "accelab", *args], capture_output=True, text=True, timeout=1200, env=ENV, check=False
     )
     if proc.returncode != 0:
         raise AssertionError(f"accelab {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
     return proc
 
 
-def engine_pid(path) -> int | None:
-    from accelab.backends import engine_wire as W
-
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(str(path))
-        return W.decode(sock.makefile("rb").readline()).pid
-    except OSError:
-        return None
-    finally:
-        sock.close()
-
-
 @pytest.fixture(scope="module", autouse=True)
-def stop_new_engines():
-    from accelab.backends.engine_launch import runtime_dir
-
-    before = set(runtime_dir("openvino").glob("*.sock"))
-    yield
-    for path in set(runtime_dir("openvino").glob("*.sock")) - before:
-        pid = engine_pid(path)
-        if pid is not None:
-            os.kill(pid, signal.SIGTERM)
+def engine_env():
+    with own_runtime_dir() as env:
+        ENV.update(env, ACCELAB_OPENVINO_KEEP_S="120")  # a leftover engine leaves by itself
+        yield
+        ENV.clear()
 
 
 def test_compare_gives_rows_with_verdicts(tmp_path):

@@ -123,3 +123,19 @@ def test_the_servers_batch_size_sizes_the_engine_unless_the_plan_does():
     assert (config.kv_cache_bytes, config.threads, config.model) == (2 * 2**30, 2, "/export")
     planned = OvOptions.parse({"ov_max_num_seqs": "4"})
     assert openvino_genai.engine_config(Path("/e"), planned, keep_s=0, threads=None, max_num_seqs=16).max_num_seqs == 4
+
+
+def test_engine_sockets_live_under_accelab_runtime_dir(tmp_path, monkeypatch):
+    """A job keeps its engines to itself with a runtime directory of its own; the system's temporary
+    directory is the default, shared by every accelab process of this user."""
+    import os
+    import tempfile
+
+    from accelab.backends.engine_launch import runtime_dir
+
+    monkeypatch.setenv("ACCELAB_RUNTIME_DIR", str(tmp_path / "not-yet"))
+    mine = runtime_dir("openvino")
+    assert mine == tmp_path / "not-yet" / f"accelab-openvino-{os.getuid()}" and mine.is_dir()
+    assert mine.stat().st_mode & 0o777 == 0o700  # nobody else's process finds these sockets
+    monkeypatch.delenv("ACCELAB_RUNTIME_DIR")
+    assert runtime_dir("openvino").parent == Path(tempfile.gettempdir()) != mine.parent

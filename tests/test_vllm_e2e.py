@@ -7,60 +7,41 @@ stopped at its end."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 
 import pytest
+from engines import own_runtime_dir
 
 from accelab.catalog.fetch import is_fetched
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.xdist_group("vllm"),  # one worker: test_vllm_e2e stops the engines started meanwhile
+    pytest.mark.xdist_group("vllm"),  # one worker: one vLLM engine (GiBs of KV cache) up at a time
     pytest.mark.alone,  # it measures speed: see tests/conftest.py
     pytest.mark.skipif(not is_fetched("smollm2-135m"), reason="run `accelab models fetch smollm2-135m` first"),
 ]
 
+ENV: dict[str, str] = {}  # the commands' environment: engine_env
 QUICK = ["--warmup", "1", "--min-iters", "3", "--min-seconds", "0.5"]
 
 
 def accelab(*args, check=True):
-    env = {**os.environ, "ACCELAB_VLLM_KEEP_S": "300"}  # a leftover engine leaves by itself
     proc = subprocess.run(
-        [sys.executable, "-m", "accelab", *args], capture_output=True, text=True, timeout=1500, env=env, check=False
+        [sys.executable, "-m", "accelab", *args], capture_output=True, text=True, timeout=1500, env=ENV, check=False
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"accelab {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
     return proc
 
 
-def engine_pid(path) -> int | None:
-    from accelab.backends import engine_wire as W
-
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(str(path))
-        return W.decode(sock.makefile("rb").readline()).pid
-    except OSError:
-        return None
-    finally:
-        sock.close()
-
-
 @pytest.fixture(scope="module", autouse=True)
-def stop_new_engines():
-    from accelab.backends.vllm_launch import runtime_dir
-
-    before = set(runtime_dir().glob("*.sock"))
-    yield
-    for path in set(runtime_dir().glob("*.sock")) - before:
-        pid = engine_pid(path)
-        if pid is not None:
-            os.kill(pid, signal.SIGTERM)
+def engine_env():
+    with own_runtime_dir() as env:
+        ENV.update(env, ACCELAB_VLLM_KEEP_S="300")  # a leftover engine leaves by itself
+        yield
+        ENV.clear()
 
 
 def test_compare_baseline_llamacpp_vllm_gives_three_rows_with_verdicts(tmp_path):

@@ -57,9 +57,11 @@ class EngineAddress:
 
 def runtime_dir(kind: str) -> Path:
     """Short on purpose: a Unix socket's path must fit in 107 bytes. One folder per kind of engine,
-    so a test that stops the vLLM engines it started never stops another runtime's."""
-    path = Path(tempfile.gettempdir()) / f"accelab-{kind}-{os.getuid()}"
-    path.mkdir(mode=0o700, exist_ok=True)
+    so a test that stops the vLLM engines it started never stops another runtime's.
+    `ACCELAB_RUNTIME_DIR` moves them (the system's temporary directory by default): processes that
+    share it share engines, so a job can keep its engines to itself."""
+    path = Path(os.environ.get("ACCELAB_RUNTIME_DIR") or tempfile.gettempdir()) / f"accelab-{kind}-{os.getuid()}"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path
 
 

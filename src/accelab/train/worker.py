@@ -34,10 +34,18 @@ log = logging.getLogger(__name__)
 
 FINAL_MODEL = "model"
 
+# This process's training sessions, kept until it exits: under torchrun the rank leaves by os._exit
+# (`exit_worker`) without freeing them, because freeing DDP's reducer destroys the gloo process
+# group it holds, and that destructor joins gloo's threads, which can wait forever once another
+# rank has left (seen as a rank that never exits after rank 0 wrote the result).
+_SESSIONS: list[Any] = []
+
 
 def train(config: TrainConfig) -> dict[str, Any] | None:
     """Run the training; the summary on the main process, None on the others."""
     session = loop.setup(config)
+    if config.world_size > 1:
+        _SESSIONS.append(session)
     accelerator = session.accelerator
     try:
         if config.log_with != "none":
