@@ -364,3 +364,36 @@ def test_llama_1b_builds_a_llama_with_smollm2s_tokenizer_that_the_serving_stack_
     assert a.config.vocab_size == len(tokenizer) == 49152 and tokenizer.chat_template
     assert why_not(a) is None
     assert any("saving" in line and "bf16 parameters" in line for line in steps)
+
+
+def test_smolvlm_256m_is_smollm2_with_a_vision_tower_of_smolvlms_shape(tmp_path):
+    """The real-size VLM for the serving benchmark: SmolVLM-256M's vision tower (counted on the
+    meta device: SigLIP base, 86M parameters) around SmolLM2-135M's own weights; the builder at a
+    small vision size here: seeded (two builds equal), the language model is SmolLM2's tensor for
+    tensor, the processor gives one run of image tokens per image, the steps take it."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, Idefics3VisionConfig
+    from transformers.models.idefics3.modeling_idefics3 import Idefics3VisionTransformer
+
+    from accelab.catalog.build_vlm import SMOLVLM_VISION, build_smolvlm_256m
+    from accelab.catalog.samples import photos
+    from accelab.serve.engines.llama_stack import why_not
+
+    with torch.device("meta"):
+        tower = Idefics3VisionTransformer(Idefics3VisionConfig(**SMOLVLM_VISION))
+    assert 85e6 < sum(p.numel() for p in tower.parameters()) < 87e6
+    assert not CATALOG["smolvlm-256m"].in_all and CATALOG["smolvlm-256m"].random_weights
+    small = {**SMOLVLM_VISION, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+    small.update(num_attention_heads=4, image_size=64)
+    for name in ("a", "b"):
+        build_smolvlm_256m(tmp_path / name, lambda line: None, vision=small)
+    a, b = (AutoModelForImageTextToText.from_pretrained(tmp_path / n) for n in ("a", "b"))
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    smollm2 = AutoModelForCausalLM.from_pretrained(resolve("smollm2-135m").source)
+    mine, theirs = a.model.text_model.state_dict(), smollm2.model.state_dict()
+    assert all(torch.equal(mine[k][: v.shape[0]], v) for k, v in theirs.items())  # the added tokens' rows follow
+    assert why_not(a) is None
+    processor = AutoProcessor.from_pretrained(tmp_path / "a")
+    chat = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is it?"}]}]
+    text = processor.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    ids = processor(text=[text], images=[photos(1)[0]], return_tensors="pt")["input_ids"][0]
+    assert int((ids == a.config.image_token_id).sum()) == (64 // 16) ** 2 // 4**2  # 16 patches shuffled by 4

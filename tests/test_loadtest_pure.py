@@ -193,3 +193,16 @@ def test_a_chat_request_carries_its_share_of_the_image_pool():
     assert [part["image_url"]["url"] for part in content[1:]] == ["C", "A"]  # request 1: images 2 and 3 of the pool
     with pytest.raises(ValueError, match="--images goes with --endpoint chat"):
         LoadConfig(url="http://x", inputs=("hi",), concurrency=1, endpoint="completions", images=("A",))
+
+
+def test_a_mixed_load_sends_images_on_every_nth_request_only():
+    """--images-every 2: half the chats carry an image (the pool in turn), half are text only."""
+    from accelab.loadtest.client import LoadConfig, _Sender
+
+    config = LoadConfig(url="http://x", inputs=("hi",), concurrency=1, images=("A", "B"), images_every=2)
+    sender = _Sender(config, session=None, model="m")
+    contents = [sender.body(i)["messages"][0]["content"] for i in range(5)]
+    assert [c if isinstance(c, str) else c[1]["image_url"]["url"] for c in contents] == ["A", "hi", "B", "hi", "A"]
+    assert [sender.images_of(i) for i in range(4)] == [1, 0, 1, 0]
+    with pytest.raises(ValueError, match="images_every=0"):
+        LoadConfig(url="http://x", inputs=("hi",), concurrency=1, images=("A",), images_every=0)

@@ -264,3 +264,36 @@ def test_the_scheduler_decides_end_tokens_after_min_tokens():
     sched.finish(plain)
     assert advance_all(sched, {"early": 9}) == {"early": "stop"}  # past min_tokens now
     assert early.generated == [9, 9] and plain.generated == [9]
+
+
+def with_images(ids: tuple[int, ...], images: dict[str, int], rows: int = 4) -> tuple:
+    """`ids` as the prefix cache keys them, with image `key` at the position given (rows positions)."""
+    keyed: list = list(ids)
+    for key, start in images.items():
+        keyed[start : start + rows] = [(key, r) for r in range(rows)]
+    return tuple(keyed)
+
+
+def test_a_prefill_chunk_ends_before_an_image_the_step_has_no_encoder_budget_for():
+    """One image's encoding a step: a prompt with two images is prefilled in two chunks, and a
+    sequence whose prompt starts with an image waits for a step with budget left, while text and
+    decodes go on."""
+    sched, _ = make(max_running=4, max_step_tokens=64, kv_blocks=64, block_size=4, max_step_images=1)
+    ids = tuple(range(100, 114))
+    sched.add("two", ids, stops=StopRules(max_tokens=2), cache_prompt=with_images(ids, {"A": 3, "B": 9}))
+    sched.add("first", ids[:6], stops=StopRules(max_tokens=2), cache_prompt=with_images(ids[:6], {"C": 0}))
+    sched.add("text", ids[:5], stops=StopRules(max_tokens=2))
+    step = run_step(sched)
+    assert shape(step) == [("two", 0, 9), ("text", 0, 5)]  # up to image B; "first" admitted, not fed
+    assert [s.payload for s in step.admitted] == ["two", "first", "text"]
+    assert shape(run_step(sched)) == [("text", 5, 1), ("two", 9, 5)]  # image B now; C still waits
+    assert shape(run_step(sched)) == [("two", 14, 1), ("text", 6, 1), ("first", 0, 6)]
+
+
+def test_no_encoder_budget_cap_by_default():
+    sched, _ = make(max_step_tokens=64, kv_blocks=64, block_size=4)
+    ids = tuple(range(100, 114))
+    sched.add("two", ids, stops=StopRules(max_tokens=2), cache_prompt=with_images(ids, {"A": 3, "B": 9}))
+    assert shape(run_step(sched)) == [("two", 0, 14)]
+    with pytest.raises(ValueError, match="max_step_images=-1"):
+        SchedulerConfig(max_step_images=-1)

@@ -314,30 +314,35 @@ def test_llamacpp_sequences_reuse_their_slots_and_match_the_engine_alone():
 
 
 @needs("smolvlm-tiny")
-def test_a_vision_language_model_falls_back_to_the_per_batch_scheduler_and_says_so(caplog):
+def test_a_vision_language_model_runs_in_the_continuous_batch_and_encodes_each_image_once(caplog):
+    """Image and text chats to SmolVLM share the continuous batch (the start-up check passed on an
+    image prompt); the same picture behind three questions is encoded once (/metrics), and the
+    answers are the per-batch scheduler's (--scheduler static) token for token."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from accelab.catalog import inputs
     from accelab.serve.images import encode_png
 
     caplog.set_level(logging.INFO, logger="accelab.serve")
     image = encode_png(inputs.photos(1)[0].resize((64, 48)))
-    with in_process_server("smolvlm-tiny", max_tokens=8) as url:
-        body = {
-            "messages": [
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "text", "text": "What is this?"},
-                        {"type": "image_url", "image_url": {"url": image}},
-                    ],
-                }
-            ],
-            "max_tokens": 4,
-            "temperature": 0,
-        }
+
+    def ask(url: str, text: str, with_image: bool) -> str:
+        content = [{"type": "text", "text": text}]
+        if with_image:
+            content.append({"type": "image_url", "image_url": {"url": image}})
+        body = {"messages": [{"role": "user", "content": content}], "max_tokens": 6, "temperature": 0}
         response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
         assert response.status_code == 200, response.text
-        assert response.json()["usage"]["completion_tokens"] >= 1
-    assert any(
-        "continuous batching is off for smolvlm-tiny" in r.getMessage() and "does not take images yet" in r.getMessage()
-        for r in caplog.records
-    )
+        return response.json()["choices"][0]["message"]["content"]
+
+    asks = [("What is this?", True), ("Say hello.", False), ("Describe it.", True), ("Name its colours.", True)]
+    with in_process_server("smolvlm-tiny", max_tokens=8) as url:
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda a: ask(url, *a), asks))
+        counts = metrics(url)
+    assert any("continuous batching: packed steps" in r.getMessage() for r in caplog.records)
+    assert not any("continuous batching is off" in r.getMessage() for r in caplog.records)
+    assert counts["accelab_images_encoded_total"] == 1 and counts["accelab_image_cache_hits_total"] == 2
+    assert counts["accelab_image_encoder_seconds_total"] > 0
+    with in_process_server("smolvlm-tiny", max_tokens=8, scheduler="static") as url:
+        assert [ask(url, *a) for a in asks] == answers

@@ -5,6 +5,8 @@ Both reuse the SmolLM2 tokenizer (from the fetched `smollm2-135m`) with the imag
 and a ChatML chat template whose image parts become the processor's image placeholder. The
 number of image tokens the processor inserts matches what the vision tower produces:
     smolvlm-tiny: (128 / 16)^2 = 64 patches, pixel-shuffled by scale_factor 2 -> 16 tokens
+    smolvlm-256m: (512 / 16)^2 = 1024 patches, pixel-shuffled by scale_factor 4 -> 64 tokens
+      (SmolVLM-256M's sizes, around the catalog's real SmolLM2-135M weights)
     llava-tiny:   (128 / 16)^2 = 64 patches (+ CLS, dropped by the "default" strategy) -> 64 tokens
 """
 
@@ -104,6 +106,62 @@ def build_smolvlm_tiny(target: Path, step: Step) -> None:
 
     def make() -> Any:
         return _with_generation_config(Idefics3ForConditionalGeneration(config), tokenizer)
+
+    save_seeded(target, step, make, processor)
+
+
+# SmolVLM-256M's vision tower (SigLIP base, 512 px, patch 16) and connector (pixel shuffle by 4)
+SMOLVLM_VISION = dict(
+    hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12, image_size=512, patch_size=16
+)
+SMOLVLM_SCALE = 4  # (512 / 16)^2 = 1024 patches -> 64 image tokens
+
+
+def build_smolvlm_256m(target: Path, step: Step, *, vision: dict | None = None) -> None:
+    """SmolVLM-256M's architecture at its real size: the catalog's SmolLM2-135M with its real
+    weights as the language model (SmolVLM-256M's is SmolLM2-135M too), a vision tower and
+    connector of SmolVLM-256M's shape with random weights (seed 0). Each image is resized to 512
+    px and not split into tiles (64 image tokens); the embeddings of the added image tokens are
+    the mean of SmolLM2's. `vision` replaces SMOLVLM_VISION (tests build it small)."""
+    import torch
+    from transformers import AutoModelForCausalLM, Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
+
+    grid = [f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]
+    tokenizer = _smollm2_tokenizer(
+        step, ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>", *grid]
+    )
+    vision = vision or SMOLVLM_VISION
+    size = vision["image_size"]
+    image_processor = image_processor_class("Idefics3ImageProcessor")(
+        size={"longest_edge": size}, max_image_size={"longest_edge": size}, do_image_splitting=False
+    )
+    seq_len = (size // vision["patch_size"]) ** 2 // SMOLVLM_SCALE**2
+    processor = Idefics3Processor(
+        image_processor=image_processor, tokenizer=tokenizer, image_seq_len=seq_len, chat_template=CHAT_TEMPLATE
+    )
+    step(f"loading SmolLM2-135M's weights from {model_dir(TOKENIZER_FROM)}")
+    language: Any = AutoModelForCausalLM.from_pretrained(model_dir(TOKENIZER_FROM), dtype=torch.float32)
+    known = language.get_input_embeddings().weight.shape[0]
+    language.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    with torch.no_grad():  # the added tokens start at the mean embedding (no random draw: same on every machine)
+        embeddings = language.get_input_embeddings().weight
+        embeddings[known:] = embeddings[:known].mean(dim=0)
+    text = {**language.config.to_dict(), "vocab_size": len(tokenizer)}
+    extra: dict[str, Any] = {"pad_token_id": tokenizer.pad_token_id}  # not Idefics3's default 128002
+    config = Idefics3Config(
+        vision_config=vision,
+        text_config=text,
+        scale_factor=SMOLVLM_SCALE,
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+        tie_word_embeddings=True,
+        **extra,
+    )
+
+    def make() -> Any:
+        model = Idefics3ForConditionalGeneration(config)
+        model.model.text_model.load_state_dict(language.model.state_dict())
+        model.tie_weights()
+        return _with_generation_config(model.eval(), tokenizer)
 
     save_seeded(target, step, make, processor)
 

@@ -115,6 +115,18 @@ _ENTRIES = [
         requires=("smollm2-135m",),
     ),
     CatalogEntry(
+        name="smolvlm-256m",
+        task="image-text-to-text",
+        hub_id="HuggingFaceTB/SmolVLM-256M-Instruct",
+        origin="SmolVLM-256M's architecture and sizes: SmolLM2-135M's real weights as its language model, a "
+        "vision tower of its shape with random weights (seed 0); 512 px images, not split (64 image tokens)",
+        random_weights=True,
+        size="~230M params, 0.9 GB fp32, 512 px, 64 image tokens",
+        build=build_vlm.build_smolvlm_256m,
+        requires=("smollm2-135m",),
+        in_all=False,
+    ),
+    CatalogEntry(
         name="llava-tiny",
         task="image-text-to-text",
         hub_id="llava-hf/llava-interleave-qwen-0.5b-hf",

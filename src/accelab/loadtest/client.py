@@ -59,6 +59,7 @@ class LoadConfig:
     max_in_flight: int = 1024  # open loop: arrivals past this many unanswered requests fail at once
     images: tuple[str, ...] = ()  # chat: data URIs, sent in turn after each prompt (accelab.loadtest.images)
     images_per_request: int = 1
+    images_every: int = 1  # chat with images: every Nth request carries them, the others are text only
 
     def __post_init__(self) -> None:
         if self.endpoint not in ENDPOINTS:
@@ -75,6 +76,8 @@ class LoadConfig:
             raise ValueError("no inputs to send; check --prompts-file")
         if self.images and self.endpoint != "chat":
             raise ValueError(f"--images goes with --endpoint chat, not {self.endpoint}")
+        if self.images_every < 1:
+            raise ValueError(f"images_every={self.images_every} must be 1 or more")
         if self.images_per_request < 1:
             raise ValueError(f"images_per_request={self.images_per_request} must be 1 or more")
         if self.max_in_flight < 1:
@@ -218,15 +221,23 @@ class _Sender:
         return body
 
     def _content(self, text: str, index: int) -> str | list[dict[str, Any]]:
-        """The prompt, then request `index`'s images (the next images_per_request of the pool)."""
+        """The prompt, then request `index`'s images (the next images_per_request of the pool;
+        none on the requests between every images_every-th)."""
         pool, k = self.config.images, self.config.images_per_request
-        if not pool:
+        if not self.images_of(index):
             return text
-        images = [{"type": "image_url", "image_url": {"url": pool[(index * k + j) % len(pool)]}} for j in range(k)]
+        n = index // self.config.images_every
+        images = [{"type": "image_url", "image_url": {"url": pool[(n * k + j) % len(pool)]}} for j in range(k)]
         return [{"type": "text", "text": text}, *images]
 
+    def images_of(self, index: int) -> int:
+        """How many images request `index` sends."""
+        if not self.config.images or index % self.config.images_every:
+            return 0
+        return self.config.images_per_request
+
     async def one(self, index: int, t0: float) -> RequestRecord:
-        record = RequestRecord(start=time.perf_counter() - t0, end=0.0, status="")
+        record = RequestRecord(start=time.perf_counter() - t0, end=0.0, status="", images=self.images_of(index))
         self.in_flight += 1
         try:
             for attempt in range(2):

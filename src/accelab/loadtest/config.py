@@ -93,6 +93,10 @@ class LoadOptions:
         ),
     )
     images_per_request: int = field(default=1, metadata=option("Images in each chat request."))
+    images_every: int = field(
+        default=1,
+        metadata=option("With --images: every Nth chat request carries images, the others are text only (mixed)."),
+    )
     api_key: str | None = field(default=None, metadata=option(None, envvar="ACCELAB_API_KEY"))
     seed: int = field(default=0, metadata=option("Seed of the arrival schedule."))
     plot: Path | None = field(

@@ -26,6 +26,7 @@ class RequestRecord:
     output_tokens: int = 0
     prompt_tokens: int = 0
     error: str | None = None
+    images: int = 0  # images the request sent (chat)
 
     @property
     def ok(self) -> bool:

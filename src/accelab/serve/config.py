@@ -104,6 +104,15 @@ class ServeConfig:
             "--max-step-tokens",
         ),
     )
+    max_step_images: int = field(
+        default=4,
+        metadata=option(
+            "Continuous batching of a vision-language model: images whose encoding one step may start; a "
+            "prefill chunk ends before the next one, so image-heavy prompts never stall the running "
+            "decodes for long (0: no cap).",
+            "--max-step-images",
+        ),
+    )
     # KV-cache capacity; None: 2048 per sequence, at least the model's context
     kv_cache_tokens: int | None = field(
         default=None,
@@ -204,7 +213,7 @@ class ServeConfig:
             value = getattr(self, name)
             if value < 1 and not (name == "port" and value == 0):
                 raise ValueError(f"{name}={value} must be 1 or more")
-        for name in ("max_wait_ms", "request_timeout_s", "grace_period_s", "image_timeout_s"):
+        for name in ("max_wait_ms", "request_timeout_s", "grace_period_s", "image_timeout_s", "max_step_images"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be 0 or more")
         if self.api_key is not None and not self.api_key.strip():
@@ -263,6 +272,7 @@ class ServeConfig:
             kv_blocks=-(-kv_tokens // BLOCK_SIZE),
             block_size=BLOCK_SIZE,
             max_queue=self.max_queue,
+            max_step_images=self.max_step_images,
         )
 
     @property

@@ -49,6 +49,7 @@ from accelab.serve.engines.base import (
     SupportsScore,
 )
 from accelab.serve.engines.sampling import SampledToken, describe, prompt_logprobs
+from accelab.serve.engines.vision import prompt_keys
 from accelab.serve.jobs import (
     ClientGone,
     ErrorKind,
@@ -142,7 +143,11 @@ class ContinuousWorker(WorkerThread[Step[_Row]]):
             for row in run.rows:
                 if id(row) not in forked:  # the other choices are queued once their parent prefilled
                     row.seq = self._scheduler.add(
-                        row, row.unit.prompt.ids, stops=self._stops(row.unit), timeout_s=job.timeout_s
+                        row,
+                        row.unit.prompt.ids,
+                        stops=self._stops(row.unit),
+                        timeout_s=job.timeout_s,
+                        cache_prompt=prompt_keys(row.unit.prompt),
                     )
             self._cond.notify()
         return run
@@ -250,6 +255,7 @@ class ContinuousWorker(WorkerThread[Step[_Row]]):
 
     def _report(self, step: Step[_Row], *, sampled: int, seconds: float) -> StepReport:
         cost = self._costs.step_cost(step.chunks) if self._costs is not None and step.chunks else None
+        encoder_cache = getattr(self.engine, "encoder_cache", None)
         with self._cond:
             reused, self._reused_seen = self._scheduler.reused_tokens - self._reused_seen, self._scheduler.reused_tokens
             return StepReport(
@@ -267,6 +273,7 @@ class ContinuousWorker(WorkerThread[Step[_Row]]):
                 batch=len(step.chunks),
                 preempted_tokens=sum(seq.length for seq in step.preempted),
                 cost=cost,
+                images=encoder_cache.take_counts() if encoder_cache is not None else None,
             )
 
     def _compute(self, chunks: list[Chunk[_Row]]) -> Seq[SampledToken | None | BaseException]:
@@ -281,6 +288,7 @@ class ContinuousWorker(WorkerThread[Step[_Row]]):
                 params=c.seq.payload.unit.params,
                 sampler=c.seq.payload.unit.sampler,
                 blocks=tuple(c.seq.block_table),
+                images=c.seq.payload.unit.prompt.media if c.start < len(c.seq.prompt) else (),
             )
             for c in chunks
         ]
@@ -355,7 +363,11 @@ class ContinuousWorker(WorkerThread[Step[_Row]]):
                         continue
                 # counted against max_queue when its request came in: never refused for the queue now
                 child.seq = self._scheduler.add(
-                    child, child.unit.prompt.ids, stops=self._stops(child.unit), accepted=True
+                    child,
+                    child.unit.prompt.ids,
+                    stops=self._stops(child.unit),
+                    accepted=True,
+                    cache_prompt=prompt_keys(child.unit.prompt),
                 )
                 child.forked_from = row.seq
         row.children = []
@@ -378,6 +390,8 @@ class ContinuousWorker(WorkerThread[Step[_Row]]):
             return
         if not isinstance(self.engine, SupportsScore):
             raise RuntimeError(f"{self.engine.name} cannot score prompts (echo with logprobs)")
+        if row.unit.prompt.media:
+            raise ValueError("prompt log-probabilities (echo with logprobs) need a text prompt, not images")
         ids = row.unit.prompt.ids
         row.unit.prompt_sampled = prompt_logprobs(self.engine.score(ids), ids, top)
 

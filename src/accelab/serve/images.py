@@ -20,7 +20,7 @@ import socket
 from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageDraw, UnidentifiedImageError
 
 MAX_PIXELS = 40_000_000  # a decompression bomb guard: 40 MP is more than any model here takes
 MAX_REDIRECTS = 3
@@ -150,3 +150,10 @@ def encode_png(image: Image.Image) -> str:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def check_image() -> Image.Image:
+    """A picture with some structure (a gradient with a square), for start-up checks."""
+    image = Image.linear_gradient("L").convert("RGB").resize((96, 80))
+    ImageDraw.Draw(image).rectangle((20, 16, 60, 50), fill=(200, 40, 40))
+    return image

@@ -8,11 +8,12 @@ Pure logic (no torch): block ids index the engine's one KV tensor per layer
 - Reference counts: a block is shared by every sequence whose table lists it (a common prompt
   prefix, a forked choice of n > 1). It returns to the free list when the last one lets go.
 - Prefix caching: a block whose positions are all computed is *committed* under a key that
-  chains the keys of the blocks before it with its own tokens, so equal keys mean equal
-  tokens at equal positions (the content is compared too: a hash collision is a miss). A freed
-  block keeps its key and content until it is handed out again: a later sequence that starts
-  with the same tokens takes it back (`match`) instead of recomputing it. Free blocks are handed
-  out least recently freed first, so the prefixes used last survive longest.
+  chains the keys of the blocks before it with its own tokens (an image's positions: the
+  image's content key), so equal keys mean equal tokens at equal positions (the content is
+  compared too: a hash collision is a miss). A freed block keeps its key and content until it
+  is handed out again: a later sequence that starts with the same tokens takes it back
+  (`match`) instead of recomputing it. Free blocks are handed out least recently freed first,
+  so the prefixes used last survive longest.
 - Copy-on-write: a sequence about to write into a block it shares (a fork's partial last
   block, or a cached full block whose last position is fed again) gets a private copy first
   (`writable`); the caller has the engine copy the block's KV before the step.
@@ -21,7 +22,7 @@ Pure logic (no torch): block ids index the engine's one KV tensor per layer
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 __all__ = ["BlockPool", "CopyBlock", "PoolFull"]
@@ -48,7 +49,8 @@ class BlockPool:
         self.prefix_caching = prefix_caching
         self._refs = [0] * num_blocks
         self._keys: list[int | None] = [None] * num_blocks
-        self._content: list[tuple[int | None, tuple[int, ...]] | None] = [None] * num_blocks  # (parent key, tokens)
+        # (parent key, tokens) of each committed block
+        self._content: list[tuple[int | None, tuple[Hashable, ...]] | None] = [None] * num_blocks
         self._by_key: dict[int, int] = {}
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))  # oldest first
         self.hits = 0  # blocks taken from the prefix cache
@@ -129,7 +131,7 @@ class BlockPool:
         return list(table)
 
     # -- the prefix cache ---------------------------------------------------------------------
-    def match(self, tokens: Sequence[int]) -> list[int]:
+    def match(self, tokens: Sequence[Hashable]) -> list[int]:
         """The committed blocks holding the longest prefix of `tokens` made of whole blocks,
         in order; they are not taken yet (`take` each)."""
         if not self.prefix_caching:
@@ -147,7 +149,7 @@ class BlockPool:
             parent = key
         return found
 
-    def commit(self, block: int, parent: int | None, tokens: Sequence[int]) -> int:
+    def commit(self, block: int, parent: int | None, tokens: Sequence[Hashable]) -> int:
         """Every position of `block` is computed, after the prefix whose last block's key is
         `parent`: register it for later sequences. Returns its key (the next block's parent)."""
         chunk = tuple(tokens)
@@ -173,6 +175,6 @@ class BlockPool:
             self._keys[block] = self._content[block] = None
 
 
-def _chain(parent: int | None, tokens: tuple[int, ...]) -> int:
-    # Python's hash of a tuple of ints is not salted per process (only str/bytes are)
+def _chain(parent: int | None, tokens: tuple[Hashable, ...]) -> int:
+    # within one process only: an image's key in `tokens` is a str, whose hash is salted per process
     return hash((parent, tokens))

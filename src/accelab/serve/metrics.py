@@ -221,6 +221,17 @@ class ServeMetrics:
     image_preprocess_time = Metric(
         Histogram, "accelab_image_preprocess_seconds", "A chat request's images fetched, decoded, processed."
     )
+    images_encoded = Metric(
+        Counter, "accelab_images_encoded", "Images the vision encoder ran on (continuous batching of a VLM)."
+    )
+    image_cache_hits = Metric(
+        Counter,
+        "accelab_image_cache_hits",
+        "Images whose features a sequence took from the encoder cache instead of encoding them again.",
+    )
+    image_encode_time = Metric(
+        Counter, "accelab_image_encoder_seconds", "Time in the vision encoder (continuous batching of a VLM)."
+    )
     prefill_time = Metric(
         Histogram,
         "accelab_request_prefill_seconds",

@@ -10,7 +10,8 @@ Per step (`schedule`), in this order:
    (prompt and generated tokens) when it is admitted again;
 3. sequences still prefilling get the next chunk of their tokens from what is left of the
    step's token budget, oldest first, so a long prompt never stalls the decodes for longer
-   than one chunk;
+   than one chunk; with `max_step_images`, a chunk also ends before an image whose encoding
+   the step has no budget left for (a vision-language model's encoder runs there);
 4. waiting sequences are admitted in arrival order while a slot is free, the budget has room
    and the KV cache can hold all their tokens. The head of the queue is never overtaken:
    short prompts cannot starve a long one. An admitted sequence whose first tokens the engine
@@ -34,7 +35,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -60,11 +61,14 @@ class SchedulerConfig:
     block_size: int = 16  # tokens per block
     max_queue: int = 256  # sequences waiting; more get QueueFull
     prefix_caching: bool = False  # committed blocks are shared by later sequences (the engine keeps KV in them)
+    max_step_images: int = 0  # images whose encoding a step's prefill chunks may start (0: no cap)
 
     def __post_init__(self) -> None:
         for name in ("max_running", "max_step_tokens", "kv_blocks", "block_size", "max_queue"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be 1 or more")
+        if self.max_step_images < 0:
+            raise ValueError(f"max_step_images={self.max_step_images} must be 0 (no cap) or more")
         if self.max_step_tokens <= self.max_running:
             raise ValueError(
                 f"max_step_tokens={self.max_step_tokens} must be more than max_running={self.max_running}: every "
@@ -97,6 +101,7 @@ class Scheduler(Generic[T]):
         self._cancelled: list[Sequence[T]] = []  # running ones, dropped at the next step
         self.pool = BlockPool(config.kv_blocks, config.block_size, prefix_caching=config.prefix_caching)
         self._copies: list[CopyBlock] = []  # copy-on-write of the step being scheduled
+        self._images_left: int | None = None  # images the step being scheduled may still start encoding
         self._ids = itertools.count()
         self.preemptions = 0
         self.reused_tokens = 0  # prompt tokens not recomputed: prefix-cache hits (or the engine's `reuse`)
@@ -147,10 +152,14 @@ class Scheduler(Generic[T]):
         stops: StopRules,
         timeout_s: float | None = None,
         accepted: bool = False,
+        cache_prompt: tuple[Hashable, ...] | None = None,
     ) -> Sequence[T]:
         """Queue a sequence that generates until `stops` end it. `accepted`: its request was
         admitted already (a later choice of an n > 1 request, counted against max_queue when the
-        request came), so the bound does not refuse it now."""
+        request came), so the bound does not refuse it now. `cache_prompt`: the prompt as the
+        prefix cache keys it, where token ids alone do not say what a position holds (images)."""
+        if cache_prompt is not None and len(cache_prompt) != len(prompt):
+            raise ValueError(f"cache_prompt has {len(cache_prompt)} positions for a prompt of {len(prompt)}")
         if not prompt:
             raise ValueError("a sequence needs at least one prompt token")
         self.check_fits(len(prompt), stops.max_tokens)
@@ -164,6 +173,7 @@ class Scheduler(Generic[T]):
             stops=stops,
             arrival=now,
             deadline=None if timeout_s is None else now + timeout_s,
+            cache_prompt=cache_prompt,
         )
         self._waiting.append(seq)
         return seq
@@ -214,6 +224,7 @@ class Scheduler(Generic[T]):
             id=next(self._ids),
             payload=payload,
             prompt=parent.prompt,
+            cache_prompt=parent.cache_prompt,
             stops=parent.stops,
             arrival=parent.arrival,
             deadline=None,
@@ -237,6 +248,7 @@ class Scheduler(Generic[T]):
         dropped = self._drop_cancelled()
         expired = self._expire()
         budget = self.config.max_step_tokens
+        self._images_left = self.config.max_step_images or None
         chunks: list[Chunk[T]] = []
         preempted: list[Sequence[T]] = []
         self._copies = []
@@ -256,7 +268,7 @@ class Scheduler(Generic[T]):
                 break
             if seq.state == "running" and not seq.decoding and seq.pending > 0:
                 chunk = self._chunk(seq, budget)
-                if self._reserve(seq, chunk.start + len(chunk.tokens), preempted):
+                if chunk is not None and self._reserve(seq, chunk.start + len(chunk.tokens), preempted):
                     chunks.append(chunk)
                     budget -= len(chunk.tokens)
 
@@ -273,6 +285,8 @@ class Scheduler(Generic[T]):
                 admitted.append(seq)
             self._running.append(seq)
             chunk = self._chunk(seq, budget)
+            if chunk is None:  # no encoder budget left for its first image: it starts next step
+                continue
             if not self._reserve(seq, chunk.start + len(chunk.tokens), preempted):  # `_allocate` left room
                 raise AssertionError(f"sequence {seq.id} was admitted without the blocks its first chunk needs")
             chunks.append(chunk)
@@ -310,9 +324,18 @@ class Scheduler(Generic[T]):
         seq.state = "done"
 
     # -- internals ------------------------------------------------------------------------
-    def _chunk(self, seq: Sequence[T], budget: int) -> Chunk[T]:
-        size = min(seq.pending, budget)
-        return Chunk(seq=seq, start=seq.computed, tokens=seq.token_slice(seq.computed, seq.computed + size))
+    def _chunk(self, seq: Sequence[T], budget: int) -> Chunk[T] | None:
+        """The next prefill chunk of `seq` within `budget` tokens; it ends before an image the
+        step has no encoder budget for (None: it would be empty)."""
+        end = seq.computed + min(seq.pending, budget)
+        if self._images_left is not None:
+            starts = seq.image_starts(seq.computed, end)
+            if len(starts) > self._images_left:
+                end = starts[self._images_left]
+            self._images_left -= min(len(starts), self._images_left)
+        if end <= seq.computed:
+            return None
+        return Chunk(seq=seq, start=seq.computed, tokens=seq.token_slice(seq.computed, end))
 
     def _drop_cancelled(self) -> list[Sequence[T]]:
         dropped = [s for s in self._cancelled if s.state != "done"]
@@ -333,7 +356,7 @@ class Scheduler(Generic[T]):
         """Blocks for all of a waiting sequence's tokens: the cached blocks of its longest
         prefix (prefix caching), or what the engine's `reuse` holds, then fresh ones; False
         (nothing taken) when the pool is short."""
-        hits = self.pool.match(seq.token_slice(0, seq.length))
+        hits = self.pool.match(seq.cache_slice(0, seq.length))
         fresh = self.blocks_for(seq.length) - len(hits)
         size = self.config.block_size
         # a prompt of whole cached blocks feeds its last token again, into the last hit: a copy
@@ -380,7 +403,7 @@ class Scheduler(Generic[T]):
             index = len(seq.block_keys)
             parent = seq.block_keys[-1] if seq.block_keys else None
             seq.block_keys.append(
-                self.pool.commit(seq.block_table[index], parent, seq.token_slice(index * size, (index + 1) * size))
+                self.pool.commit(seq.block_table[index], parent, seq.cache_slice(index * size, (index + 1) * size))
             )
 
     def _preempt_youngest(self) -> Sequence[T]:

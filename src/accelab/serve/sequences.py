@@ -10,6 +10,7 @@ copy first. Pure data; the policy that fills them is `accelab.serve.scheduler`.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Generic, Literal, TypeVar
 
@@ -43,6 +44,9 @@ class Sequence(Generic[T]):
     cancelled: bool = False
     preemptions: int = 0
     finish_reason: FinishReason | None = None  # set by `advance` on the token that ends it
+    # the prompt as the prefix cache keys it, where it holds more than token ids (an image's
+    # positions carry the image's content key: engines.vision.cache_prompt); None: the prompt
+    cache_prompt: tuple[Hashable, ...] | None = None
 
     @property
     def max_tokens(self) -> int:
@@ -70,6 +74,27 @@ class Sequence(Generic[T]):
         if stop <= n:
             return self.prompt[start:stop]
         return self.prompt[start:] + tuple(self.generated[max(0, start - n) : stop - n])
+
+    def image_starts(self, start: int, stop: int) -> list[int]:
+        """The first positions of the prompt's images in start..stop (the encoder runs there)."""
+        keyed = self.cache_prompt
+        if keyed is None:
+            return []
+        return [p for p in range(start, min(stop, len(keyed))) if _image_row(keyed[p]) == 0]
+
+    def cache_slice(self, start: int, stop: int) -> tuple[Hashable, ...]:
+        """Positions start..stop as the prefix cache keys them (`cache_prompt`)."""
+        if self.cache_prompt is None:
+            return self.token_slice(start, stop)
+        n = len(self.cache_prompt)
+        if stop <= n:
+            return self.cache_prompt[start:stop]
+        return self.cache_prompt[start:] + tuple(self.generated[max(0, start - n) : stop - n])
+
+
+def _image_row(position: Hashable) -> int | None:
+    """The feature row an image position holds ((image key, row)); None for a token id."""
+    return position[1] if isinstance(position, tuple) else None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

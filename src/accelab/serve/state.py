@@ -157,8 +157,11 @@ class ServerState:
         return worker
 
     def executor(self, key: str) -> Executor:
-        """Who runs a job of `key`: the continuous worker for text generation, when there is one."""
-        return self.continuous if self.continuous is not None and key == "generate" else self.worker
+        """Who runs a job of `key`: the continuous worker for text generation (with images, for a
+        vision-language model's), when there is one."""
+        if self.continuous is not None and key in ("generate", "generate:vision"):
+            return self.continuous
+        return self.worker
 
     def stop(self, timeout_s: float) -> None:
         if self.continuous is not None:
@@ -288,6 +291,10 @@ class ServerState:
             m.token_rate.add(report.sampled)
             if report.reused_tokens:
                 m.prefix_tokens.inc(report.reused_tokens)
+            if report.images is not None:
+                m.images_encoded.inc(report.images.encoded)
+                m.image_cache_hits.inc(report.images.hits)
+                m.image_encode_time.inc(report.images.seconds)
             m.batch_time.observe(report.seconds)
             if bound is not None and report.cost is not None:
                 m.step_fraction.observe(bound.fraction(report.cost, report.seconds))

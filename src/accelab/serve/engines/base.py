@@ -98,6 +98,7 @@ class Prompt:
     ids: tuple[int, ...] = ()
     text: str | None = None
     images: tuple[Any, ...] = ()
+    media: tuple[Any, ...] = ()  # the images as the continuous steps take them (engines.vision.ImageInput)
     prompt_tokens: int
     truncated: int = 0  # leading tokens dropped to fit the context (the request asked to truncate)
 
@@ -172,6 +173,7 @@ class StepInput:
     params: SamplingParams
     sampler: Any = None  # the sequence's SequenceSampler (None: a fresh one from params, e.g. in checks)
     blocks: tuple[int, ...] = ()  # its KV blocks, position order (engines that keep KV in the scheduler's pool)
+    images: tuple[Any, ...] = ()  # its prompt's images (engines.vision.ImageInput), on chunks of the prompt
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -395,6 +397,7 @@ class StepReport:
     batch: int = 0  # sequences fed to the model in this step
     preempted_tokens: int = 0  # tokens of the sequences preempted: fed to the model again at readmission
     cost: StepCost | None = None  # what the step must read and compute (engines that say: CostsSteps)
+    images: Any = None  # its image work (engines.vision.ImageCounts) where the engine encodes images
 
 
 @dataclass(kw_only=True, slots=True)

@@ -37,7 +37,8 @@ from accelab.serve.engines.base import (
 )
 from accelab.serve.engines.ragged import RaggedTorchEngine
 from accelab.serve.engines.sampling import SampledToken, SequenceSampler, describe, prompt_logprobs, sample
-from accelab.serve.images import ImagePolicy, decode_image
+from accelab.serve.engines.vision import split_images
+from accelab.serve.images import ImagePolicy, check_image, decode_image
 from accelab.serve.scheduler import SchedulerConfig
 from accelab.serve.stops import StopRules
 from accelab.serve.textstream import TextStream, stream_for
@@ -136,13 +137,24 @@ class HFGenerationEngine:
                 "(--max-images): send fewer"
             )
         images = tuple(decode_image(url, where=f"image {i}", policy=policy) for i, url in enumerate(urls))
+        return self._checked(self._vision_prompt(messages, images))
+
+    def _vision_prompt(self, messages: list[dict[str, Any]], images: tuple[Any, ...]) -> Prompt:
+        """The processor's one pass over the chat and its images: the expanded token ids, and
+        each image's encoder inputs and placeholder positions for the continuous steps."""
+        prompt, _ = self._vision_encoded(messages, images)
+        return prompt
+
+    def _vision_encoded(self, messages: list[dict[str, Any]], images: tuple[Any, ...]) -> tuple[Prompt, dict[str, Any]]:
+        assert self.processor is not None, "images reach a vision-language model only"
         template = [{"role": m["role"], "content": _template_parts(m["content"])} for m in messages]
         text = self.processor.apply_chat_template(template, add_generation_prompt=True, tokenize=False)
         encoded = self.processor(text=[text], images=list(images) or None, return_tensors="pt")
-        tokens = int(encoded["input_ids"].shape[1])
+        ids = tuple(encoded["input_ids"][0].tolist())
         if not images:  # text-only chat goes through the plain tokenizer path at batch time
-            return self._checked(Prompt(ids=tuple(encoded["input_ids"][0].tolist()), prompt_tokens=tokens))
-        return self._checked(Prompt(text=text, images=images, prompt_tokens=tokens))
+            return Prompt(ids=ids, prompt_tokens=len(ids)), encoded
+        media = split_images(self.runnable.model, encoded, ids, len(images))
+        return Prompt(ids=ids, text=text, images=images, media=media, prompt_tokens=len(ids)), encoded
 
     def _checked(self, prompt: Prompt) -> Prompt:
         return prompt  # lengths are checked with max_tokens, in `fit`
@@ -194,7 +206,7 @@ class HFGenerationEngine:
         top = unit.params.prompt_logprobs
         if top is None:
             return None
-        if not unit.prompt.ids:
+        if not unit.prompt.ids or unit.prompt.images:
             raise ValueError("prompt log-probabilities (echo with logprobs) need a text prompt, not images")
         ids = torch.tensor(
             [unit.prompt.ids], dtype=torch.long, device=input_device(self.runnable.model, self.runnable.device)
@@ -231,10 +243,6 @@ class HFGenerationEngine:
     def step_engine(self, limits: SchedulerConfig) -> StepEngine:
         """The StepEngine that runs this model for the continuous scheduler; Unsupported, with
         the reason, where the model must run per batch."""
-        if self.processor is not None:
-            raise Unsupported(
-                "continuous batching does not take images yet: vision-language models run one generate call per batch"
-            )
         if self.steps is None:
             backend = self.runnable.plan.backend if self.runnable.plan is not None else "this runtime"
             raise Unsupported(f"backend {backend} has no step engine for continuous batching")
@@ -248,8 +256,15 @@ class HFGenerationEngine:
                 max_step_tokens=limits.max_step_tokens,
             )
 
+        if self.processor is not None and self.steps != "torch":
+            raise Unsupported(f"the {self.steps} step engine takes no images: vision-language models run per batch")
         engine = RaggedTorchEngine(self.runnable, limits)
-        problem = engine.self_check(list(self.prepare_chat([{"role": "user", "content": "Hello"}]).ids))
+        if self.processor is not None:  # the check runs an image prompt: the encoder's features in the steps
+            check, encoded = self._vision_encoded(_CHECK_CHAT, (check_image(),))
+            reference = {k: v for k, v in encoded.items() if k not in ("input_ids", "attention_mask")}
+            problem = engine.self_check(list(check.ids), check.media, reference)
+        else:
+            problem = engine.self_check(list(self.prepare_chat([{"role": "user", "content": "Hello"}]).ids))
         if problem is not None:
             engine.close()
             raise Unsupported(f"the packed continuous steps do not reproduce {self.name}: {problem}")
@@ -358,6 +373,9 @@ def _sampling_kwargs(samplers: list[SequenceSampler], tracker: _RowTracker) -> d
         "top_k": 0,
         "logits_processor": LogitsProcessorList([_RowSampler(samplers, tracker)]),
     }
+
+
+_CHECK_CHAT = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is in it?"}]}]
 
 
 def _text_of(content: str | list[dict[str, Any]]) -> str:

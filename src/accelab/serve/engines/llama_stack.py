@@ -29,29 +29,38 @@ from accelab.catalog.facts import text_config
 from accelab.serve.engines import packed_linear
 from accelab.serve.engines.kv_cache import PagedKVCache
 from accelab.serve.engines.paged_attention import StepLayout, attend
+from accelab.serve.engines.vision import vision_parts
 
 log = logging.getLogger(__name__)
 
-# class -> where a layer's sliding window is read (None: the model has none)
+# decoder class -> where a layer's sliding window is read (None: the model has none)
 WINDOWS: dict[str, Callable[[Any, Any], int | None] | None] = {
-    "LlamaForCausalLM": None,
-    "MistralForCausalLM": lambda config, attn: getattr(config, "sliding_window", None),
-    "Qwen2ForCausalLM": lambda config, attn: getattr(attn, "sliding_window", None),
+    "LlamaModel": None,
+    "MistralModel": lambda config, attn: getattr(config, "sliding_window", None),
+    "Qwen2Model": lambda config, attn: getattr(attn, "sliding_window", None),
 }
 Linear = Callable[[torch.Tensor], torch.Tensor]  # [T, in] -> [T, out]
 
 
+def decoder_of(model: Any) -> Any:
+    """The decoder (embeddings, layers, final norm) of a causal LM, or of a vision-language
+    model's language part (Idefics3's text_model, LLaVA's language_model)."""
+    parts = vision_parts(model)
+    return parts[0] if parts is not None else getattr(model, "model", None)
+
+
 def why_not(model: Any) -> str | None:
     """None when `model` is one this stack computes exactly, else the reason it is not."""
-    name = type(model).__name__
+    decoder = decoder_of(model)
+    name = type(decoder).__name__
     if name not in WINDOWS:
-        return f"{name} is not one of {', '.join(WINDOWS)}"
+        return f"{type(model).__name__}'s decoder {name} is not one of {', '.join(WINDOWS)}"
     config = text_config(model.config)
     if getattr(config, "hidden_act", "silu") != "silu" or getattr(config, "pretraining_tp", 1) != 1:
         return "its MLP is not SiLU-gated, or it splits its layers for tensor-parallel pretraining"
     if getattr(config, "mlp_bias", False):
         return "its MLP has biases"
-    layers = model.model.layers
+    layers = decoder.layers
     if len(layers) != config.num_hidden_layers:
         return "it runs another number of layers than it holds"
     for layer in layers:
@@ -75,14 +84,14 @@ class LlamaStack:
 
     def __init__(self, model: Any):
         config = text_config(model.config)
-        inner = model.model
+        inner = decoder_of(model)
         self.model = model
         self.embed = inner.embed_tokens.weight
         self.rotary = inner.rotary_emb
         self.norm_weight, self.norm_eps = inner.norm.weight, inner.norm.variance_epsilon
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = inner.layers[0].self_attn.head_dim
-        window_of = WINDOWS[type(model).__name__]
+        window_of = WINDOWS[type(inner).__name__]
         dtype = self.embed.dtype
         pack = packed_linear.available(self.embed.device, dtype)
         self.layers = []
@@ -107,10 +116,20 @@ class LlamaStack:
             "the continuous steps run %s's %d layers as plain tensor operations", type(model).__name__, len(self.layers)
         )
 
-    def logits(self, ids: torch.Tensor, layout: StepLayout, cache: PagedKVCache, keep: torch.Tensor) -> torch.Tensor:
-        """ids: [T] the step's tokens; keep: [N] the rows whose next token is picked -> logits [N, V]."""
+    def logits(
+        self,
+        ids: torch.Tensor,
+        layout: StepLayout,
+        cache: PagedKVCache,
+        keep: torch.Tensor,
+        inserts: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """ids: [T] the step's tokens; keep: [N] the rows whose next token is picked -> logits [N, V].
+        inserts: (rows [R], embeddings [R, H]) that replace those rows' token embeddings (images)."""
         t, hq, hkv, d = ids.shape[0], self.heads, self.kv_heads, self.head_dim
         h = F.embedding(ids, self.embed)  # [T, H]
+        if inserts is not None:
+            h = h.index_copy(0, inserts[0], inserts[1].to(h.dtype))
         cos, sin = self.rotary(h, layout.positions[None])  # [1, T, D] each
         half = d // 2
         # rotate_half(x) * sin == roll(x, half) * sin', where sin' is sin with its first half negated:

@@ -43,6 +43,7 @@ from accelab.serve.engines.kv_cache import PagedKVCache
 from accelab.serve.engines.packed_linear import PackedLinears
 from accelab.serve.engines.paged_attention import ATTENTION_NAME, StepCache, StepLayout, register
 from accelab.serve.engines.sampling import SampledToken, sample_step
+from accelab.serve.engines.vision import EncoderCache, ImageInput, VisionEncoder, image_rows, vision_parts
 
 log = logging.getLogger(__name__)
 
@@ -86,13 +87,8 @@ class RaggedTorchEngine:
         self.kv_bytes_per_token = self.cache.bytes_per_block // self.block_size
         self._cache_kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self._original_attention = config._attn_implementation
-        register()
-        model.set_attn_implementation(ATTENTION_NAME)
-        if config._attn_implementation != ATTENTION_NAME:  # transformers logs it and keeps its own
-            raise Unsupported(
-                f"{type(model).__name__}'s attention does not go through transformers' "
-                "AttentionInterface, so the packed steps cannot give it the paged KV cache"
-            )
+        self._encoder: VisionEncoder | None = None
+        self.encoder_cache: EncoderCache | None = None
         self._layers, self._heads = text.num_hidden_layers, text.num_attention_heads
         self._head_dim = _head_dim(text)
         self.precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(_dtype_of(model), "fp32")
@@ -100,12 +96,34 @@ class RaggedTorchEngine:
         self._pack_linears, self._pack_head = pack_linears, pack_head
         self._packed: PackedLinears | None = None
         self._head: torch.nn.Linear | None = None
+        if vision_parts(model) is not None:
+            self._vision(limits, stack)
+            return
+        register()
+        model.set_attn_implementation(ATTENTION_NAME)
+        if config._attn_implementation != ATTENTION_NAME:  # transformers logs it and keeps its own
+            raise Unsupported(
+                f"{type(model).__name__}'s attention does not go through transformers' "
+                "AttentionInterface, so the packed steps cannot give it the paged KV cache"
+            )
         why = llama_stack.why_not(model) if stack else "not asked for"
         self._stack = llama_stack.LlamaStack(model) if why is None else None
         self.name = STACK_NAME
         if self._stack is None:
             log.info("the continuous steps run the model's own forward (%s)", why)
             self._use_model_forward()
+
+    def _vision(self, limits: Any, stack: bool) -> None:
+        """A vision-language model: its language part runs as the plain-tensor stack (its own
+        forward takes no paged cache with image embeddings), its vision tower encodes each image
+        once (`vision.EncoderCache`, sized in feature rows by `limits.encoder_cache_rows`)."""
+        why = llama_stack.why_not(self.model) if stack else "not asked for"
+        if why is not None:
+            raise Unsupported(f"the language part of {type(self.model).__name__} cannot run as packed steps: {why}")
+        self._stack = llama_stack.LlamaStack(self.model)
+        self.name = STACK_NAME + ", images encoded once per distinct image"
+        self._encoder = VisionEncoder(self.model, self.device, _dtype_of(self.model))
+        self.encoder_cache = EncoderCache(max_rows=getattr(limits, "encoder_cache_rows", 0) or 4096)
 
     def _use_model_forward(self) -> None:
         """Steps through the model's own forward, its Linear layers packed for oneDNN where they can be."""
@@ -139,7 +157,8 @@ class RaggedTorchEngine:
             with torch.inference_mode(), self.runnable.context():
                 ids_t = torch.tensor(ids, dtype=torch.long, device=device)
                 rows = torch.tensor(keep or [len(ids) - 1], dtype=torch.long, device=device)
-                return self._stack.logits(ids_t, layout, self.cache, rows)[: len(keep)]
+                inserts = self._image_embeddings(inputs)
+                return self._stack.logits(ids_t, layout, self.cache, rows, inserts)[: len(keep)]
         batch = {
             "input_ids": torch.tensor([ids], dtype=torch.long, device=device),  # [1, T]
             "position_ids": layout.positions[None],  # [1, T]
@@ -150,6 +169,19 @@ class RaggedTorchEngine:
         with torch.inference_mode(), self.runnable.context():
             logits = self.model(**batch).logits[0]  # [N, V]
         return logits[: len(keep)]
+
+    def _image_embeddings(self, inputs: list[StepInput]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(packed rows, their image features) for the image positions this step feeds; each
+        image encoded at the first step that reaches it, then taken from the encoder cache."""
+        placed = image_rows(inputs) if self._encoder is not None else []
+        if not placed:
+            return None
+        cache, encoder = self.encoder_cache, self._encoder
+        assert cache is not None and encoder is not None
+        features = {(seq, image.key): cache.get(seq, image, encoder) for _, seq, image, _ in placed}
+        rows = torch.tensor([row for row, _, _, _ in placed], dtype=torch.long, device=self.device)
+        values = torch.stack([features[seq, image.key][r] for _, seq, image, r in placed])
+        return rows, values
 
     def step_cost(self, inputs: Sequence[Any]) -> StepCost:
         """What a step of these chunks (anything with start, tokens, sample) must read and compute:
@@ -180,7 +212,9 @@ class RaggedTorchEngine:
         return self._reference_logits(list(tokens))
 
     def release(self, seq_id: int) -> None:
-        """Nothing to free here: its blocks go back to the pool in the scheduler."""
+        """Its blocks go back to the pool in the scheduler; here its hold on image features ends."""
+        if self.encoder_cache is not None:
+            self.encoder_cache.release(seq_id)
 
     def close(self) -> None:
         self.cache = None  # type: ignore[assignment]  # closed: the KV memory goes now, not with the engine
@@ -189,17 +223,24 @@ class RaggedTorchEngine:
         if self._head is not None:
             with contextlib.suppress(AttributeError):
                 del self._head.forward  # back to the class's forward
-        with contextlib.suppress(Exception):
-            self.model.set_attn_implementation(self._original_attention)
+        if self._encoder is None:  # a vision-language model's attention setting was never changed
+            with contextlib.suppress(Exception):
+                self.model.set_attn_implementation(self._original_attention)
 
     # -- start-up check -----------------------------------------------------------------------
-    def self_check(self, prompt: list[int]) -> str | None:
+    def self_check(
+        self, prompt: list[int], images: tuple[ImageInput, ...] = (), reference: dict[str, Any] | None = None
+    ) -> str | None:
         """None when the packed steps give the model's own logits for `prompt` (fed in two
         chunks, the second beside another sequence's prefill, then one decode step), else what
         differed. Uses the pool's last blocks: nothing else runs yet. When the plain-tensor
-        stack differs, the steps go through the model's own forward and that is checked."""
-        problem = self._check(prompt)
-        if problem is not None and self._stack is not None:
+        stack differs, the steps go through the model's own forward and that is checked. A
+        vision-language model's check feeds `images` (the prompt's), its reference forward takes
+        `reference` (the processor's pixel tensors) beside the ids."""
+        problem = self._check(prompt, images, reference)
+        if self.encoder_cache is not None:  # the check's picture is no request's: counts start at zero
+            self.encoder_cache = EncoderCache(max_rows=self.encoder_cache.max_rows)
+        if problem is not None and self._stack is not None and self._encoder is None:
             log.warning(
                 "the plain-tensor layers of %s do not reproduce its own forward (%s); running its own forward",
                 type(self.model).__name__,
@@ -209,7 +250,9 @@ class RaggedTorchEngine:
             problem = self._check(prompt)
         return problem
 
-    def _check(self, prompt: list[int]) -> str | None:
+    def _check(
+        self, prompt: list[int], images: tuple[ImageInput, ...] = (), reference: dict[str, Any] | None = None
+    ) -> str | None:
         if len(prompt) < 3:
             raise ValueError("self_check needs a prompt of 3 tokens or more")
         greedy = SamplingParams(max_tokens=1, temperature=0)
@@ -220,7 +263,9 @@ class RaggedTorchEngine:
         mine = tuple(range(count - need, count))[::-1]  # not in order: the tables must be followed
         other = tuple(range(count - 2 * need, count - need))
         cut = len(prompt) // 2
-        first = StepInput(seq_id=-1, start=0, tokens=tuple(prompt[:cut]), sample=False, params=greedy, blocks=mine)
+        first = StepInput(
+            seq_id=-1, start=0, tokens=tuple(prompt[:cut]), sample=False, params=greedy, blocks=mine, images=images
+        )
         try:
             self._forward([first])
             second = replace(first, start=cut, tokens=tuple(prompt[cut:]), sample=True)
@@ -235,24 +280,34 @@ class RaggedTorchEngine:
             )[0]
         except Exception as err:  # noqa: BLE001 - any failure means: not this model
             return f"the packed step failed: {type(err).__name__}: {err}"
-        reference = self._reference_logits(prompt + [nxt])
-        for got, want, where in ((packed, reference[-2], "after the prompt"), (decoded, reference[-1], "one step on")):
+        finally:
+            self.release(-1)
+            self.release(-2)
+        reference_logits = self._reference_logits(prompt + [nxt], reference)
+        for got, want, where in (
+            (packed, reference_logits[-2], "after the prompt"),
+            (decoded, reference_logits[-1], "one step on"),
+        ):
             scale = float(want.abs().max()) or 1.0
             error = float((got.float() - want.float()).abs().max()) / scale
             if error > _tolerance(got.dtype):
                 return f"its logits {where} differ from the model's own forward by {error:.2%} of their scale"
         return None
 
-    def _reference_logits(self, ids: list[int]) -> torch.Tensor:
+    def _reference_logits(self, ids: list[int], extra: dict[str, Any] | None = None) -> torch.Tensor:
+        """The model's own forward over `ids` (with `extra` inputs: a VLM's pixel tensors)."""
         attention = self.model.config._attn_implementation
-        self.model.set_attn_implementation(self._original_attention)
+        if self._encoder is None:
+            self.model.set_attn_implementation(self._original_attention)
         suspended = self._packed.suspended() if self._packed is not None else contextlib.nullcontext()
         try:
             with suspended, torch.inference_mode(), self.runnable.context():
                 batch = torch.tensor([ids], dtype=torch.long, device=self.device)
-                return self.model(input_ids=batch, use_cache=False).logits[0]
+                more = {k: v.to(self.device) for k, v in (extra or {}).items()}
+                return self.model(input_ids=batch, use_cache=False, **more).logits[0]
         finally:
-            self.model.set_attn_implementation(attention)
+            if self._encoder is None:
+                self.model.set_attn_implementation(attention)
 
 
 def _transposed_head(model: Any) -> torch.nn.Linear | None:

@@ -1,0 +1,312 @@
+"""Vision-language serving: accelab's continuous batch against its per-batch scheduler and the peers.
+
+    python benchmarks/serve_vlm.py                       # smolvlm-256m, every contender, 2 rounds
+    python benchmarks/serve_vlm.py --users 1,8 --rounds 3 --only continuous,static,vllm
+
+Every server is up for the whole run (the idle ones show up as other processes in each window's
+noise) and the windows interleave (A B C ... C B A), each with its CPU steal. The load is
+closed-loop streaming chat (greedy, max_tokens cycling 16-64), one request per user at a time:
+- unique:   a new image in every request (generated:256, 224 px noise: nothing to reuse),
+- repeated: accelab's 14 sample photos in turn (an encoder cache and a prefix cache can reuse),
+- mixed:    every second request carries a new image, the others are text only,
+- text:     text only (the reference for the mixed load's text TTFT).
+Contenders: `accelab serve` (continuous batching, fp32 and --plan bf16), `accelab serve
+--scheduler static` (one generate call per batch), `transformers serve` at its defaults and with
+--continuous-batching, and `vllm serve` (CPU, its defaults: compiled, bf16) on the same model
+directory where it loads it (else its error is reported). The model is catalog's smolvlm-256m:
+SmolVLM-256M's architecture and sizes, SmolLM2-135M's real weights, a random vision tower.
+Results: benchmarks/results/serve_vlm.{txt,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import llm_servers as S
+
+from accelab.catalog import inputs
+from accelab.catalog.store import model_dir
+from accelab.loadtest.client import LoadConfig, run_load
+from accelab.loadtest.images import load_images
+from accelab.loadtest.summary import SLO, summarize_run
+from accelab.measure.noise import Meter
+
+RESULTS = S.ROOT / "benchmarks" / "results"
+MIX = (32, 64, 16, 48)  # max_tokens of successive requests
+WORKLOADS = {  # name -> (images spec, every Nth request carries one)
+    "unique": ("generated:256", 1),
+    "repeated": ("sample:14", 1),
+    "mixed": ("generated:256", 2),
+    "text": (None, 1),
+}
+MAIN = ("continuous", "continuous-bf16", "static", "transformers", "transformers-cb", "vllm")
+IMAGE_METRICS = (
+    "accelab_images_encoded_total",
+    "accelab_image_cache_hits_total",
+    "accelab_image_encoder_seconds_total",
+)
+
+
+def contenders(opts: argparse.Namespace) -> dict[str, S.Server]:
+    model, path = opts.model, model_dir(opts.model)
+    seqs = max(*opts.users, 8)
+    common = ["--max-batch-size", str(seqs), "--max-queue", "256", "--request-timeout", "600", "--max-tokens", "64"]
+    common += ["--max-image-pixels", str(1024 * 1024)]
+    cb = S.transformers_serve(path)
+    plain = S.transformers_serve(path)
+    plain.command = [part for part in plain.command if part != "--continuous-batching"]
+    plain.label = "transformers serve (its defaults)"
+    out = {
+        "continuous": S.accelab("accelab serve (continuous, fp32)", model, *common),
+        "continuous-bf16": S.accelab("accelab serve --plan bf16 (continuous)", model, *common, "--plan", "bf16"),
+        "static": S.accelab("accelab serve --scheduler static (fp32)", model, *common, "--scheduler", "static"),
+        "transformers": plain,
+        "transformers-cb": cb,
+        "vllm": S.vllm_serve(path, model, max_num_seqs=seqs, dtype="bfloat16", max_model_len=4096),
+    }
+    wanted = opts.only.split(",") if opts.only else list(MAIN)
+    missing = [k for k in wanted if k not in out]
+    if missing:
+        raise SystemExit(f"--only names {missing}; choose from {sorted(out)}")
+    return {k: out[k] for k in wanted}
+
+
+def image_counts(server: S.Server) -> dict[str, float] | None:
+    """An accelab server's image counters from /metrics (None for the peers)."""
+    if server.ready_path != "/readyz":
+        return None
+    values = {}
+    for line in httpx.get(server.url + "/metrics", timeout=10).text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name in IMAGE_METRICS:
+            values[name] = float(value)
+    return values
+
+
+def window(server: S.Server, users: int, workload: str, duration_s: float) -> dict[str, Any]:
+    """One closed-loop window of `workload` from `users` users, with the machine's noise around it."""
+    assert server.process is not None
+    spec, every = WORKLOADS[workload]
+    config = LoadConfig(
+        url=server.url,
+        endpoint="chat",
+        inputs=tuple(inputs.prompts(52)),
+        model=server.model,
+        concurrency=users,
+        duration_s=duration_s,
+        warmup=users,
+        max_tokens=MIX,
+        stream=True,
+        timeout_s=600,
+        images=IMAGES[spec] if spec else (),
+        images_every=every,
+    )
+    before = image_counts(server)
+    with Meter([server.process.pid, os.getpid()]) as meter:
+        records = run_load(config, server.model)
+    after = image_counts(server)
+    summary = summarize_run(records, SLO())
+    noise = meter.window
+    text_ttft = [r.ttft * 1000 for r in records if r.ok and not r.images and r.ttft is not None]
+    row = {
+        "users": users,
+        "workload": workload,
+        "requests": summary["requests"],
+        "image_requests": sum(1 for r in records if r.ok and r.images),
+        "errors": sum((summary["errors_by_status"] or {}).values()),
+        "first_error": next((r.error or r.status for r in records if not r.ok), None),
+        "tokens_per_s": summary["output_token_throughput"],
+        "ttft_p50_ms": (summary["ttft_ms"] or {}).get("p50"),
+        "ttft_p99_ms": (summary["ttft_ms"] or {}).get("p99"),
+        "text_ttft_p99_ms": _p99(text_ttft),
+        "steal": noise.steal if noise else None,
+        "others_cores": noise.others_cores if noise else None,
+    }
+    if before is not None and after is not None:
+        row.update({k.removeprefix("accelab_"): after.get(k, 0.0) - before.get(k, 0.0) for k in IMAGE_METRICS})
+    return row
+
+
+def _p99(values: list[float]) -> float | None:
+    if len(values) < 2:
+        return values[0] if values else None
+    return statistics.quantiles(values, n=100, method="inclusive")[98]
+
+
+IMAGES: dict[str, tuple[str, ...]] = {}  # images spec -> data URIs, loaded once
+ROWS: dict[str, dict[str, list[dict[str, Any]]]] = {}  # server label -> "workload@users" -> one row per round
+
+
+def rows_of(server: S.Server, key: str) -> list[dict[str, Any]]:
+    return ROWS.get(server.label, {}).get(key, [])
+
+
+def cells(opts: argparse.Namespace) -> list[tuple[str, int]]:
+    """(workload, users) windows: unique images at every level, the others at 8 users."""
+    out = [("unique", u) for u in opts.users]
+    out += [(w, 8) for w in ("repeated", "mixed", "text") if w in opts.workloads]
+    return out
+
+
+def measure(servers: dict[str, S.Server], opts: argparse.Namespace) -> None:
+    for workload, users in cells(opts):
+        for r, order in enumerate(S.rotation(list(servers.values()), opts.rounds)):
+            for server in order:
+                row = window(server, users, workload, opts.duration)
+                row["round"] = r
+                ROWS.setdefault(server.label, {}).setdefault(f"{workload}@{users}", []).append(row)
+                encoded = row.get("images_encoded_total")
+                images = (
+                    f"  encoded {encoded:.0f} of {row['image_requests']} image requests" if encoded is not None else ""
+                )
+                print(
+                    f"  {workload:<8} {users:>2} users round {r + 1}  {server.label:<42} "
+                    f"{row['tokens_per_s']:7.1f} tok/s  TTFT p50 {fmt(row['ttft_p50_ms'])} p99 "
+                    f"{fmt(row['ttft_p99_ms'])} ms (text p99 {fmt(row['text_ttft_p99_ms'])})  "
+                    f"steal {pct(row['steal'])}  errors {row['errors']}{images}",
+                    flush=True,
+                )
+
+
+def fmt(value: Any, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def med(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def report(servers: dict[str, S.Server], failed: dict[str, str], opts: argparse.Namespace) -> str:
+    lines = [
+        f"serve_vlm: {opts.model}, closed-loop streaming chat (max_tokens {'/'.join(map(str, MIX))}, greedy), "
+        f"{opts.duration:.0f} s windows, {opts.rounds} interleaved rounds; medians over rounds (every round below)",
+        f"machine: {os.cpu_count()} CPUs; reproduce: python benchmarks/serve_vlm.py {shlex.join(sys.argv[1:])}",
+        "",
+        f"| workload @ users | {' | '.join(s.label for s in servers.values())} |",
+        "|---|" + "---|" * len(servers),
+    ]
+    for workload, users in cells(opts):
+        key = f"{workload}@{users}"
+        cells_ = []
+        for s in servers.values():
+            rows = rows_of(s, key)
+            tps, p99 = med(rows, "tokens_per_s"), med(rows, "ttft_p99_ms")
+            cells_.append(f"{fmt(tps, 1)} tok/s, TTFT p99 {fmt(p99)} ms")
+        lines.append(f"| {key} | {' | '.join(cells_)} |")
+    lines += ["", "every window:"]
+    for s in servers.values():
+        for key, rows in ROWS.get(s.label, {}).items():
+            for row in rows:
+                lines.append(f"  {s.label} {key} " + json.dumps({k: v for k, v in row.items() if k != "users"}))
+    for label, error in failed.items():
+        lines += ["", f"{label} did not start; the end of its log:", error]
+    lines += ["", *verdicts(servers)]
+    return "\n".join(lines)
+
+
+def verdicts(servers: dict[str, S.Server]) -> list[str]:
+    out = []
+
+    def ratio(a: str, b: str, key: str, field: str = "tokens_per_s") -> float | None:
+        if a not in servers or b not in servers:
+            return None
+        x, y = med(rows_of(servers[a], key), field), med(rows_of(servers[b], key), field)
+        return x / y if x and y else None
+
+    for best in ("continuous", "continuous-bf16"):
+        r = ratio(best, "static", "unique@8")
+        if r is not None:
+            out.append(f"{servers[best].label} / static at 8 users, unique images: {r:.2f}x tokens/s (target >= 2x)")
+        t = ratio(best, "static", "unique@8", "ttft_p99_ms")
+        if t is not None:
+            out.append(f"  TTFT p99 {t:.2f}x static's (target <= 1.00x)")
+        v = ratio(best, "vllm", "unique@8")
+        if v is not None:
+            out.append(f"{servers[best].label} / vLLM at 8 users, unique images: {v:.2f}x tokens/s (target >= 1x)")
+    if "continuous" in servers:
+        mixed = med(rows_of(servers["continuous"], "mixed@8"), "text_ttft_p99_ms")
+        text = med(rows_of(servers["continuous"], "text@8"), "text_ttft_p99_ms")
+        if mixed and text:
+            out.append(
+                f"continuous: text TTFT p99 in the mixed load {mixed / text:.2f}x the text-only run (target <= 1.5x)"
+            )
+        rows = rows_of(servers["continuous"], "repeated@8")
+        if rows:
+            encoded = sum(r.get("images_encoded_total", 0) for r in rows)
+            out.append(
+                f"continuous, repeated photos: the encoder ran {encoded:.0f} times for "
+                f"{sum(r['image_requests'] for r in rows)} image requests over 14 distinct photos"
+            )
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smolvlm-256m")
+    parser.add_argument("--users", default="1,4,8,16", help="levels of the unique-image load, comma-separated")
+    parser.add_argument("--workloads", default="repeated,mixed,text", help="the loads run at 8 users besides unique")
+    parser.add_argument("--duration", type=float, default=25.0, help="seconds per window")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--only", default="", help=f"servers, comma-separated (default: {','.join(MAIN)})")
+    parser.add_argument("--out", default=str(RESULTS / "serve_vlm.txt"))
+    opts = parser.parse_args()
+    opts.users = [int(u) for u in opts.users.split(",")]
+    opts.workloads = [w for w in opts.workloads.split(",") if w]
+    for spec, _ in WORKLOADS.values():
+        if spec:
+            IMAGES[spec] = load_images(spec)
+    started = time.monotonic()
+    failed: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="serve_vlm-") as tmp:
+        servers = contenders(opts)
+        try:
+            for server in servers.values():
+                print(f"starting {server.label}: {server.shell()}", flush=True)
+                S.start(server, Path(tmp))
+            for key, server in list(servers.items()):
+                try:
+                    S.wait_ready(server)
+                    print(f"ready: {server.label}", flush=True)
+                except RuntimeError as err:  # a peer that cannot serve this model: reported, the rest go on
+                    failed[server.label] = str(err)[-2500:]
+                    print(f"{server.label} did not start:\n{failed[server.label]}", flush=True)
+                    S.stop(server)
+                    del servers[key]
+            measure(servers, opts)
+        finally:
+            for server in servers.values():
+                S.stop(server)
+    text = report(servers, failed, opts) + f"\ntook {(time.monotonic() - started) / 60:.1f} min"
+    print("\n" + text)
+    out = Path(opts.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text + "\n")
+    payload = {
+        "servers": {s.label: ROWS.get(s.label, {}) for s in servers.values()},
+        "commands": {s.label: s.shell() for s in servers.values()},
+        "failed": failed,
+        "duration_s": opts.duration,
+        "rounds": opts.rounds,
+        "max_tokens_mix": MIX,
+    }
+    out.with_suffix(".json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,145 @@
+"""Vision-language models in the continuous steps (Idefics3 / SmolVLM and LLaVA, the catalog's tiny
+ones: real processors, random weights): images, text and both packed in one running batch, with
+chunked prefill across image tokens and the prefix cache on, give every request's greedy tokens of
+transformers' own `generate` for that request alone; each distinct image is encoded once; two
+images behind the same text never share KV blocks; a fault in the image path is caught at start-up
+and the server falls back to per-batch generation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fake_clock import FakeClock
+
+from accelab.catalog.fetch import is_fetched
+from accelab.catalog.samples import photos
+from accelab.plan.runtime import Unsupported
+from accelab.serve.engines.base import SamplingParams, StepInput
+from accelab.serve.engines.vision import VisionEncoder, prompt_keys
+from accelab.serve.scheduler import Scheduler, SchedulerConfig
+from accelab.serve.stops import StopRules
+
+MODELS = ["smolvlm-tiny", "llava-tiny"]
+pytestmark = pytest.mark.skipif(
+    not all(is_fetched(m) for m in MODELS), reason=f"run `accelab models fetch {' '.join(MODELS)}` first"
+)
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def vlm(request):
+    from accelab.catalog.resolve import resolve
+    from accelab.plan.plan import load_plan
+    from accelab.serve.engines import build_engine
+
+    engine = build_engine(resolve(request.param, fetch=False), load_plan("baseline"), torch.device("cpu"), name="vlm")
+    yield engine
+    engine.close()
+
+
+def chat(text: str, images: int) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "image"}] * images + [{"type": "text", "text": text}]}]
+
+
+def prompts(vlm):
+    """Two pictures, one of them twice (in two requests), a text-only chat, and one with two images."""
+    a, b = (p.resize((80, 64)) for p in photos(2))
+    return [
+        vlm._vision_prompt(chat("What is in the picture?", 1), (a,)),
+        vlm._vision_prompt(chat("What is in the picture?", 1), (b,)),  # same text, another image
+        vlm.prepare_chat([{"role": "user", "content": "Count to ten, slowly."}]),
+        vlm._vision_prompt(chat("Describe it in one line.", 1), (a,)),  # the first image again
+        vlm._vision_prompt(chat("Which one is brighter?", 2), (b, a)),
+    ]
+
+
+def alone(vlm, prompt, new: int) -> list[int]:
+    """transformers' generate on this prompt alone: the processor's tensors, greedy."""
+    model, processor = vlm.runnable.model, vlm.processor
+    if prompt.images:
+        inputs = processor(text=[prompt.text], images=list(prompt.images), return_tensors="pt")
+    else:
+        ids = torch.tensor([prompt.ids])
+        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    with torch.inference_mode():
+        out = model.generate(
+            **inputs, max_new_tokens=new, min_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+    return out[0, inputs["input_ids"].shape[1] :].tolist()
+
+
+def serve(engine, limits: SchedulerConfig, reqs) -> tuple[list[list[int]], Scheduler]:
+    """The continuous worker's loop, single-threaded: schedule, copy-on-write, step, advance."""
+    sched = Scheduler(limits, FakeClock())
+    greedy = SamplingParams(max_tokens=64, temperature=0)
+    seqs = [
+        sched.add(prompt, prompt.ids, stops=StopRules(max_tokens=new), cache_prompt=prompt_keys(prompt))
+        for prompt, new in reqs
+    ]
+    while not sched.idle:
+        step = sched.schedule()
+        engine.copy_blocks(step.copies)
+        inputs = [
+            StepInput(
+                seq_id=c.seq.id,
+                start=c.start,
+                tokens=c.tokens,
+                sample=c.sample,
+                params=greedy,
+                blocks=tuple(c.seq.block_table),
+                images=c.seq.payload.media if c.start < len(c.seq.prompt) else (),
+            )
+            for c in step.chunks
+        ]
+        picked = iter(engine.step(inputs))
+        for chunk in step.chunks:
+            if sched.advance(chunk, next(picked).token if chunk.sample else None) is not None:
+                sched.finish(chunk.seq)
+                engine.release(chunk.seq.id)
+    return [s.generated for s in seqs], sched
+
+
+def test_image_text_and_mixed_batches_give_generates_greedy_tokens(vlm):
+    reqs = [(p, n) for p, n in zip(prompts(vlm), (6, 5, 7, 4, 6))]
+    # 20 tokens a step: prefill chunks end inside images; 4 sequences at once: images beside text
+    limits = SchedulerConfig(max_running=4, max_step_tokens=20, kv_blocks=96, block_size=8, prefix_caching=True)
+    engine = vlm.step_engine(limits)
+    try:
+        cache = engine.encoder_cache
+        before = cache.misses
+        got, _ = serve(engine, limits, reqs)
+        assert got == [alone(vlm, p, n) for p, n in reqs]
+        assert cache.misses - before == 2 and cache.hits >= 1  # two distinct pictures, each encoded once
+    finally:
+        engine.close()
+
+
+def test_two_images_behind_the_same_text_never_share_kv_blocks(vlm):
+    a, b = (p.resize((80, 64)) for p in photos(2))
+    text = "What is in the picture?"
+    first, other, again = (vlm._vision_prompt(chat(text, 1), (im,)) for im in (a, b, a))
+    assert first.ids == other.ids  # the placeholder tokens alone cannot tell the images apart
+    limits = SchedulerConfig(max_running=1, max_step_tokens=256, kv_blocks=64, block_size=4, prefix_caching=True)
+    engine = vlm.step_engine(limits)
+    try:
+        image_start = first.media[0].positions[0]
+        _, sched = serve(engine, limits, [(first, 2)])  # its committed blocks stay cached in the pool
+        for prompt, shared in ((other, image_start // 4), (again, len(again.ids) // 4)):
+            hits = sched.pool.hits
+            seq = sched.add(prompt, prompt.ids, stops=StopRules(max_tokens=1), cache_prompt=prompt_keys(prompt))
+            step = sched.schedule()
+            # another picture: only the text before it; the same one: every whole block of the prompt
+            assert sched.pool.hits - hits == shared
+            assert step.chunks[0].start == min(shared * 4, len(prompt.ids) - 1)
+            sched.finish(seq)
+    finally:
+        engine.close()
+
+
+def test_a_fault_in_the_image_path_is_caught_at_start_up(vlm, monkeypatch):
+    """Features that miss the image (here: shifted) differ from the model's own forward: the
+    check says so and the server runs the model per batch instead."""
+    encode = VisionEncoder.__call__
+    monkeypatch.setattr(VisionEncoder, "__call__", lambda self, image: encode(self, image) + 1.0)
+    limits = SchedulerConfig(max_running=2, max_step_tokens=64, kv_blocks=64, block_size=8)
+    with pytest.raises(Unsupported, match="differ from the model's own forward"):
+        vlm.step_engine(limits)
