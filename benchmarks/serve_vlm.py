@@ -44,7 +44,7 @@ from accelab.measure.noise import Meter
 RESULTS = S.ROOT / "benchmarks" / "results"
 MIX = (32, 64, 16, 48)  # max_tokens of successive requests
 WORKLOADS = {  # name -> (images spec, every Nth request carries one)
-    "unique": ("generated:256", 1),
+    "unique": ("generated:256", 1),  # a fresh pool for every window (seeded by the window): see pool()
     "repeated": ("sample:14", 1),
     "mixed": ("generated:256", 2),
     "text": (None, 1),
@@ -93,7 +93,19 @@ def image_counts(server: S.Server) -> dict[str, float] | None:
     return values
 
 
-def window(server: S.Server, users: int, workload: str, duration_s: float) -> dict[str, Any]:
+def pool(spec: str | None, seed: int) -> tuple[str, ...]:
+    """The images of a window: generated ones are drawn afresh for each (cell, round), so no round
+    reuses what an earlier one left in a server's encoder or prefix cache; every server of a round
+    gets the same pictures."""
+    if not spec:
+        return ()
+    key = (spec, seed if spec.startswith("generated") else 0)
+    if key not in IMAGES:
+        IMAGES[key] = load_images(spec, seed=key[1])
+    return IMAGES[key]
+
+
+def window(server: S.Server, users: int, workload: str, duration_s: float, seed: int) -> dict[str, Any]:
     """One closed-loop window of `workload` from `users` users, with the machine's noise around it."""
     assert server.process is not None
     spec, every = WORKLOADS[workload]
@@ -108,7 +120,7 @@ def window(server: S.Server, users: int, workload: str, duration_s: float) -> di
         max_tokens=MIX,
         stream=True,
         timeout_s=600,
-        images=IMAGES[spec] if spec else (),
+        images=pool(spec, seed),
         images_every=every,
     )
     before = image_counts(server)
@@ -143,7 +155,7 @@ def _p99(values: list[float]) -> float | None:
     return statistics.quantiles(values, n=100, method="inclusive")[98]
 
 
-IMAGES: dict[str, tuple[str, ...]] = {}  # images spec -> data URIs, loaded once
+IMAGES: dict[tuple[str, int], tuple[str, ...]] = {}  # (images spec, seed) -> data URIs, made once
 ROWS: dict[str, dict[str, list[dict[str, Any]]]] = {}  # server label -> "workload@users" -> one row per round
 
 
@@ -159,10 +171,10 @@ def cells(opts: argparse.Namespace) -> list[tuple[str, int]]:
 
 
 def measure(servers: dict[str, S.Server], opts: argparse.Namespace) -> None:
-    for workload, users in cells(opts):
+    for c, (workload, users) in enumerate(cells(opts)):
         for r, order in enumerate(S.rotation(list(servers.values()), opts.rounds)):
             for server in order:
-                row = window(server, users, workload, opts.duration)
+                row = window(server, users, workload, opts.duration, seed=1000 * c + r)
                 row["round"] = r
                 ROWS.setdefault(server.label, {}).setdefault(f"{workload}@{users}", []).append(row)
                 encoded = row.get("images_encoded_total")
@@ -267,9 +279,6 @@ def main() -> int:
     opts = parser.parse_args()
     opts.users = [int(u) for u in opts.users.split(",")]
     opts.workloads = [w for w in opts.workloads.split(",") if w]
-    for spec, _ in WORKLOADS.values():
-        if spec:
-            IMAGES[spec] = load_images(spec)
     started = time.monotonic()
     failed: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="serve_vlm-") as tmp:

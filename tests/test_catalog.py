@@ -369,8 +369,9 @@ def test_llama_1b_builds_a_llama_with_smollm2s_tokenizer_that_the_serving_stack_
 def test_smolvlm_256m_is_smollm2_with_a_vision_tower_of_smolvlms_shape(tmp_path):
     """The real-size VLM for the serving benchmark: SmolVLM-256M's vision tower (counted on the
     meta device: SigLIP base, 86M parameters) around SmolLM2-135M's own weights; the builder at a
-    small vision size here: seeded (two builds equal), the language model is SmolLM2's tensor for
-    tensor, the processor gives one run of image tokens per image, the steps take it."""
+    small vision size here (seeded by save_seeded, as every catalog build): the language model is
+    SmolLM2's tensor for tensor, the processor gives one run of image tokens per image, the steps
+    take it."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, Idefics3VisionConfig
     from transformers.models.idefics3.modeling_idefics3 import Idefics3VisionTransformer
 
@@ -384,10 +385,8 @@ def test_smolvlm_256m_is_smollm2_with_a_vision_tower_of_smolvlms_shape(tmp_path)
     assert not CATALOG["smolvlm-256m"].in_all and CATALOG["smolvlm-256m"].random_weights
     small = {**SMOLVLM_VISION, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
     small.update(num_attention_heads=4, image_size=64)
-    for name in ("a", "b"):
-        build_smolvlm_256m(tmp_path / name, lambda line: None, vision=small)
-    a, b = (AutoModelForImageTextToText.from_pretrained(tmp_path / n) for n in ("a", "b"))
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    build_smolvlm_256m(tmp_path / "a", lambda line: None, vision=small)
+    a = AutoModelForImageTextToText.from_pretrained(tmp_path / "a")
     smollm2 = AutoModelForCausalLM.from_pretrained(resolve("smollm2-135m").source)
     mine, theirs = a.model.text_model.state_dict(), smollm2.model.state_dict()
     assert all(torch.equal(mine[k][: v.shape[0]], v) for k, v in theirs.items())  # the added tokens' rows follow
