@@ -69,6 +69,9 @@ def contenders(opts: argparse.Namespace) -> dict[str, S.Server]:
     out = {
         "continuous": S.accelab("accelab serve (continuous, fp32)", model, *common),
         "continuous-bf16": S.accelab("accelab serve --plan bf16 (continuous)", model, *common, "--plan", "bf16"),
+        "continuous-bf16-1": S.accelab(
+            "accelab serve --plan bf16 --max-step-images 1", model, *common, "--plan", "bf16", "--max-step-images", "1"
+        ),
         "static": S.accelab("accelab serve --scheduler static (fp32)", model, *common, "--scheduler", "static"),
         "transformers": plain,
         "transformers-cb": cb,

@@ -104,8 +104,10 @@ class ServeConfig:
             "--max-step-tokens",
         ),
     )
+    # 1: at 8 users and half the requests with a new image, text TTFT p99 0.72 s against 1.22 s at 4
+    # (benchmarks/results/serve_vlm_step_images.txt), tokens/s 1.05-1.08x
     max_step_images: int = field(
-        default=4,
+        default=1,
         metadata=option(
             "Continuous batching of a vision-language model: images whose encoding one step may start; a "
             "prefill chunk ends before the next one, so image-heavy prompts never stall the running "
