@@ -68,8 +68,10 @@ def test_compare_under_a_switching_load_is_right_or_says_it_cannot_tell(tmp_path
     rounds = results["baseline"]["metrics"]["rounds"] + results["baseline[threads=1]"]["metrics"]["rounds"]
     assert any(r["level"] == "unreliable" and not r["used"] for r in rounds), rounds
     assert all(r["used"] == (r["level"] != "unreliable") for r in rounds)
-    for name in ("baseline", "baseline[threads=1]"):
-        noise = results[name]["metrics"]["noise"]
+    noises = [results[name]["metrics"]["noise"] for name in ("baseline", "baseline[threads=1]")]
+    for name, noise in zip(("baseline", "baseline[threads=1]"), noises):
         assert noise["rounds"] == len(results[name]["metrics"]["rounds"])
-        assert noise["others_cores_max"] >= 0.3  # the loop's core showed in at least one window
+    # the loop's core showed in at least one window of the run (one plan's rounds may all have fallen
+    # in the loop's off phases: seen once in CI, 0.09 cores at most for one plan)
+    assert max(noise["others_cores_max"] for noise in noises) >= 0.3
     assert "round 1/6" in proc.stderr  # the rounds alternate and say so
