@@ -160,9 +160,18 @@ def stop(server: Server) -> None:
 
 
 # -- one window ----------------------------------------------------------------------------------
-def window(server: Server, users: int, duration_s: float, *, mix: Sequence[int] = MIX) -> dict[str, Any]:
+def window(
+    server: Server,
+    users: int,
+    duration_s: float,
+    *,
+    mix: Sequence[int] = MIX,
+    images: tuple[str, ...] = (),
+    images_every: int = 1,
+) -> dict[str, Any]:
     """Closed-loop streaming chat from `users` users for `duration_s` (after a warm-up request
-    each), with the machine's noise around it."""
+    each), with the machine's noise around it; `images` (data URIs) go with every
+    `images_every`-th request, and the row splits out the text-only requests' TTFT p99."""
     assert server.process is not None
     config = LoadConfig(
         url=server.url,
@@ -175,6 +184,8 @@ def window(server: Server, users: int, duration_s: float, *, mix: Sequence[int] 
         max_tokens=tuple(mix),
         stream=True,
         timeout_s=600,
+        images=images,
+        images_every=images_every,
     )
     with Meter([server.process.pid, os.getpid()]) as meter:
         records = run_load(config, server.model)
@@ -190,11 +201,20 @@ def window(server: Server, users: int, duration_s: float, *, mix: Sequence[int] 
         "ttft_p99_ms": (summary["ttft_ms"] or {}).get("p99"),
         "itl_p50_ms": (summary["itl_ms"] or {}).get("p50"),
         "e2e_p50_ms": (summary["e2e_ms"] or {}).get("p50"),
+        "image_requests": sum(1 for r in records if r.ok and r.images),
+        "first_error": next((r.error or r.status for r in records if not r.ok), None),
+        "text_ttft_p99_ms": p99([r.ttft * 1000 for r in records if r.ok and not r.images and r.ttft is not None]),
         "steal": noise.steal if noise else None,
         "others_cores": noise.others_cores if noise else None,
         "load1": noise.load1 if noise else None,
         "level": noise.level if noise else None,
     }
+
+
+def p99(values: Sequence[float]) -> float | None:
+    if len(values) < 2:
+        return values[0] if values else None
+    return statistics.quantiles(values, n=100, method="inclusive")[98]
 
 
 def rotation(servers: Sequence[Server], rounds: int) -> list[list[Server]]:

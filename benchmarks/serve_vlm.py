@@ -34,12 +34,8 @@ from typing import Any
 import httpx
 import llm_servers as S
 
-from accelab.catalog import inputs
 from accelab.catalog.store import model_dir
-from accelab.loadtest.client import LoadConfig, run_load
 from accelab.loadtest.images import load_images
-from accelab.loadtest.summary import SLO, summarize_run
-from accelab.measure.noise import Meter
 
 RESULTS = S.ROOT / "benchmarks" / "results"
 MIX = (32, 64, 16, 48)  # max_tokens of successive requests
@@ -109,53 +105,15 @@ def pool(spec: str | None, seed: int) -> tuple[str, ...]:
 
 
 def window(server: S.Server, users: int, workload: str, duration_s: float, seed: int) -> dict[str, Any]:
-    """One closed-loop window of `workload` from `users` users, with the machine's noise around it."""
-    assert server.process is not None
+    """One closed-loop window of `workload` from `users` users, and the images the server encoded."""
     spec, every = WORKLOADS[workload]
-    config = LoadConfig(
-        url=server.url,
-        endpoint="chat",
-        inputs=tuple(inputs.prompts(52)),
-        model=server.model,
-        concurrency=users,
-        duration_s=duration_s,
-        warmup=users,
-        max_tokens=MIX,
-        stream=True,
-        timeout_s=600,
-        images=pool(spec, seed),
-        images_every=every,
-    )
     before = image_counts(server)
-    with Meter([server.process.pid, os.getpid()]) as meter:
-        records = run_load(config, server.model)
+    row = S.window(server, users, duration_s, mix=MIX, images=pool(spec, seed), images_every=every)
     after = image_counts(server)
-    summary = summarize_run(records, SLO())
-    noise = meter.window
-    text_ttft = [r.ttft * 1000 for r in records if r.ok and not r.images and r.ttft is not None]
-    row = {
-        "users": users,
-        "workload": workload,
-        "requests": summary["requests"],
-        "image_requests": sum(1 for r in records if r.ok and r.images),
-        "errors": sum((summary["errors_by_status"] or {}).values()),
-        "first_error": next((r.error or r.status for r in records if not r.ok), None),
-        "tokens_per_s": summary["output_token_throughput"],
-        "ttft_p50_ms": (summary["ttft_ms"] or {}).get("p50"),
-        "ttft_p99_ms": (summary["ttft_ms"] or {}).get("p99"),
-        "text_ttft_p99_ms": _p99(text_ttft),
-        "steal": noise.steal if noise else None,
-        "others_cores": noise.others_cores if noise else None,
-    }
+    row["workload"] = workload
     if before is not None and after is not None:
         row.update({k.removeprefix("accelab_"): after.get(k, 0.0) - before.get(k, 0.0) for k in IMAGE_METRICS})
     return row
-
-
-def _p99(values: list[float]) -> float | None:
-    if len(values) < 2:
-        return values[0] if values else None
-    return statistics.quantiles(values, n=100, method="inclusive")[98]
 
 
 IMAGES: dict[tuple[str, int], tuple[str, ...]] = {}  # (images spec, seed) -> data URIs, made once
