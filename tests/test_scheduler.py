@@ -297,3 +297,35 @@ def test_no_encoder_budget_cap_by_default():
     assert shape(run_step(sched)) == [("two", 0, 14)]
     with pytest.raises(ValueError, match="max_step_images=-1"):
         SchedulerConfig(max_step_images=-1)
+
+
+def test_a_prefill_chunk_waits_before_an_image_whose_features_are_not_ready():
+    """An engine that encodes images between the steps (`ready`): the chunk stops before an image
+    it has no features for, the step lists that image (its sequence's first not ready one, even
+    past the chunk) for the engine, and decodes and text go on; once ready, the prefill goes on."""
+    ready: set[str] = set()
+    sched = Scheduler(
+        SchedulerConfig(max_running=4, max_step_tokens=64, kv_blocks=64, block_size=4),
+        FakeClock(),
+        ready=ready.__contains__,
+    )
+    ids = tuple(range(100, 114))
+    two = sched.add("two", ids, stops=StopRules(max_tokens=2), cache_prompt=with_images(ids, {"A": 3, "B": 9}))
+    first = sched.add("first", ids[:6], stops=StopRules(max_tokens=2), cache_prompt=with_images(ids[:6], {"C": 0}))
+    sched.add("text", ids[:5], stops=StopRules(max_tokens=2))
+    step = run_step(sched)
+    assert shape(step) == [("two", 0, 3), ("text", 0, 5)]  # "first" admitted, nothing to feed before C
+    assert [(s.payload, key) for s, key in step.encode] == [("two", "A"), ("first", "C")]
+    ready.add("A")
+    step = run_step(sched)
+    assert shape(step) == [("text", 5, 1), ("two", 3, 6)]  # through A, up to B
+    assert [(s, key) for s, key in step.encode] == [(two, "B"), (first, "C")]
+    ready.update("BC")
+    step = run_step(sched)
+    assert shape(step) == [("text", 6, 1), ("two", 9, 5), ("first", 0, 6)] and not step.encode
+    only_waiting = Scheduler(
+        SchedulerConfig(max_step_tokens=64, kv_blocks=64, block_size=4), FakeClock(), ready=set().__contains__
+    )
+    only_waiting.add("first", ids[:6], stops=StopRules(max_tokens=2), cache_prompt=with_images(ids[:6], {"C": 0}))
+    step = only_waiting.schedule()
+    assert not step.chunks and not step.empty  # the worker must run it: the engine encodes C

@@ -7,6 +7,8 @@ and the server falls back to per-batch generation."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from fake_clock import FakeClock
@@ -67,9 +69,12 @@ def alone(vlm, prompt, new: int) -> list[int]:
     return out[0, inputs["input_ids"].shape[1] :].tolist()
 
 
-def serve(engine, limits: SchedulerConfig, reqs) -> tuple[list[list[int]], Scheduler]:
-    """The continuous worker's loop, single-threaded: schedule, copy-on-write, step, advance."""
-    sched = Scheduler(limits, FakeClock())
+def serve(engine, limits: SchedulerConfig, reqs, slice_s: float | None = None) -> tuple[list[list[int]], Scheduler]:
+    """The continuous worker's loop, single-threaded: schedule, copy-on-write, step, advance;
+    with `slice_s`, images are encoded between the steps in slices of that long (the worker's
+    `_encode_images`: the whole of them when the step fed nothing)."""
+    ahead = slice_s is not None
+    sched = Scheduler(limits, FakeClock(), ready=engine.image_ready if ahead else None)
     greedy = SamplingParams(max_tokens=64, temperature=0)
     seqs = [
         sched.add(prompt, prompt.ids, stops=StopRules(max_tokens=new), cache_prompt=prompt_keys(prompt))
@@ -90,11 +95,14 @@ def serve(engine, limits: SchedulerConfig, reqs) -> tuple[list[list[int]], Sched
             )
             for c in step.chunks
         ]
-        picked = iter(engine.step(inputs))
+        picked = iter(engine.step(inputs) if inputs else ())
         for chunk in step.chunks:
             if sched.advance(chunk, next(picked).token if chunk.sample else None) is not None:
                 sched.finish(chunk.seq)
                 engine.release(chunk.seq.id)
+        wanted = [(s.id, im) for s, key in step.encode for im in s.payload.media if im.key == key]
+        if wanted:
+            assert not engine.encode_ahead(wanted, slice_s if step.chunks else None)
     return [s.generated for s in seqs], sched
 
 
@@ -111,6 +119,35 @@ def test_image_text_and_mixed_batches_give_generates_greedy_tokens(vlm):
         assert cache.misses - before == 2 and cache.hits >= 1  # two distinct pictures, each encoded once
     finally:
         engine.close()
+
+
+def test_images_encoded_between_the_steps_layer_by_layer_give_the_same_tokens(vlm, monkeypatch):
+    """The encoder paused after every layer of its tower (a slice of 0 s: one layer each) while
+    the steps run: each picture is encoded once, on the encoder's thread, never inside a step,
+    and every request's greedy tokens are still generate's."""
+    reqs = [(p, n) for p, n in zip(prompts(vlm), (6, 5, 7, 4, 6))]
+    limits = SchedulerConfig(max_running=4, max_step_tokens=20, kv_blocks=96, block_size=8, prefix_caching=True)
+    engine = vlm.step_engine(limits)
+    threads: list[str] = []
+    encode = VisionEncoder.__call__
+
+    def noted(self, image):
+        threads.append(threading.current_thread().name)
+        return encode(self, image)
+
+    monkeypatch.setattr(VisionEncoder, "__call__", noted)
+    try:
+        cache, slices = engine.encoder_cache, engine._slices
+        assert engine.encodes_ahead and slices is not None
+        before = (cache.misses, slices.slices)
+        got, _ = serve(engine, limits, reqs, slice_s=0.0)
+        assert got == [alone(vlm, p, n) for p, n in reqs]
+        assert cache.misses - before[0] == 2 and threads == ["accelab-vision-encoder"] * 2
+        layers = len(engine._encoder.layers)
+        assert slices.slices - before[1] >= 2 * layers - 1  # paused between layers (the first may run whole)
+    finally:
+        engine.close()
+    assert not slices._thread.is_alive()  # closed with the engine
 
 
 def test_two_images_behind_the_same_text_never_share_kv_blocks(vlm):

@@ -38,6 +38,7 @@ from accelab.serve.engines.base import (
     Completion,
     ContinuousHooks,
     CostsSteps,
+    EncodesAhead,
     GenUnit,
     PagedKV,
     PayloadTooLarge,
@@ -69,6 +70,8 @@ from accelab.serve.textstream import TextStream, stream_for
 log = logging.getLogger(__name__)
 
 __all__ = ["ClientGone", "ContinuousWorker"]
+
+ENCODER_SHARE = 1.0  # the vision encoder's slice after a step, in that step's time
 
 
 @dataclass(kw_only=True, slots=True, eq=False)
@@ -106,12 +109,20 @@ class ContinuousWorker(WorkerThread[Step[_Row]]):
         self._fork = engine if isinstance(engine, SupportsFork) else None
         self._paged = engine if isinstance(engine, PagedKV) else None
         self._costs = engine if isinstance(engine, CostsSteps) else None
+        self._encoder = engine if isinstance(engine, EncodesAhead) and engine.encodes_ahead else None
+        if self._encoder is not None:  # images are encoded between the steps, not in them
+            config = replace(config, max_step_images=0)
+            self.config = config
         if self._paged is not None:  # its KV lives in the pool's blocks: the pool's prefix cache is real
             config = replace(config, prefix_caching=True)
             self.config = config
         wants_reuse = (self._reuse or self._fork) and not config.prefix_caching
         self._scheduler: Scheduler[_Row] = Scheduler(
-            config, clock, reuse=self._reused if wants_reuse else None, release=lambda seq: engine.release(seq.id)
+            config,
+            clock,
+            reuse=self._reused if wants_reuse else None,
+            release=lambda seq: engine.release(seq.id),
+            ready=self._encoder.image_ready if self._encoder is not None else None,
         )
         self._block_bytes = engine.kv_bytes_per_token * config.block_size
         self._reused_seen = 0
@@ -235,6 +246,25 @@ class ContinuousWorker(WorkerThread[Step[_Row]]):
                 sampled += 1
                 self._take_token(row, result, ends, now)
         call_safely(self.hooks.on_step, self._report(step, sampled=sampled, seconds=now - started))
+        if step.encode:
+            self._encode_images(step, seconds=now - started)
+
+    def _encode_images(self, step: Step[_Row], *, seconds: float) -> None:
+        """The encoder's slice after a step: as long as the step took (the encoder and the
+        running sequences share the machine), the whole of the images when nothing else ran. A
+        request whose image failed to encode fails alone."""
+        assert self._encoder is not None
+        wanted = [
+            (seq, image) for seq, key in step.encode for image in seq.payload.unit.prompt.media if image.key == key
+        ]
+        budget = ENCODER_SHARE * seconds if step.chunks else None
+        failed = self._encoder.encode_ahead([(seq.id, image) for seq, image in wanted], budget)
+        for seq, image in wanted:
+            error = failed.get(image.key)
+            if error is not None and seq.state != "done":
+                with self._cond:
+                    self._scheduler.finish(seq)
+                self._fail(seq.payload.run, error, error_kind(error))
 
     def _settle(self, step: Step[_Row]) -> None:
         """Before the step runs: answer the jobs that expired or were dropped, and start the

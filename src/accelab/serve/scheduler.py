@@ -87,6 +87,7 @@ class Scheduler(Generic[T]):
         clock: Callable[[], float],
         reuse: Callable[[Sequence[T]], int] | None = None,
         release: Callable[[Sequence[T]], None] | None = None,
+        ready: Callable[[Hashable], bool] | None = None,
     ):
         if reuse is not None and config.prefix_caching:
             raise ValueError("prefix_caching and an engine's own `reuse` are two prefix caches; choose one")
@@ -96,6 +97,8 @@ class Scheduler(Generic[T]):
         # the engine's own state of a sequence that leaves (finished, dropped or preempted) goes
         # the moment its blocks do: a sequence admitted later in the same step may need it (a slot)
         self._release = release
+        self._ready = ready  # image key -> its features are ready (the engine encodes ahead)
+        self._encode: list[tuple[Sequence[T], Hashable]] = []  # the step's images to encode
         self._waiting: deque[Sequence[T]] = deque()
         self._running: list[Sequence[T]] = []  # in admission order
         self._cancelled: list[Sequence[T]] = []  # running ones, dropped at the next step
@@ -249,6 +252,7 @@ class Scheduler(Generic[T]):
         expired = self._expire()
         budget = self.config.max_step_tokens
         self._images_left = self.config.max_step_images or None
+        self._encode = []
         chunks: list[Chunk[T]] = []
         preempted: list[Sequence[T]] = []
         self._copies = []
@@ -285,7 +289,7 @@ class Scheduler(Generic[T]):
                 admitted.append(seq)
             self._running.append(seq)
             chunk = self._chunk(seq, budget)
-            if chunk is None:  # no encoder budget left for its first image: it starts next step
+            if chunk is None:  # its first image is not encoded yet, or the step has no budget for it
                 continue
             if not self._reserve(seq, chunk.start + len(chunk.tokens), preempted):  # `_allocate` left room
                 raise AssertionError(f"sequence {seq.id} was admitted without the blocks its first chunk needs")
@@ -293,7 +297,13 @@ class Scheduler(Generic[T]):
             budget -= len(chunk.tokens)
         chunks = [c for c in chunks if c.seq.state == "running"]  # a later preemption may void an earlier chunk
         return Step(
-            chunks=chunks, admitted=admitted, expired=expired, dropped=dropped, preempted=preempted, copies=self._copies
+            chunks=chunks,
+            admitted=admitted,
+            expired=expired,
+            dropped=dropped,
+            preempted=preempted,
+            copies=self._copies,
+            encode=[(seq, key) for seq, key in self._encode if seq.state == "running"],
         )
 
     def advance(self, chunk: Chunk[T], token: int | None) -> FinishReason | None:
@@ -326,8 +336,15 @@ class Scheduler(Generic[T]):
     # -- internals ------------------------------------------------------------------------
     def _chunk(self, seq: Sequence[T], budget: int) -> Chunk[T] | None:
         """The next prefill chunk of `seq` within `budget` tokens; it ends before an image the
-        step has no encoder budget for (None: it would be empty)."""
+        step has no encoder budget for, or whose features are not ready (None: it would be empty)."""
         end = seq.computed + min(seq.pending, budget)
+        if self._ready is not None:
+            for start in seq.image_starts(seq.computed, seq.length):
+                key = seq.image_key(start)
+                if not self._ready(key):
+                    self._encode.append((seq, key))
+                    end = min(end, start)
+                    break
         if self._images_left is not None:
             starts = seq.image_starts(seq.computed, end)
             if len(starts) > self._images_left:

@@ -82,6 +82,13 @@ class Sequence(Generic[T]):
             return []
         return [p for p in range(start, min(stop, len(keyed))) if _image_row(keyed[p]) == 0]
 
+    def image_key(self, position: int) -> Hashable:
+        """The content key of the image whose features fill `position` (an image position)."""
+        assert self.cache_prompt is not None
+        keyed = self.cache_prompt[position]
+        assert isinstance(keyed, tuple), f"position {position} holds a token, not an image"
+        return keyed[0]
+
     def cache_slice(self, start: int, stop: int) -> tuple[Hashable, ...]:
         """Positions start..stop as the prefix cache keys them (`cache_prompt`)."""
         if self.cache_prompt is None:
@@ -119,6 +126,9 @@ class Step(Generic[T]):
     dropped: list[Sequence[T]] = field(default_factory=list)  # cancelled: their KV is gone
     preempted: list[Sequence[T]] = field(default_factory=list)  # back to the queue: release their KV
     copies: list[CopyBlock] = field(default_factory=list)  # copy-on-write: the engine copies these first
+    # images whose features a running sequence's prefill waits for (sequence, image key), oldest
+    # sequence first: the engine encodes them between the steps
+    encode: list[tuple[Sequence[T], Hashable]] = field(default_factory=list)
 
     @property
     def tokens(self) -> int:
@@ -126,4 +136,4 @@ class Step(Generic[T]):
 
     @property
     def empty(self) -> bool:
-        return not (self.chunks or self.expired or self.dropped or self.preempted)
+        return not (self.chunks or self.expired or self.dropped or self.preempted or self.encode)

@@ -238,6 +238,19 @@ class PagedKV(Protocol):
     def copy_blocks(self, copies: Sequence[Any]) -> None: ...
 
 
+@runtime_checkable
+class EncodesAhead(Protocol):
+    """A vision-language model's engine that encodes images between the steps, in slices: the
+    scheduler holds a prefill chunk before an image until `image_ready`, and the worker gives
+    the encoder a slice after each step (`encode_ahead`; engines.encoder_slices)."""
+
+    encodes_ahead: bool  # False: this model's images are encoded inside the steps
+
+    def image_ready(self, key: Any) -> bool: ...
+
+    def encode_ahead(self, wanted: Sequence[tuple[int, Any]], budget_s: float | None) -> dict[str, BaseException]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class StepCost:
     """The least work a step must do: bytes read from memory (every weight once, each

@@ -13,6 +13,10 @@ up projections) are packed side by side into one weight: the first of them calle
 all their outputs in one GEMM and each sibling then takes its slice (`_Siblings`), so a
 decoder layer makes 4 GEMM calls instead of 7. A sibling called with another input (a model
 that transforms it in between) computes its own output from its own weight: always correct.
+
+With `fuse_gelu`, an MLP of fc1 -> GELU -> fc2 (a ViT's, SigLIP's) runs its GELU inside fc1's
+oneDNN call: SmolVLM-256M's vision tower (1024 patches, bf16) spent 15% of its time in a separate
+GELU pass; packed and fused it encoded an image in 0.24 s instead of 0.34 s here.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ log = logging.getLogger(__name__)
 
 BATCH_HINT = 16  # rows oneDNN picks the weight layout for (1 to 64 rows all ran fastest with it)
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # layers that read one input
+# oneDNN's GELU algorithm for transformers' GELU activations (QuickGELU has none: left unfused)
+GELUS = {"GELUActivation": "none", "GELUTanh": "tanh", "PytorchGELUTanh": "tanh", "NewGELUActivation": "tanh"}
 
 
 def available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -44,11 +50,24 @@ def available(device: torch.device, dtype: torch.dtype) -> bool:
 class PackedLinears:
     """Every plain nn.Linear of `model` (but `skip`) computed by oneDNN from a packed copy of its weight."""
 
-    def __init__(self, model: torch.nn.Module, *, skip: tuple[torch.nn.Module, ...] = ()):
-        self._patched: list[torch.nn.Linear] = []
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        skip: tuple[torch.nn.Module, ...] = (),
+        batch_hint: int = BATCH_HINT,
+        fuse_gelu: bool = False,
+    ):
+        self._patched: list[torch.nn.Module] = []
+        self._hint = batch_hint  # the rows a call usually has: a decoding step's few, an image's patches
         self.nbytes = 0
         self.fused = 0  # sibling groups packed as one weight
+        self.mlps = 0  # MLPs with their GELU inside fc1's call
         with torch.no_grad():
+            for parent in model.modules() if fuse_gelu else ():
+                gelu = _gelu_of(parent)
+                if gelu is not None:
+                    self._fuse_mlp(parent, gelu)
             for parent in model.modules():
                 for names in SIBLINGS:
                     linears = [m for n in names if _packable(m := getattr(parent, n, None), skip)]
@@ -57,14 +76,15 @@ class PackedLinears:
             for module in model.modules():
                 if not _packable(module, skip) or module in self._patched:
                     continue
-                packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), BATCH_HINT)
+                packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), self._hint)
                 # an instance attribute shadows nn.Linear.forward (unpack deletes it)
                 module.__dict__["forward"] = _packed_forward(packed, module.bias, module.out_features)
                 self._patched.append(module)
                 self.nbytes += module.weight.numel() * module.weight.element_size()
         log.info(
-            "oneDNN packed weights for %d Linear layers, %d groups of siblings as one (%.0f MB more memory)",
-            len(self._patched),
+            "oneDNN packed weights for %d Linear layers (%d MLPs fused), %d sibling groups as one (%.0f MB more)",
+            len(self._patched) - self.mlps,
+            self.mlps,
             self.fused,
             self.nbytes / 1e6,
         )
@@ -73,13 +93,34 @@ class PackedLinears:
         weight = torch.cat([m.weight.detach() for m in group])  # [sum(out), in]
         bias = None if group[0].bias is None else torch.cat([m.bias.detach() for m in group if m.bias is not None])
         siblings = _Siblings(
-            torch.ops.mkldnn._reorder_linear_weight(weight, BATCH_HINT), bias, [m.out_features for m in group]
+            torch.ops.mkldnn._reorder_linear_weight(weight, self._hint), bias, [m.out_features for m in group]
         )
         for i, module in enumerate(group):
             module.__dict__["forward"] = siblings.forward_of(i, module)
             self._patched.append(module)
             self.nbytes += module.weight.numel() * module.weight.element_size()
         self.fused += 1
+
+    def _fuse_mlp(self, mlp: torch.nn.Module, gelu: str) -> None:
+        fc1, fc2 = mlp.get_submodule("fc1"), mlp.get_submodule("fc2")
+        assert isinstance(fc1, torch.nn.Linear) and isinstance(fc2, torch.nn.Linear)
+        first = torch.ops.mkldnn._reorder_linear_weight(fc1.weight.detach(), self._hint)
+        second = torch.ops.mkldnn._reorder_linear_weight(fc2.weight.detach(), self._hint)
+        bias1 = None if fc1.bias is None else fc1.bias.detach()
+        bias2 = None if fc2.bias is None else fc2.bias.detach()
+
+        def forward(x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., in]: fc2(gelu(fc1(x)))
+            flat = x.reshape(-1, x.shape[-1]).contiguous()
+            inner = torch.ops.mkldnn._linear_pointwise(flat, first, bias1, "gelu", [], gelu)
+            out = torch.ops.mkldnn._linear_pointwise(inner, second, bias2, "none", [], "")
+            return out.reshape(*x.shape[:-1], out.shape[-1])
+
+        mlp.__dict__["forward"] = forward
+        self._patched += [mlp, fc1, fc2]  # fc1 and fc2 keep their own forward: listed so none packs them again
+        for linear in (fc1, fc2):
+            linear.__dict__["forward"] = linear.forward  # unpack deletes it: the class's forward again
+            self.nbytes += linear.weight.numel() * linear.weight.element_size()
+        self.mlps += 1
 
     def __len__(self) -> int:
         return len(self._patched)
@@ -98,6 +139,16 @@ class PackedLinears:
         finally:
             for module, forward in saved:
                 module.__dict__["forward"] = forward
+
+
+def _gelu_of(module: torch.nn.Module) -> str | None:
+    """oneDNN's GELU algorithm when `module` is an MLP of plain Linear fc1 -> GELU -> fc2, else None."""
+    fc1, fc2, act = (getattr(module, n, None) for n in ("fc1", "fc2", "activation_fn"))
+    if not (_packable(fc1, ()) and _packable(fc2, ())) or act is None:
+        return None
+    if isinstance(act, torch.nn.GELU):
+        return act.approximate
+    return GELUS.get(type(act).__name__)
 
 
 def _packable(module: Any, skip: tuple[torch.nn.Module, ...]) -> TypeGuard[torch.nn.Linear]:

@@ -29,7 +29,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Hashable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -39,6 +40,7 @@ from accelab.catalog.facts import text_config
 from accelab.plan.runtime import Unsupported, input_device
 from accelab.serve.engines import llama_stack, packed_linear
 from accelab.serve.engines.base import SamplingParams, StepCost, StepInput
+from accelab.serve.engines.encoder_slices import SlicedEncoder
 from accelab.serve.engines.kv_cache import PagedKVCache
 from accelab.serve.engines.packed_linear import PackedLinears
 from accelab.serve.engines.paged_attention import ATTENTION_NAME, StepCache, StepLayout, register
@@ -89,6 +91,7 @@ class RaggedTorchEngine:
         self._original_attention = config._attn_implementation
         self._encoder: VisionEncoder | None = None
         self.encoder_cache: EncoderCache | None = None
+        self._slices: SlicedEncoder | None = None
         self._layers, self._heads = text.num_hidden_layers, text.num_attention_heads
         self._head_dim = _head_dim(text)
         self.precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(_dtype_of(model), "fp32")
@@ -124,6 +127,8 @@ class RaggedTorchEngine:
         self.name = STACK_NAME + ", images encoded once per distinct image"
         self._encoder = VisionEncoder(self.model, self.device, _dtype_of(self.model))
         self.encoder_cache = EncoderCache(max_rows=getattr(limits, "encoder_cache_rows", 0) or 4096)
+        layers = self._encoder.layers
+        self._slices = SlicedEncoder(self._encoder, layers, self.runnable.context) if layers else None
 
     def _use_model_forward(self) -> None:
         """Steps through the model's own forward, its Linear layers packed for oneDNN where they can be."""
@@ -183,6 +188,47 @@ class RaggedTorchEngine:
         values = torch.stack([features[seq, image.key][r] for _, seq, image, r in placed])
         return rows, values
 
+    # -- images encoded between the steps ---------------------------------------------------------
+    @property
+    def encodes_ahead(self) -> bool:
+        """Images are encoded between the steps, in slices (`encode_ahead`)."""
+        return self._slices is not None
+
+    def image_ready(self, key: Hashable) -> bool:
+        """The features of the image with this key are in the encoder cache."""
+        return self.encoder_cache is not None and key in self.encoder_cache
+
+    def encode_ahead(
+        self, wanted: Sequence[tuple[int, ImageInput]], budget_s: float | None
+    ) -> dict[str, BaseException]:
+        """Encode the images the prefill waits for (`wanted`: (sequence, image), oldest first)
+        for about `budget_s` seconds (None: all of them; one layer at least): the image begun first goes on first
+        (its work is never thrown away), then the others in order. A finished image goes into
+        the encoder cache, held by the sequences that want it. Returns the errors of images
+        whose encoding failed, by image key."""
+        slices, cache = self._slices, self.encoder_cache
+        assert slices is not None and cache is not None, "a vision-language model's engine encodes ahead"
+        queue = [slices.current] if slices.current is not None else []
+        for _, image in wanted:
+            if image.key not in cache and all(image.key != other.key for other in queue):
+                queue.append(image)
+        failed: dict[str, BaseException] = {}
+        deadline = None if budget_s is None else time.perf_counter() + budget_s
+        for i, image in enumerate(queue):
+            left = None if deadline is None else deadline - time.perf_counter()
+            if left is not None and left <= 0 and i:  # every call moves on by a layer at least
+                break
+            done = slices.run(image, left)
+            if done is None:
+                break
+            if done.error is not None:
+                failed[done.key] = done.error
+                continue
+            assert done.features is not None
+            holders = [seq for seq, other in wanted if other.key == done.key]
+            cache.add(done.key, done.features, holders, done.seconds)
+        return failed
+
     def step_cost(self, inputs: Sequence[Any]) -> StepCost:
         """What a step of these chunks (anything with start, tokens, sample) must read and compute:
         every Linear weight once and each sequence's KV once; 2 FLOPs per multiply-add of the
@@ -220,6 +266,10 @@ class RaggedTorchEngine:
         self.cache = None  # type: ignore[assignment]  # closed: the KV memory goes now, not with the engine
         if self._packed is not None:
             self._packed.unpack()
+        if self._slices is not None:
+            self._slices.close()
+        if self._encoder is not None:
+            self._encoder.close()
         if self._head is not None:
             with contextlib.suppress(AttributeError):
                 del self._head.forward  # back to the class's forward
@@ -300,8 +350,9 @@ class RaggedTorchEngine:
         if self._encoder is None:
             self.model.set_attn_implementation(self._original_attention)
         suspended = self._packed.suspended() if self._packed is not None else contextlib.nullcontext()
+        own_encoder = self._encoder.reference() if self._encoder is not None else contextlib.nullcontext()
         try:
-            with suspended, torch.inference_mode(), self.runnable.context():
+            with suspended, own_encoder, torch.inference_mode(), self.runnable.context():
                 batch = torch.tensor([ids], dtype=torch.long, device=self.device)
                 more = {k: v.to(self.device) for k, v in (extra or {}).items()}
                 return self.model(input_ids=batch, use_cache=False, **more).logits[0]

@@ -17,6 +17,7 @@ scheduler's prefix cache keys every block that holds image positions by the imag
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from collections import OrderedDict
@@ -25,6 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from accelab.serve.engines import packed_linear
+from accelab.serve.engines.packed_linear import PackedLinears
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)
@@ -115,12 +119,31 @@ def vision_parts(model: Any) -> tuple[Any, Any] | None:
 
 
 class VisionEncoder:
-    """The model's own vision tower and projector: features [rows, hidden] of one ImageInput."""
+    """The model's own vision tower and projector: features [rows, hidden] of one ImageInput.
+    Their Linear layers run on oneDNN from packed weights, a ViT MLP's GELU inside its first
+    GEMM (`packed_linear.PackedLinears`, where the CPU has it; `reference` suspends it)."""
 
-    def __init__(self, model: Any, device: torch.device, dtype: torch.dtype):
+    def __init__(self, model: Any, device: torch.device, dtype: torch.dtype, *, pack: bool = True):
         owner = model if hasattr(model, "get_image_features") else model.model
         self._encode = owner.get_image_features
         self.device, self.dtype = device, dtype
+        inner = getattr(model, "model", model)  # where transformers keeps the vision tower and projector
+        self.layers = encoder_layers(inner)
+        parts = [getattr(inner, n) for n in _VISION_PARTS if isinstance(getattr(inner, n, None), torch.nn.Module)]
+        self._packed = (
+            PackedLinears(torch.nn.ModuleList(parts), batch_hint=_PATCH_ROWS, fuse_gelu=True)
+            if pack and parts and packed_linear.available(device, dtype)
+            else None
+        )
+
+    def reference(self) -> contextlib.AbstractContextManager[None]:
+        """The model's own layers meanwhile (what the start-up check compares with)."""
+        return self._packed.suspended() if self._packed is not None else contextlib.nullcontext()
+
+    def close(self) -> None:
+        if self._packed is not None:
+            self._packed.unpack()
+            self._packed = None
 
     def __call__(self, image: ImageInput) -> torch.Tensor:
         inputs = {k: v.to(self.device) for k, v in image.inputs.items()}
@@ -135,6 +158,17 @@ class VisionEncoder:
                 f"{len(image.positions)} placeholder tokens"
             )
         return features
+
+
+def encoder_layers(owner: Any) -> torch.nn.ModuleList | None:
+    """The vision tower's transformer layers (its longest ModuleList), or None."""
+    tower = next((getattr(owner, n) for n in ("vision_model", "vision_tower") if hasattr(owner, n)), None)
+    lists = [m for m in tower.modules() if isinstance(m, torch.nn.ModuleList)] if tower is not None else []
+    return max(lists, key=len, default=None)
+
+
+_VISION_PARTS = ("vision_model", "vision_tower", "connector", "multi_modal_projector")
+_PATCH_ROWS = 1024  # the rows a vision tower's GEMMs take: one 512 px tile of 16 px patches
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -175,6 +209,21 @@ class EncoderCache:
         self._held.setdefault(seq_id, set()).add(image.key)
         self._evict()
         return features
+
+    def add(self, key: str, features: torch.Tensor, holders: Sequence[int], seconds: float) -> None:
+        """Features encoded outside a step (`encoder_slices`), held by the sequences waiting for
+        them: one encoding, and a hit for each sequence after the first."""
+        self.misses += 1
+        self.hits += max(0, len(set(holders)) - 1)
+        self.encode_s += seconds
+        self._features[key] = features
+        for seq_id in holders:
+            self._holders.setdefault(key, set()).add(seq_id)
+            self._held.setdefault(seq_id, set()).add(key)
+        self._evict()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._features
 
     def release(self, seq_id: int) -> None:
         for key in self._held.pop(seq_id, ()):
