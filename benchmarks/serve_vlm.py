@@ -68,7 +68,13 @@ def contenders(opts: argparse.Namespace) -> dict[str, S.Server]:
         "continuous-bf16-1": S.accelab(
             "accelab serve --plan bf16 --max-step-images 1", model, *common, "--plan", "bf16", "--max-step-images", "1"
         ),
+        "continuous-bf16-share2": S.accelab(
+            "accelab serve --plan bf16 --encoder-share 2", model, *common, "--plan", "bf16", "--encoder-share", "2"
+        ),
         "static": S.accelab("accelab serve --scheduler static (fp32)", model, *common, "--scheduler", "static"),
+        "static-bf16": S.accelab(
+            "accelab serve --plan bf16 --scheduler static", model, *common, "--plan", "bf16", "--scheduler", "static"
+        ),
         "transformers": plain,
         "transformers-cb": cb,
         "vllm": S.vllm_serve(path, model, max_num_seqs=seqs, dtype="bfloat16", max_model_len=4096),

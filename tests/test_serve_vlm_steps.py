@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 
+import greenlet
 import pytest
 import torch
 from fake_clock import FakeClock
@@ -123,16 +124,16 @@ def test_image_text_and_mixed_batches_give_generates_greedy_tokens(vlm):
 
 def test_images_encoded_between_the_steps_layer_by_layer_give_the_same_tokens(vlm, monkeypatch):
     """The encoder paused after every layer of its tower (a slice of 0 s: one layer each) while
-    the steps run: each picture is encoded once, on the encoder's thread, never inside a step,
-    and every request's greedy tokens are still generate's."""
+    the steps run: each picture is encoded once, in the encoder's coroutine on the step's own
+    thread, never inside a step, and every request's greedy tokens are still generate's."""
     reqs = [(p, n) for p, n in zip(prompts(vlm), (6, 5, 7, 4, 6))]
     limits = SchedulerConfig(max_running=4, max_step_tokens=20, kv_blocks=96, block_size=8, prefix_caching=True)
     engine = vlm.step_engine(limits)
-    threads: list[str] = []
+    where: list[tuple[bool, bool]] = []  # (on this thread, in a coroutine of its own) per encoding
     encode = VisionEncoder.__call__
 
     def noted(self, image):
-        threads.append(threading.current_thread().name)
+        where.append((threading.current_thread() is threading.main_thread(), greenlet.getcurrent().parent is not None))
         return encode(self, image)
 
     monkeypatch.setattr(VisionEncoder, "__call__", noted)
@@ -142,12 +143,12 @@ def test_images_encoded_between_the_steps_layer_by_layer_give_the_same_tokens(vl
         before = (cache.misses, slices.slices)
         got, _ = serve(engine, limits, reqs, slice_s=0.0)
         assert got == [alone(vlm, p, n) for p, n in reqs]
-        assert cache.misses - before[0] == 2 and threads == ["accelab-vision-encoder"] * 2
+        assert cache.misses - before[0] == 2 and where == [(True, True)] * 2
         layers = len(engine._encoder.layers)
         assert slices.slices - before[1] >= 2 * layers - 1  # paused between layers (the first may run whole)
     finally:
         engine.close()
-    assert not slices._thread.is_alive()  # closed with the engine
+    assert not slices._hooks  # closed with the engine: the tower's layers run whole again
 
 
 def test_two_images_behind_the_same_text_never_share_kv_blocks(vlm):

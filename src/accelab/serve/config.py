@@ -115,6 +115,15 @@ class ServeConfig:
             "--max-step-images",
         ),
     )
+    encoder_share: float = field(
+        default=1.0,
+        metadata=option(
+            "Continuous batching of a vision-language model: how long the vision encoder runs after each "
+            "step, as a multiple of that step's time (images are encoded between the steps, layer by layer; "
+            "more: images start sooner, the running decodes slow down).",
+            "--encoder-share",
+        ),
+    )
     # KV-cache capacity; None: 2048 per sequence, at least the model's context
     kv_cache_tokens: int | None = field(
         default=None,
@@ -215,6 +224,8 @@ class ServeConfig:
             value = getattr(self, name)
             if value < 1 and not (name == "port" and value == 0):
                 raise ValueError(f"{name}={value} must be 1 or more")
+        if not self.encoder_share > 0:
+            raise ValueError(f"encoder_share={self.encoder_share} must be more than 0")
         for name in ("max_wait_ms", "request_timeout_s", "grace_period_s", "image_timeout_s", "max_step_images"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be 0 or more")

@@ -71,8 +71,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["ClientGone", "ContinuousWorker"]
 
-ENCODER_SHARE = 1.0  # the vision encoder's slice after a step, in that step's time
-
 
 @dataclass(kw_only=True, slots=True, eq=False)
 class _Row:
@@ -98,8 +96,10 @@ class ContinuousWorker(WorkerThread[Step[_Row]]):
         eos_ids: Seq[int],
         clock: Callable[[], float] = time.monotonic,
         hooks: ContinuousHooks | None = None,
+        encoder_share: float = 1.0,
     ):
         super().__init__("accelab-continuous-worker", clock=clock)
+        self._encoder_share = encoder_share  # the vision encoder's time after a step, in that step's time
         self.engine = engine
         self.config = config
         self._decode = decode
@@ -250,14 +250,15 @@ class ContinuousWorker(WorkerThread[Step[_Row]]):
             self._encode_images(step, seconds=now - started)
 
     def _encode_images(self, step: Step[_Row], *, seconds: float) -> None:
-        """The encoder's slice after a step: as long as the step took (the encoder and the
-        running sequences share the machine), the whole of the images when nothing else ran. A
+        """The encoder's slice after a step: `encoder_share` times as long as the step took (the
+        encoder and the running sequences share the machine), the whole of the images when
+        nothing else ran. A
         request whose image failed to encode fails alone."""
         assert self._encoder is not None
         wanted = [
             (seq, image) for seq, key in step.encode for image in seq.payload.unit.prompt.media if image.key == key
         ]
-        budget = ENCODER_SHARE * seconds if step.chunks else None
+        budget = self._encoder_share * seconds if step.chunks else None
         failed = self._encoder.encode_ahead([(seq.id, image) for seq, image in wanted], budget)
         for seq, image in wanted:
             error = failed.get(image.key)

@@ -136,6 +136,7 @@ class ServerState:
             decode=engine.decode,
             eos_ids=engine.eos_ids,
             hooks=self._continuous_hooks(bound),
+            encoder_share=self.config.encoder_share,
         )
         worker.start()
         self.metrics.kv_blocks.labels(state="free").set(limits.kv_blocks)
