@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,21 @@ class Server:
 
 
 # -- the servers ---------------------------------------------------------------------------------
+@contextlib.contextmanager
+def source_at(rev: str | None, into: Path) -> Iterator[Path | None]:
+    """The `src` of commit `rev` (a detached worktree at `into`, removed after), for a server as it
+    was then beside the one of the working tree; None when no `rev` is asked for."""
+    if not rev:
+        yield None
+        return
+    git = ["git", "-C", str(ROOT), "worktree"]
+    subprocess.run([*git, "add", "--detach", "-f", str(into), rev], check=True, capture_output=True)
+    try:
+        yield into / "src"
+    finally:
+        subprocess.run([*git, "remove", "--force", str(into)], check=False, capture_output=True)
+
+
 def accelab(label: str, model: str, *args: str, pythonpath: str | None = None) -> Server:
     port = free_port()
     command = [sys.executable, "-m", "accelab", "serve", model, "--port", str(port), *args]

@@ -122,14 +122,6 @@ def contenders(opts: argparse.Namespace, before_src: Path | None) -> dict[str, S
     return {k: out[k] for k in wanted}
 
 
-def checkout(rev: str, into: Path) -> Path:
-    """The source tree of `rev` (a detached worktree), for the server as it was then."""
-    subprocess.run(
-        ["git", "-C", str(S.ROOT), "worktree", "add", "--detach", "-f", str(into), rev], check=True, capture_output=True
-    )
-    return into / "src"
-
-
 # -- the rounds ------------------------------------------------------------------------------------
 def measure(servers: dict[str, S.Server], opts: argparse.Namespace) -> None:
     for users in opts.users:
@@ -537,12 +529,11 @@ def main() -> int:
         RESULTS / ("serve_llm.txt" if opts.model == "smollm2-135m" else f"serve_llm-{opts.model}.txt")
     )
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="serve_llm-") as tmp:
-        before_src = (
-            checkout(opts.before, Path(tmp) / "before")
-            if opts.before and {"before", "before-bf16"} & set(opts.only.split(","))
-            else None
-        )
+    wants_before = opts.before and {"before", "before-bf16"} & set(opts.only.split(","))
+    with (
+        tempfile.TemporaryDirectory(prefix="serve_llm-") as tmp,
+        S.source_at(opts.before if wants_before else None, Path(tmp) / "before") as before_src,
+    ):
         servers = contenders(opts, before_src)
         extra: dict[str, Any] = {}
         try:
@@ -562,12 +553,6 @@ def main() -> int:
         finally:
             for server in servers.values():
                 S.stop(server)
-            if before_src is not None:
-                subprocess.run(
-                    ["git", "-C", str(S.ROOT), "worktree", "remove", "--force", str(before_src.parent)],
-                    check=False,
-                    capture_output=True,
-                )
         if "ov-int8-bf16" in servers:
             extra["ov_engine_alone"] = ov_engine_alone(opts.model, Path(tmp))
         if not opts.no_extras:

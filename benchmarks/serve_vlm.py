@@ -53,7 +53,7 @@ IMAGE_METRICS = (
 )
 
 
-def contenders(opts: argparse.Namespace) -> dict[str, S.Server]:
+def contenders(opts: argparse.Namespace, before_src: Path | None = None) -> dict[str, S.Server]:
     model, path = opts.model, model_dir(opts.model)
     seqs = max(*opts.users, 8)
     common = ["--max-batch-size", str(seqs), "--max-queue", "256", "--request-timeout", "600", "--max-tokens", "64"]
@@ -79,6 +79,13 @@ def contenders(opts: argparse.Namespace) -> dict[str, S.Server]:
         "transformers-cb": cb,
         "vllm": S.vllm_serve(path, model, max_num_seqs=seqs, dtype="bfloat16", max_model_len=4096),
     }
+    if before_src is not None:  # the server as it was at --before, beside this one
+        out["before"] = S.accelab(
+            f"accelab serve (continuous, fp32) at {opts.before}", model, *common, pythonpath=str(before_src)
+        )
+        out["before-bf16"] = S.accelab(
+            f"accelab serve --plan bf16 at {opts.before}", model, *common, "--plan", "bf16", pythonpath=str(before_src)
+        )
     wanted = opts.only.split(",") if opts.only else list(MAIN)
     missing = [k for k in wanted if k not in out]
     if missing:
@@ -243,13 +250,18 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--only", default="", help=f"servers, comma-separated (default: {','.join(MAIN)})")
     parser.add_argument("--out", default=str(RESULTS / "serve_vlm.txt"))
+    parser.add_argument("--before", default="", help="a commit whose server runs beside (--only before,before-bf16)")
     opts = parser.parse_args()
     opts.users = [int(u) for u in opts.users.split(",")]
     opts.workloads = [w for w in opts.workloads.split(",") if w]
     started = time.monotonic()
     failed: dict[str, str] = {}
-    with tempfile.TemporaryDirectory(prefix="serve_vlm-") as tmp:
-        servers = contenders(opts)
+    wants_before = opts.before and {"before", "before-bf16"} & set(opts.only.split(","))
+    with (
+        tempfile.TemporaryDirectory(prefix="serve_vlm-") as tmp,
+        S.source_at(opts.before if wants_before else None, Path(tmp) / "before") as before_src,
+    ):
+        servers = contenders(opts, before_src)
         try:
             for server in servers.values():
                 print(f"starting {server.label}: {server.shell()}", flush=True)

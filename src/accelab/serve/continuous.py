@@ -252,12 +252,17 @@ class ContinuousWorker(WorkerThread[Step[_Row]]):
     def _encode_images(self, step: Step[_Row], *, seconds: float) -> None:
         """The encoder's slice after a step: `encoder_share` times as long as the step took (the
         encoder and the running sequences share the machine), the whole of the images when
-        nothing else ran. A
-        request whose image failed to encode fails alone."""
+        nothing else ran. A request whose image failed to encode fails alone."""
         assert self._encoder is not None
         wanted = [
-            (seq, image) for seq, key in step.encode for image in seq.payload.unit.prompt.media if image.key == key
+            (seq, image)
+            for seq, key in step.encode
+            if seq.state == "running"  # one that left meanwhile must not hold the features
+            for image in seq.payload.unit.prompt.media
+            if image.key == key
         ]
+        if not wanted:
+            return
         budget = self._encoder_share * seconds if step.chunks else None
         failed = self._encoder.encode_ahead([(seq.id, image) for seq, image in wanted], budget)
         for seq, image in wanted:
