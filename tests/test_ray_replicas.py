@@ -118,9 +118,15 @@ def test_two_replicas_serve_and_a_killed_one_loses_no_request(server):
             answers.setdefault(i, []).append(response)
 
     async def killer() -> None:
-        while len(answers) < USERS * PER_USER // 4:  # a quarter of the way through
+        # a quarter of the way through, and once both replicas have served (the router may send the
+        # first requests to one of them; it must use both before half the load is sent)
+        before: dict[str, float] = {}
+        while len(answers) < USERS * PER_USER // 2:
+            if len(answers) >= USERS * PER_USER // 4:
+                before = await asyncio.to_thread(metric_values, url, "accelab_requests_total")
+                if len(before) == 2 and all(v > 0 for v in before.values()):
+                    break
             await asyncio.sleep(0.05)
-        before = metric_values(url, "accelab_requests_total")
         assert len(before) == 2 and all(v > 0 for v in before.values()), before  # both replicas served
         replica, pid = sorted(replica_pids(url).items())[0]
         os.kill(pid, signal.SIGKILL)
