@@ -116,6 +116,14 @@ class LlamaStack:
             "the continuous steps run %s's %d layers as plain tensor operations", type(model).__name__, len(self.layers)
         )
 
+    def rotary_of(self, like: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotary cos [T, 1, D] and sin' for `positions` [T], in `like`'s dtype. rotate_half(x) * sin
+        == roll(x, half) * sin', where sin' is sin with its first half negated: one roll a layer
+        instead of two slices, a negation and a concatenation."""
+        cos, sin = self.rotary(like, positions[None])  # [1, T, D] each
+        half = self.head_dim // 2
+        return cos[0, :, None], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)[:, None]
+
     def logits(
         self,
         ids: torch.Tensor,
@@ -130,11 +138,8 @@ class LlamaStack:
         h = F.embedding(ids, self.embed)  # [T, H]
         if inserts is not None:
             h = h.index_copy(0, inserts[0], inserts[1].to(h.dtype))
-        cos, sin = self.rotary(h, layout.positions[None])  # [1, T, D] each
+        cos, sin = self.rotary_of(h, layout.positions)
         half = d // 2
-        # rotate_half(x) * sin == roll(x, half) * sin', where sin' is sin with its first half negated:
-        # one roll a layer instead of two slices, a negation and a concatenation
-        cos, sin = cos[0, :, None], torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1)[:, None]  # [T, 1, D]
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(_rms(h, *layer.norm1))  # [T, (hq + 2 hkv) d]
             qk = qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d)

@@ -38,8 +38,9 @@ import torch
 
 from accelab.catalog.facts import text_config
 from accelab.plan.runtime import Unsupported, input_device
-from accelab.serve.engines import llama_stack, packed_linear
+from accelab.serve.engines import compiled_decode, llama_stack, packed_linear
 from accelab.serve.engines.base import SamplingParams, StepCost, StepInput
+from accelab.serve.engines.compiled_decode import CompiledDecode
 from accelab.serve.engines.encoder_slices import SlicedEncoder
 from accelab.serve.engines.kv_cache import PagedKVCache
 from accelab.serve.engines.packed_linear import PackedLinears
@@ -67,11 +68,7 @@ class RaggedTorchEngine:
         config = getattr(model, "config", None)
         if config is None or not hasattr(model, "set_attn_implementation"):
             raise Unsupported(f"{type(model).__name__} is not a transformers model: continuous batching needs one")
-        if runnable.plan is not None and getattr(runnable.plan, "compile", "off") != "off":
-            raise Unsupported(
-                "the plan compiles the model; the continuous steps change shape every step and would "
-                "recompile each time"
-            )
+        compile_mode = getattr(runnable.plan, "compile", "off") if runnable.plan is not None else "off"
         text = text_config(config)
         self.runnable = runnable
         self.model = model
@@ -99,9 +96,16 @@ class RaggedTorchEngine:
         self._pack_linears, self._pack_head = pack_linears, pack_head
         self._packed: PackedLinears | None = None
         self._head: torch.nn.Linear | None = None
+        self._compiled: CompiledDecode | None = None
         if vision_parts(model) is not None:
             self._vision(limits, stack)
-            return
+        else:
+            self._text(stack)
+        if compile_mode != "off":
+            self._compile(compile_mode)
+
+    def _text(self, stack: bool) -> None:
+        model, config = self.model, self.model.config
         register()
         model.set_attn_implementation(ATTENTION_NAME)
         if config._attn_implementation != ATTENTION_NAME:  # transformers logs it and keeps its own
@@ -115,6 +119,18 @@ class RaggedTorchEngine:
         if self._stack is None:
             log.info("the continuous steps run the model's own forward (%s)", why)
             self._use_model_forward()
+
+    def _compile(self, mode: str) -> None:
+        """The plan compiles: the decoding steps run compiled (`compiled_decode`); the model's own
+        forward, which the steps do not run, keeps its eager code for the start-up check."""
+        why = "they run the model's own forward" if self._stack is None else compiled_decode.why_not(self.model)
+        if why is not None:
+            raise Unsupported(f"the plan compiles the model, and the continuous steps cannot be compiled: {why}")
+        own = getattr(self.model.forward, "_torchdynamo_orig_callable", None)
+        if own is not None:
+            self.model.forward = own
+        self._compiled = CompiledDecode(self.model, self._stack, self.block_size, mode)
+        self.name += ", decoding steps compiled"
 
     def _vision(self, limits: Any, stack: bool) -> None:
         """A vision-language model: its language part runs as the plain-tensor stack (its own
@@ -133,6 +149,7 @@ class RaggedTorchEngine:
     def _use_model_forward(self) -> None:
         """Steps through the model's own forward, its Linear layers packed for oneDNN where they can be."""
         self._stack = None
+        self._compiled = None
         self.name = OWN_FORWARD_NAME
         model = self.model
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -148,9 +165,12 @@ class RaggedTorchEngine:
         logits = self._forward(inputs)  # [N, V]: the rows of the inputs that sample, in order
         return sample_step(logits, [item for item in inputs if item.sample])
 
-    def _forward(self, inputs: list[StepInput]) -> torch.Tensor:
+    def _forward(self, inputs: list[StepInput], compiled: bool = True) -> torch.Tensor:
         """Logits [N, V] at the last token of each input that samples."""
         layout = StepLayout(inputs, self.block_size, self.device)
+        if compiled and self._compiled is not None and self._compiled.takes(inputs):
+            with torch.inference_mode(), self.runnable.context():
+                return self._compiled.logits(inputs, layout, self.cache)
         ids: list[int] = []
         keep: list[int] = []
         for item in inputs:
@@ -298,7 +318,37 @@ class RaggedTorchEngine:
             )
             self._use_model_forward()
             problem = self._check(prompt)
+        if problem is None and self._compiled is not None:
+            self._check_compiled(prompt)
         return problem
+
+    def _check_compiled(self, prompt: list[int]) -> None:
+        """Compile the decoding step (its first call) and compare its logits with the eager stack's
+        for one decoding token after `prompt`; on a difference or a failure the steps stay eager."""
+        greedy = SamplingParams(max_tokens=1, temperature=0)
+        count = self.cache.num_blocks
+        blocks = tuple(range(count - 1, count - 1 - -(-(len(prompt) + 1) // self.block_size), -1))
+        first = StepInput(seq_id=-1, start=0, tokens=tuple(prompt), sample=True, params=greedy, blocks=blocks)
+        problem = None
+        started = time.perf_counter()
+        try:
+            nxt = int(self._forward([first], compiled=False)[0].argmax())
+            decode = replace(first, start=len(prompt), tokens=(nxt,))
+            want = self._forward([decode], compiled=False)[0]
+            got = self._forward([decode])[0]
+            error = float((got.float() - want.float()).abs().max()) / (float(want.abs().max()) or 1.0)
+            if error > _tolerance(got.dtype):
+                problem = f"its logits differ from the eager steps' by {error:.2%} of their scale"
+        except Exception as err:  # noqa: BLE001 - a compile that fails leaves the eager steps
+            problem = f"compiling it failed: {type(err).__name__}: {err}"
+        finally:
+            self.release(-1)
+        if problem is None:
+            log.info("the decoding step compiled in %.1f s and gives the eager steps' logits", time.perf_counter() - started)
+            return
+        log.warning("the compiled decoding step is not used (%s); the steps run eager", problem)
+        self._compiled = None
+        self.name = self.name.replace(", decoding steps compiled", "")
 
     def _check(
         self, prompt: list[int], images: tuple[ImageInput, ...] = (), reference: dict[str, Any] | None = None

@@ -1,0 +1,76 @@
+"""A plan with compile on: the paged steps' decoding steps run compiled (inductor, one graph for
+every batch and block-table width), the others eager; every request's greedy tokens equal
+transformers' own `generate` for it alone, and a compiled step that differs is caught at
+start-up and left out."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_paged_architectures import ARCHITECTURES, alone, requests, runnable, serve, tiny
+
+from accelab.plan.plan import Plan
+from accelab.plan.runtime import Unsupported
+from accelab.serve.engines import compiled_decode
+from accelab.serve.engines.ragged import RaggedTorchEngine
+from accelab.serve.scheduler import SchedulerConfig
+
+LIMITS = SchedulerConfig(max_running=3, max_step_tokens=12, kv_blocks=12, block_size=4, prefix_caching=True)
+
+
+def compiled_engine(model) -> RaggedTorchEngine:
+    run = runnable(model)
+    run.plan = Plan(name="compile", compile="default")
+    run.model.forward = torch.compile(run.model.forward)  # as the plan's compile applies it
+    return RaggedTorchEngine(run, LIMITS)
+
+
+@pytest.mark.parametrize("name", ["mistral (sliding window 8)", "qwen2"])
+def test_compiled_decoding_steps_give_generates_greedy_tokens(name, monkeypatch):
+    """Mistral: a sliding window of 8 (masks per window in the graph); Qwen2: q|k|v biases.
+    Batches of 1 to 3 sequences and tables of 1 to 7 blocks run through one compiled graph."""
+    model = tiny(*ARCHITECTURES[name])
+    reqs = requests()
+    want = [alone(model, p, n) for p, n in reqs]
+    engine = compiled_engine(model)
+    try:
+        assert engine.name.endswith("decoding steps compiled")
+        assert not hasattr(model.forward, "_torchdynamo_orig_callable")  # the reference runs eager
+        assert engine.self_check(reqs[1][0]) is None
+        assert engine.name.endswith("decoding steps compiled")
+        engine._compiled.steps = 0
+        decoding = []
+        step = engine.step
+        engine.step = lambda inputs: decoding.append(compiled_decode.CompiledDecode.takes(inputs)) or step(inputs)
+        monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)  # one graph for every size
+        got, sched, _ = serve(engine, LIMITS, reqs, fork_first=True)
+        steps = engine._compiled.steps
+    finally:
+        engine.close()
+    assert got[:5] == want
+    assert got[5] == want[0][: len(got[5])]
+    assert steps == sum(decoding) >= 10 and not all(decoding)  # every decoding step compiled, the rest eager
+    assert sched.preemptions >= 1
+
+
+def test_a_compiled_step_that_differs_is_left_out_at_start_up(monkeypatch, caplog):
+    forward = compiled_decode._Decode.forward
+    monkeypatch.setattr(compiled_decode._Decode, "forward", lambda self, *a: forward(self, *a) * 1.05)
+    engine = compiled_engine(tiny(*ARCHITECTURES["llama"]))
+    try:
+        with caplog.at_level("WARNING"):
+            assert engine.self_check(list(range(5, 25))) is None
+        assert "compiled" not in engine.name and engine._compiled is None
+        assert "the compiled decoding step is not used (its logits differ from the eager steps'" in caplog.text
+    finally:
+        engine.close()
+
+
+def test_quantized_weights_are_refused_with_the_reason():
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    run = runnable(tiny(*ARCHITECTURES["llama"]).to(torch.bfloat16))
+    quantize_(run.model, Int8WeightOnlyConfig())
+    run.plan = Plan(name="int8-compile", compile="default")
+    with pytest.raises(Unsupported, match="continuous steps cannot be compiled: its weights are quantized"):
+        RaggedTorchEngine(run, LIMITS)
