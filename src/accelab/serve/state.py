@@ -72,8 +72,11 @@ class ServerState:
             if hasattr(engine, "image_policy"):  # the engines that take images fetch under the server's guards
                 engine.image_policy = self.config.image_policy()
             log.info("model %s loaded in %.1f s; warming up", self.config.model_name, time.perf_counter() - started)
-            engine.warmup()
+            # a step engine's start-up check runs (and compiles) its steps: the model's own generate,
+            # which a compiling plan would compile for nothing, warms up only for the static worker
             self.continuous = self._start_continuous(engine)
+            if self.continuous is None:
+                engine.warmup()
             _freeze_loaded_objects()
             self.engine = engine
             if self.status == "loading":
@@ -97,6 +100,7 @@ class ServerState:
             return None
         name = self.config.model_name
         if isinstance(engine, SchedulesItself):  # vLLM, OpenVINO GenAI
+            engine.warmup()  # through the engine's own client, before its worker shares it
             return self._start_engine_process_worker(engine)
         if self.config.scheduler == "static":
             log.info("generation: per-batch scheduler (--scheduler static): one generate call per batch")

@@ -119,7 +119,8 @@ class _Decode(torch.nn.Module):
                 mask = masks[window] = mask[:, None, None]  # [B, 1, 1, L]
             qkv_w, o_w, gate_up_w, down_w = self.weights[4 * i : 4 * i + 4]
             eps1, eps2 = self.epsilons[i]
-            bias = None if self.bias_of[i] is None else self.biases[self.bias_of[i]]
+            at = self.bias_of[i]
+            bias = None if at is None else self.biases[at]
             qkv = F.linear(_rms(h, self.norms[2 * i], eps1), qkv_w, bias)
             qk = qkv[:, : (hq + hkv) * d].view(b, hq + hkv, d)
             qk = qk * cos + qk.roll(half, dims=-1) * sin
@@ -176,7 +177,7 @@ class CompiledDecode:
         if self.compiled:
             out = self._step(ids, cos, sin, slots, positions, tables, cache.keys, cache.values)
         else:  # the first call compiles: rows and columns get sizes of their own (no duck sizing)
-            with fx_config.patch(use_duck_shape=False), inductor_config.patch(self._options):
+            with fx_config.patch(use_duck_shape=False), inductor_config.patch(self._options):  # type: ignore[attr-defined]
                 out = self._step(ids, cos, sin, slots, positions, tables, cache.keys, cache.values)
             self.compiled = True
         self.steps += 1

@@ -123,13 +123,14 @@ class RaggedTorchEngine:
     def _compile(self, mode: str) -> None:
         """The plan compiles: the decoding steps run compiled (`compiled_decode`); the model's own
         forward, which the steps do not run, keeps its eager code for the start-up check."""
-        why = "they run the model's own forward" if self._stack is None else compiled_decode.why_not(self.model)
-        if why is not None:
+        stack = self._stack
+        why = "they run the model's own forward" if stack is None else compiled_decode.why_not(self.model)
+        if why is not None or stack is None:
             raise Unsupported(f"the plan compiles the model, and the continuous steps cannot be compiled: {why}")
         own = getattr(self.model.forward, "_torchdynamo_orig_callable", None)
         if own is not None:
             self.model.forward = own
-        self._compiled = CompiledDecode(self.model, self._stack, self.block_size, mode)
+        self._compiled = CompiledDecode(self.model, stack, self.block_size, mode)
         self.name += ", decoding steps compiled"
 
     def _vision(self, limits: Any, stack: bool) -> None:
@@ -344,7 +345,7 @@ class RaggedTorchEngine:
         finally:
             self.release(-1)
         if problem is None:
-            log.info("the decoding step compiled in %.1f s and gives the eager steps' logits", time.perf_counter() - started)
+            log.info("the decoding step compiled in %.1f s, the eager steps' logits", time.perf_counter() - started)
             return
         log.warning("the compiled decoding step is not used (%s); the steps run eager", problem)
         self._compiled = None
