@@ -2,7 +2,8 @@
 closed-loop streaming chat load, every server up at once.
 
 - `accelab serve` on its torch step engine at each precision: fp32 (the baseline), `--plan bf16`,
-  and `--plan int8-bf16` (int8 weights, bf16 activations);
+  and `--plan int8-bf16` (int8 weights, bf16 activations); `--plan 'bf16[compile=default]'`: bf16
+  with its decoding steps compiled (`serve/engines/compiled_decode.py`);
 - `accelab serve --plan 'llamacpp[llama_quant=q8_0]'` (the catalog's GGUF requantised to Q8_0:
   llama.cpp has batched kernels for Q8_0 on x86);
 - `accelab serve --plan openvino-int8-bf16`: OpenVINO GenAI's ContinuousBatchingPipeline (int8
@@ -56,8 +57,29 @@ BATCHED_BENCH = S.LLAMA_SERVER.parent / "llama-batched-bench"
 
 
 MODELS = {"smollm2-135m": GGUF, "llama-1b": None}  # model -> its GGUF in the model directory (None: none)
-MAIN = ("torch", "torch-bf16", "torch-int8", "llamacpp-q8_0", "ov-int8-bf16", "vllm-bf16", "vllm-fp32", "llama-server")
-ACCELAB = ("torch", "torch-bf16", "torch-int8", "llamacpp", "llamacpp-q8_0", "ov-int8-bf16", "before")
+MAIN = (
+    "torch",
+    "torch-bf16",
+    "torch-bf16-compiled",
+    "torch-int8",
+    "llamacpp-q8_0",
+    "ov-int8-bf16",
+    "vllm-bf16",
+    "vllm-fp32",
+    "llama-server",
+)
+ACCELAB = (
+    "torch",
+    "torch-bf16",
+    "torch-bf16-compiled",
+    "torch-compiled",
+    "torch-int8",
+    "llamacpp",
+    "llamacpp-q8_0",
+    "ov-int8-bf16",
+    "before",
+)
+COMPILED = "bf16[compile=default]"  # bf16 with the decoding steps compiled
 OV_PLAN = "openvino-int8-bf16"
 PEERS = ("vllm-bf16", "vllm-fp32", "llama-server")  # their best documented configurations (not the handicapped)
 
@@ -87,6 +109,10 @@ def contenders(opts: argparse.Namespace, before_src: Path | None) -> dict[str, S
     out = {
         "torch": S.accelab("accelab serve (torch fp32)", model, *common),
         "torch-bf16": S.accelab("accelab serve --plan bf16", model, *common, "--plan", "bf16"),
+        "torch-bf16-compiled": S.accelab(f"accelab serve --plan '{COMPILED}'", model, *common, "--plan", COMPILED),
+        "torch-compiled": S.accelab(
+            "accelab serve --plan 'baseline[compile=default]'", model, *common, "--plan", "baseline[compile=default]"
+        ),
         "torch-int8": S.accelab("accelab serve --plan int8-bf16", model, *common, "--plan", "int8-bf16"),
         "ov-int8-bf16": S.accelab(f"accelab serve --plan {OV_PLAN}", model, *common, "--plan", OV_PLAN),
         "vllm-bf16": S.vllm_serve(path, model, max_num_seqs=seqs, dtype="bfloat16", max_model_len=context),
@@ -204,6 +230,8 @@ def engine_alone(model: str, plan: str, sizes: tuple[int, ...] = (1, 8, 16), ste
     greedy = SamplingParams(max_tokens=steps + 1, temperature=0)
     prompt = tuple(engine.prepare_chat([{"role": "user", "content": "Tell me a story."}]).ids)
     per = -(-(len(prompt) + steps + 1) // limits.block_size)
+    if hasattr(stepper, "self_check"):  # as the server starts it: a compiling plan compiles its step here
+        stepper.self_check(list(prompt))
     rates = {}
     try:
         for size in sizes:
@@ -493,6 +521,7 @@ def verdicts(servers: dict[str, S.Server], opts: argparse.Namespace, extra: dict
                 (a["ttft_p99_ms"] or 0) <= (b["ttft_p99_ms"] or 0),
             )
     ratio_line("torch-bf16", "torch", 8, 1.6, "8 users, --plan bf16 over the fp32 baseline, tokens/s")
+    ratio_line("torch-bf16-compiled", "torch", 8, 1.6, f"8 users, --plan '{COMPILED}' over the fp32 baseline, tokens/s")
     ratio_line(best(servers, ACCELAB, 1), "vllm-bf16", 1, 1.0, "1 user, accelab's best over vLLM bf16, tokens/s")
     alone = extra.get("ov_engine_alone") or {}
     if alone and "ov-int8-bf16" in servers and 8 in servers["ov-int8-bf16"].windows:
@@ -548,7 +577,7 @@ def main() -> int:
                 extra["guidellm"] = {
                     s.label: guidellm(s, 8, 40, Path(tmp), opts.model)
                     for k, s in servers.items()
-                    if k in ("torch-bf16", "llamacpp-q8_0", "vllm-bf16")
+                    if k in ("torch-bf16-compiled", "llamacpp-q8_0", "vllm-bf16")
                 }
         finally:
             for server in servers.values():
@@ -556,7 +585,8 @@ def main() -> int:
         if "ov-int8-bf16" in servers:
             extra["ov_engine_alone"] = ov_engine_alone(opts.model, Path(tmp))
         if not opts.no_extras:
-            plans = ["baseline", "bf16", "int8-bf16"] + (["llamacpp[llama_quant=q8_0]"] if MODELS[opts.model] else [])
+            plans = ["baseline", "bf16", COMPILED, "int8-bf16"]
+            plans += ["llamacpp[llama_quant=q8_0]"] if MODELS[opts.model] else []
             extra["engine_alone"] = {plan: engine_alone(opts.model, plan) for plan in plans}
             extra["batched_bench"] = batched_bench(q8_0_gguf(opts.model), opts.llama_threads)
     text = report(servers, extra, opts) + f"\ntook {(time.monotonic() - started) / 60:.1f} min"
