@@ -74,3 +74,22 @@ def test_quantized_weights_are_refused_with_the_reason():
     run.plan = Plan(name="int8-compile", compile="default")
     with pytest.raises(Unsupported, match="continuous steps cannot be compiled: its weights are quantized"):
         RaggedTorchEngine(run, LIMITS)
+
+
+def test_a_step_that_would_compile_again_runs_eager_from_then_on(caplog):
+    """A guard of the compiled graph that fails mid-serving (here: a constant it was compiled
+    with, changed) would stall every request for a compile: the engine steps eager instead."""
+    model = tiny(*ARCHITECTURES["llama"])
+    reqs = requests()
+    want = [alone(model, p, n) for p, n in reqs]
+    engine = compiled_engine(model)
+    try:
+        assert engine.self_check(reqs[1][0]) is None
+        engine._compiled._module.eps *= 2  # the compiled step's guards see another constant
+        with caplog.at_level("WARNING"):
+            got, _, _ = serve(engine, LIMITS, reqs)
+        assert engine._compiled is None and "compiled" not in engine.name
+    finally:
+        engine.close()
+    assert got == want
+    assert "the compiled decoding step is not used (it would compile again" in caplog.text

@@ -48,11 +48,13 @@ __all__ = ["ServeTuneOutcome", "ServeTuneRequest", "parse_levels", "parse_serve_
 
 Window = tuple[str, int, int]  # (candidate, users, round)
 
-# the default candidates: torch at each precision, llama.cpp at its default and at Q8_0 (batched
-# x86 kernels), vLLM in bf16 compiled (its own defaults), OpenVINO GenAI with int8 weights at bf16
+# the default candidates: torch at each precision (bf16 also with its decoding steps compiled),
+# llama.cpp at its default and at Q8_0 (batched x86 kernels), vLLM in bf16 compiled (its own
+# defaults), OpenVINO GenAI with int8 weights at bf16
 SERVE_CANDIDATES = (
     "baseline",
     "bf16",
+    "bf16[compile=default]",
     "int8-bf16",
     "llamacpp",
     "llamacpp[llama_quant=q8_0]",

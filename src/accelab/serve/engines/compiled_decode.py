@@ -19,7 +19,8 @@ quicker); the engine makes it at start-up, in its check against the eager stack.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ import torch._inductor.config as inductor_config
 import torch.fx.experimental._config as fx_config
 import torch.nn.functional as F
 
+from accelab.serve.engines.base import SamplingParams, StepInput
 from accelab.serve.engines.kv_cache import PagedKVCache
 from accelab.serve.engines.llama_stack import LlamaStack, decoder_of, int8_rows
 
@@ -47,6 +49,30 @@ def why_not(model: Any) -> str | None:
         for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
             if int8_rows(m.weight) is not None or type(m.weight) is not torch.nn.Parameter:
                 return "its weights are quantized (the compiled step takes float weights)"
+    return None
+
+
+def check(
+    forward: Callable[..., torch.Tensor],
+    prompt: list[int],
+    blocks: tuple[int, ...],
+    tolerance: Callable[[torch.dtype], float],
+) -> str | None:
+    """None when the compiled decoding step (compiled here, by its first call) gives the eager
+    steps' logits for one token after `prompt`, else what differed or failed. `forward(inputs,
+    compiled=)` is the engine's step; the check's sequence (id -1) holds `blocks`."""
+    greedy = SamplingParams(max_tokens=1, temperature=0)
+    first = StepInput(seq_id=-1, start=0, tokens=tuple(prompt), sample=True, params=greedy, blocks=blocks)
+    try:
+        nxt = int(forward([first], compiled=False)[0].argmax())
+        decode = replace(first, start=len(prompt), tokens=(nxt,))
+        want = forward([decode], compiled=False)[0]
+        got = forward([decode])[0]
+    except Exception as err:  # noqa: BLE001 - a compile that fails leaves the eager steps
+        return f"compiling it failed: {type(err).__name__}: {err}"
+    error = float((got.float() - want.float()).abs().max()) / (float(want.abs().max()) or 1.0)
+    if error > tolerance(got.dtype):
+        return f"its logits differ from the eager steps' by {error:.2%} of their scale"
     return None
 
 
@@ -147,7 +173,9 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class CompiledDecode:
-    """`logits(inputs, layout, cache)` for a step in which every input decodes one token."""
+    """`logits(inputs, layout, cache)` for a step in which every input decodes one token. Once
+    compiled, a call that would compile again raises torch._dynamo.exc.RecompileError, before
+    anything is written: the engine then steps eager."""
 
     def __init__(self, model: Any, stack: LlamaStack, block_size: int, mode: str):
         self._stack = stack
@@ -174,8 +202,9 @@ class CompiledDecode:
         for tensor in (ids, cos, sin, slots, positions, tables):
             torch._dynamo.mark_dynamic(tensor, 0)
         torch._dynamo.mark_dynamic(tables, 1)
-        if self.compiled:
-            out = self._step(ids, cos, sin, slots, positions, tables, cache.keys, cache.values)
+        if self.compiled:  # never a second compile mid-serving (a minute's stall): RecompileError instead
+            with torch._dynamo.config.patch(error_on_recompile=True):
+                out = self._step(ids, cos, sin, slots, positions, tables, cache.keys, cache.values)
         else:  # the first call compiles: rows and columns get sizes of their own (no duck sizing)
             with fx_config.patch(use_duck_shape=False), inductor_config.patch(self._options):  # type: ignore[attr-defined]
                 out = self._step(ids, cos, sin, slots, positions, tables, cache.keys, cache.values)

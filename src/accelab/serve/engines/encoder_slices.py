@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +31,7 @@ from typing import Any
 import greenlet
 import torch
 
-__all__ = ["Encoded", "SlicedEncoder"]
+__all__ = ["Encoded", "SlicedEncoder", "encode_wanted"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -113,3 +113,33 @@ class SlicedEncoder:
             assert coroutine.parent is not None
             coroutine.parent.switch()
         self._layer_run = True
+
+
+def encode_wanted(
+    slices: SlicedEncoder, cache: Any, wanted: Sequence[tuple[int, Any]], budget_s: float | None
+) -> dict[str, BaseException]:
+    """Encode the images the prefill waits for (`wanted`: (sequence, image), oldest first) for
+    about `budget_s` seconds (None: all of them; one layer at least): the image begun first goes
+    on first (its work is never thrown away), then the others in order. A finished image goes
+    into `cache` (the engine's vision.EncoderCache), held by the sequences that want it. Returns
+    the errors of images whose encoding failed, by image key."""
+    queue = [slices.current] if slices.current is not None else []
+    for _, image in wanted:
+        if image.key not in cache and all(image.key != other.key for other in queue):
+            queue.append(image)
+    failed: dict[str, BaseException] = {}
+    deadline = None if budget_s is None else time.perf_counter() + budget_s
+    for i, image in enumerate(queue):
+        left = None if deadline is None else deadline - time.perf_counter()
+        if left is not None and left <= 0 and i:  # every call moves on by a layer at least
+            break
+        done = slices.run(image, left)
+        if done is None:
+            break
+        if done.error is not None:
+            failed[done.key] = done.error
+            continue
+        assert done.features is not None
+        holders = [seq for seq, other in wanted if other.key == done.key]
+        cache.add(done.key, done.features, holders, done.seconds)
+    return failed

@@ -16,7 +16,9 @@ Why not transformers' ContinuousBatchingManager: on this CPU it decoded 8 SmolLM
 51 tok/s where the packed steps ran at ~116 (its paged path reads the whole block table through a
 4D mask every step), it schedules on its own thread (the server's admission control, KV-capacity
 429s, deadlines and cancellations need the step under our scheduler), and it samples with one
-generation config for all requests. Shapes change every step, so the model runs eager.
+generation config for all requests. Shapes change every step, so the model runs eager; a plan
+that compiles gets its decoding steps compiled instead (`compiled_decode`: of a decoding step's
+shape only two sizes vary), checked against the eager steps at start-up.
 
 A model whose attention does not follow this pattern (attention that reads keys after the cache
 update, caches of another shape) is caught by `self_check` at start-up, which compares the
@@ -41,12 +43,12 @@ from accelab.plan.runtime import Unsupported, input_device
 from accelab.serve.engines import compiled_decode, llama_stack, packed_linear
 from accelab.serve.engines.base import SamplingParams, StepCost, StepInput
 from accelab.serve.engines.compiled_decode import CompiledDecode
-from accelab.serve.engines.encoder_slices import SlicedEncoder
+from accelab.serve.engines.encoder_slices import SlicedEncoder, encode_wanted
 from accelab.serve.engines.kv_cache import PagedKVCache
 from accelab.serve.engines.packed_linear import PackedLinears
 from accelab.serve.engines.paged_attention import ATTENTION_NAME, StepCache, StepLayout, register
 from accelab.serve.engines.sampling import SampledToken, sample_step
-from accelab.serve.engines.vision import EncoderCache, ImageInput, VisionEncoder, image_rows, vision_parts
+from accelab.serve.engines.vision import EncoderCache, ImageInput, VisionEncoder, image_inserts, vision_parts
 
 log = logging.getLogger(__name__)
 
@@ -170,8 +172,11 @@ class RaggedTorchEngine:
         """Logits [N, V] at the last token of each input that samples."""
         layout = StepLayout(inputs, self.block_size, self.device)
         if compiled and self._compiled is not None and self._compiled.takes(inputs):
-            with torch.inference_mode(), self.runnable.context():
-                return self._compiled.logits(inputs, layout, self.cache)
+            try:
+                with torch.inference_mode(), self.runnable.context():
+                    return self._compiled.logits(inputs, layout, self.cache)
+            except torch._dynamo.exc.RecompileError as err:
+                self._drop_compiled(f"it would compile again: {str(err).splitlines()[-1].strip()}")
         ids: list[int] = []
         keep: list[int] = []
         for item in inputs:
@@ -197,17 +202,11 @@ class RaggedTorchEngine:
         return logits[: len(keep)]
 
     def _image_embeddings(self, inputs: list[StepInput]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(packed rows, their image features) for the image positions this step feeds; each
-        image encoded at the first step that reaches it, then taken from the encoder cache."""
-        placed = image_rows(inputs) if self._encoder is not None else []
-        if not placed:
+        """The step's image rows and their features (`vision.image_inserts`), for a VLM."""
+        if self._encoder is None:
             return None
-        cache, encoder = self.encoder_cache, self._encoder
-        assert cache is not None and encoder is not None
-        features = {(seq, image.key): cache.get(seq, image, encoder) for _, seq, image, _ in placed}
-        rows = torch.tensor([row for row, _, _, _ in placed], dtype=torch.long, device=self.device)
-        values = torch.stack([features[seq, image.key][r] for _, seq, image, r in placed])
-        return rows, values
+        assert self.encoder_cache is not None
+        return image_inserts(inputs, self.encoder_cache, self._encoder, self.device)
 
     # -- images encoded between the steps ---------------------------------------------------------
     @property
@@ -222,33 +221,11 @@ class RaggedTorchEngine:
     def encode_ahead(
         self, wanted: Sequence[tuple[int, ImageInput]], budget_s: float | None
     ) -> dict[str, BaseException]:
-        """Encode the images the prefill waits for (`wanted`: (sequence, image), oldest first)
-        for about `budget_s` seconds (None: all of them; one layer at least): the image begun first goes on first
-        (its work is never thrown away), then the others in order. A finished image goes into
-        the encoder cache, held by the sequences that want it. Returns the errors of images
-        whose encoding failed, by image key."""
+        """Encode the images the prefill waits for, for about `budget_s` seconds, into the encoder
+        cache (`encoder_slices.encode_wanted`); returns the errors of those that failed, by key."""
         slices, cache = self._slices, self.encoder_cache
         assert slices is not None and cache is not None, "a vision-language model's engine encodes ahead"
-        queue = [slices.current] if slices.current is not None else []
-        for _, image in wanted:
-            if image.key not in cache and all(image.key != other.key for other in queue):
-                queue.append(image)
-        failed: dict[str, BaseException] = {}
-        deadline = None if budget_s is None else time.perf_counter() + budget_s
-        for i, image in enumerate(queue):
-            left = None if deadline is None else deadline - time.perf_counter()
-            if left is not None and left <= 0 and i:  # every call moves on by a layer at least
-                break
-            done = slices.run(image, left)
-            if done is None:
-                break
-            if done.error is not None:
-                failed[done.key] = done.error
-                continue
-            assert done.features is not None
-            holders = [seq for seq, other in wanted if other.key == done.key]
-            cache.add(done.key, done.features, holders, done.seconds)
-        return failed
+        return encode_wanted(slices, cache, wanted, budget_s)
 
     def step_cost(self, inputs: Sequence[Any]) -> StepCost:
         """What a step of these chunks (anything with start, tokens, sample) must read and compute:
@@ -324,30 +301,21 @@ class RaggedTorchEngine:
         return problem
 
     def _check_compiled(self, prompt: list[int]) -> None:
-        """Compile the decoding step (its first call) and compare its logits with the eager stack's
-        for one decoding token after `prompt`; on a difference or a failure the steps stay eager."""
-        greedy = SamplingParams(max_tokens=1, temperature=0)
-        count = self.cache.num_blocks
+        """Compile the decoding step (its first call) against the eager stack; on a difference or
+        a failure the steps stay eager."""
+        count, started = self.cache.num_blocks, time.perf_counter()
         blocks = tuple(range(count - 1, count - 1 - -(-(len(prompt) + 1) // self.block_size), -1))
-        first = StepInput(seq_id=-1, start=0, tokens=tuple(prompt), sample=True, params=greedy, blocks=blocks)
-        problem = None
-        started = time.perf_counter()
         try:
-            nxt = int(self._forward([first], compiled=False)[0].argmax())
-            decode = replace(first, start=len(prompt), tokens=(nxt,))
-            want = self._forward([decode], compiled=False)[0]
-            got = self._forward([decode])[0]
-            error = float((got.float() - want.float()).abs().max()) / (float(want.abs().max()) or 1.0)
-            if error > _tolerance(got.dtype):
-                problem = f"its logits differ from the eager steps' by {error:.2%} of their scale"
-        except Exception as err:  # noqa: BLE001 - a compile that fails leaves the eager steps
-            problem = f"compiling it failed: {type(err).__name__}: {err}"
+            problem = compiled_decode.check(self._forward, prompt, blocks, _tolerance)
         finally:
             self.release(-1)
         if problem is None:
             log.info("the decoding step compiled in %.1f s, the eager steps' logits", time.perf_counter() - started)
-            return
-        log.warning("the compiled decoding step is not used (%s); the steps run eager", problem)
+        else:
+            self._drop_compiled(problem)
+
+    def _drop_compiled(self, why: str) -> None:
+        log.warning("the compiled decoding step is not used (%s); the steps run eager", why)
         self._compiled = None
         self.name = self.name.replace(", decoding steps compiled", "")
 

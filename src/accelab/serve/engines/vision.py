@@ -273,3 +273,17 @@ def image_rows(inputs: Sequence[Any]) -> list[tuple[int, int, ImageInput, int]]:
                     placed.append((offset + position - item.start, item.seq_id, image, row))
         offset += len(item.tokens)
     return placed
+
+
+def image_inserts(
+    inputs: Sequence[Any], cache: EncoderCache, encoder: VisionEncoder, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(packed rows, their image features) for the image positions this step feeds; each image
+    encoded at the first step that reaches it, then taken from the encoder cache."""
+    placed = image_rows(inputs)
+    if not placed:
+        return None
+    features = {(seq, image.key): cache.get(seq, image, encoder) for _, seq, image, _ in placed}
+    rows = torch.tensor([row for row, _, _, _ in placed], dtype=torch.long, device=device)
+    values = torch.stack([features[seq, image.key][r] for _, seq, image, r in placed])
+    return rows, values
