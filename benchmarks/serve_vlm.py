@@ -53,6 +53,9 @@ IMAGE_METRICS = (
 )
 
 
+COMPILED = "bf16[compile=default]"  # bf16 with the language part's decoding steps compiled
+
+
 def contenders(opts: argparse.Namespace, before_src: Path | None = None) -> dict[str, S.Server]:
     model, path = opts.model, model_dir(opts.model)
     seqs = max(*opts.users, 8)
@@ -65,6 +68,9 @@ def contenders(opts: argparse.Namespace, before_src: Path | None = None) -> dict
     out = {
         "continuous": S.accelab("accelab serve (continuous, fp32)", model, *common),
         "continuous-bf16": S.accelab("accelab serve --plan bf16 (continuous)", model, *common, "--plan", "bf16"),
+        "continuous-bf16-compiled": S.accelab(
+            "accelab serve --plan 'bf16[compile=default]' (continuous)", model, *common, "--plan", COMPILED
+        ),
         "continuous-bf16-1": S.accelab(
             "accelab serve --plan bf16 --max-step-images 1", model, *common, "--plan", "bf16", "--max-step-images", "1"
         ),
@@ -214,11 +220,15 @@ def verdicts(servers: dict[str, S.Server]) -> list[str]:
         x, y = med(rows_of(servers[a], key), field), med(rows_of(servers[b], key), field)
         return x / y if x and y else None
 
-    for best in ("continuous", "continuous-bf16"):
-        r = ratio(best, "static", "unique@8")
+    for best in ("continuous", "continuous-bf16", "continuous-bf16-compiled"):
+        static = "static-bf16" if "bf16" in best and "static-bf16" in servers else "static"
+        r = ratio(best, static, "unique@8")
         if r is not None:
-            out.append(f"{servers[best].label} / static at 8 users, unique images: {r:.2f}x tokens/s (target >= 2x)")
-        t = ratio(best, "static", "unique@8", "ttft_p99_ms")
+            out.append(
+                f"{servers[best].label} / {servers[static].label} at 8 users, unique images: {r:.2f}x tokens/s "
+                "(target >= 2x)"
+            )
+        t = ratio(best, static, "unique@8", "ttft_p99_ms")
         if t is not None:
             out.append(f"  TTFT p99 {t:.2f}x static's (target <= 1.00x)")
         v = ratio(best, "vllm", "unique@8")
