@@ -135,6 +135,14 @@ def contenders(opts: argparse.Namespace, before_src: Path | None) -> dict[str, S
         out["before-bf16"] = S.accelab(
             f"accelab serve --plan bf16 at {opts.before}", model, *common, "--plan", "bf16", pythonpath=str(before_src)
         )
+        out["before-bf16-compiled"] = S.accelab(
+            f"accelab serve --plan '{COMPILED}' at {opts.before}",
+            model,
+            *common,
+            "--plan",
+            COMPILED,
+            pythonpath=str(before_src),
+        )
     wanted = opts.only.split(",") if opts.only else [k for k in MAIN if k in out]
     if opts.handicapped and "vllm-eager" not in wanted:
         wanted.append("vllm-eager")
@@ -558,7 +566,7 @@ def main() -> int:
         RESULTS / ("serve_llm.txt" if opts.model == "smollm2-135m" else f"serve_llm-{opts.model}.txt")
     )
     started = time.monotonic()
-    wants_before = opts.before and {"before", "before-bf16"} & set(opts.only.split(","))
+    wants_before = opts.before and {"before", "before-bf16", "before-bf16-compiled"} & set(opts.only.split(","))
     with (
         tempfile.TemporaryDirectory(prefix="serve_llm-") as tmp,
         S.source_at(opts.before if wants_before else None, Path(tmp) / "before") as before_src,

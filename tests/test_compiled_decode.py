@@ -1,7 +1,7 @@
-"""A plan with compile on: the paged steps' decoding steps run compiled (inductor, one graph for
-every batch and block-table width), the others eager; every request's greedy tokens equal
-transformers' own `generate` for it alone, and a compiled step that differs is caught at
-start-up and left out."""
+"""A plan with compile on: the paged steps run compiled (inductor: one graph for decoding steps,
+one for steps with prefill chunks, each for every batch, chunk and block-table size); every
+request's greedy tokens equal transformers' own `generate` for it alone, and a compiled step
+that differs is caught at start-up and left out."""
 
 from __future__ import annotations
 
@@ -28,20 +28,21 @@ def compiled_engine(model) -> RaggedTorchEngine:
 @pytest.mark.parametrize("name", ["mistral (sliding window 8)", "qwen2"])
 def test_compiled_decoding_steps_give_generates_greedy_tokens(name, monkeypatch):
     """Mistral: a sliding window of 8 (masks per window in the graph); Qwen2: q|k|v biases.
-    Batches of 1 to 3 sequences and tables of 1 to 7 blocks run through one compiled graph."""
+    Batches of 1 to 3 sequences, chunks of 2 to 12 tokens and tables of 1 to 7 blocks run
+    through the two compiled graphs, no size compiling again."""
     model = tiny(*ARCHITECTURES[name])
     reqs = requests()
     want = [alone(model, p, n) for p, n in reqs]
     engine = compiled_engine(model)
     try:
-        assert engine.name.endswith("decoding steps compiled")
+        assert engine.name.endswith(", steps compiled")
         assert not hasattr(model.forward, "_torchdynamo_orig_callable")  # the reference runs eager
         assert engine.self_check(reqs[1][0]) is None
-        assert engine.name.endswith("decoding steps compiled")
+        assert engine.name.endswith(", steps compiled")
         engine._compiled.steps = 0
-        decoding = []
+        kinds = []  # what each step ran as
         step = engine.step
-        engine.step = lambda inputs: decoding.append(compiled_decode.CompiledDecode.takes(inputs)) or step(inputs)
+        engine.step = lambda inputs: kinds.append(engine._compiled.takes(inputs)) or step(inputs)
         monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)  # one graph for every size
         got, sched, _ = serve(engine, LIMITS, reqs, fork_first=True)
         steps = engine._compiled.steps
@@ -49,19 +50,19 @@ def test_compiled_decoding_steps_give_generates_greedy_tokens(name, monkeypatch)
         engine.close()
     assert got[:5] == want
     assert got[5] == want[0][: len(got[5])]
-    assert steps == sum(decoding) >= 10 and not all(decoding)  # every decoding step compiled, the rest eager
+    assert steps == len(kinds) and kinds.count("decode") >= 10 and kinds.count("mixed") >= 3  # all compiled
     assert sched.preemptions >= 1
 
 
 def test_a_compiled_step_that_differs_is_left_out_at_start_up(monkeypatch, caplog):
     forward = compiled_decode._Decode.forward
-    monkeypatch.setattr(compiled_decode._Decode, "forward", lambda self, *a: forward(self, *a) * 1.05)
+    monkeypatch.setattr(compiled_decode._Decode, "forward", lambda self, **kw: forward(self, **kw) * 1.05)
     engine = compiled_engine(tiny(*ARCHITECTURES["llama"]))
     try:
         with caplog.at_level("WARNING"):
             assert engine.self_check(list(range(5, 25))) is None
         assert "compiled" not in engine.name and engine._compiled is None
-        assert "the compiled decoding step is not used (its logits differ from the eager steps'" in caplog.text
+        assert "not used (its logits of a decoding step differ from the eager steps'" in caplog.text
     finally:
         engine.close()
 
@@ -92,4 +93,26 @@ def test_a_step_that_would_compile_again_runs_eager_from_then_on(caplog):
     finally:
         engine.close()
     assert got == want
-    assert "the compiled decoding step is not used (it would compile again" in caplog.text
+    assert "the compiled steps are not used (it would compile again" in caplog.text
+
+
+def test_a_step_whose_prefill_attention_would_be_large_runs_eager(monkeypatch):
+    """Above SCORES_LIMIT (chunks x their longest x key positions) a step with prefill chunks
+    runs eager; decoding steps stay compiled; the tokens are generate's."""
+    monkeypatch.setattr(compiled_decode, "SCORES_LIMIT", 2 * 12 * 12)  # the start-up check's chunk fits
+    model = tiny(*ARCHITECTURES["llama"])
+    reqs = requests()
+    want = [alone(model, p, n) for p, n in reqs]
+    engine = compiled_engine(model)
+    try:
+        assert engine.self_check(reqs[1][0][:12]) is None
+        engine._compiled.steps = 0
+        kinds = []
+        step = engine.step
+        engine.step = lambda inputs: kinds.append(engine._compiled.takes(inputs)) or step(inputs)
+        got, _, _ = serve(engine, LIMITS, reqs)
+        steps = engine._compiled.steps
+    finally:
+        engine.close()
+    assert got == want
+    assert None in kinds and steps == len(kinds) - kinds.count(None) > 0

@@ -10,6 +10,7 @@ copy first. Pure data; the policy that fills them is `accelab.serve.scheduler`.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Generic, Literal, TypeVar
@@ -47,6 +48,13 @@ class Sequence(Generic[T]):
     # the prompt as the prefix cache keys it, where it holds more than token ids (an image's
     # positions carry the image's content key: engines.vision.cache_prompt); None: the prompt
     cache_prompt: tuple[Hashable, ...] | None = None
+    # the first position of each of the prompt's images, found once (the scheduler asks every step)
+    _image_firsts: tuple[int, ...] = field(init=False, repr=False, default=())
+
+    def __post_init__(self) -> None:
+        keyed = self.cache_prompt
+        if keyed is not None:
+            self._image_firsts = tuple(p for p, key in enumerate(keyed) if _image_row(key) == 0)
 
     @property
     def max_tokens(self) -> int:
@@ -77,10 +85,8 @@ class Sequence(Generic[T]):
 
     def image_starts(self, start: int, stop: int) -> list[int]:
         """The first positions of the prompt's images in start..stop (the encoder runs there)."""
-        keyed = self.cache_prompt
-        if keyed is None:
-            return []
-        return [p for p in range(start, min(stop, len(keyed))) if _image_row(keyed[p]) == 0]
+        firsts = self._image_firsts
+        return list(firsts[bisect.bisect_left(firsts, start) : bisect.bisect_left(firsts, stop)])
 
     def image_key(self, position: int) -> Hashable:
         """The content key of the image whose features fill `position` (an image position)."""

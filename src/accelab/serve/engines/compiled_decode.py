@@ -1,4 +1,4 @@
-"""The decoding steps of the plain-tensor stack, compiled (a plan with `compile` on).
+"""The continuous steps of the plain-tensor stack, compiled (a plan with `compile` on).
 
 A step in which every sequence decodes one token is most of a served load's steps, and its
 shape is always the same but for two sizes: B sequences, and the widest block table. Profiled at
@@ -6,14 +6,22 @@ shape is always the same but for two sizes: B sequences, and the widest block ta
 12 of its 27 ms in the GEMMs and the rest in ~40 small operators a layer and their dispatch.
 Compiled once with those two sizes symbolic (inductor: weights frozen and packed for oneDNN,
 the small operators fused into a few C++ kernels a layer, the C++ wrapper in place of Python's
-kernel calls), the same step took 22 ms, with the same greedy tokens.
+kernel calls), the same step took 19.4 ms (24.4 against 33.8 at 16 sequences), with the same
+greedy tokens.
 
-Only decoding steps take this path; a step with a prefill chunk or an image runs the eager
-stack. The batch is padded to two rows at least (the last row repeated: it writes the same KV
-slot with the same values) and the block tables to two columns (block 0, masked), so a size
-of 1 never specialises the graph and one compile serves every batch. The first call compiles
-(about a minute for a 30-layer model on 2 cores; inductor's cache on disk makes a restart
-quicker); the engine makes it at start-up, in its check against the eager stack.
+A step that carries a new request's prefill chunk runs a second graph, grouped as the eager
+stack groups it: the decoding sequences attend as one group (one query each), the chunks as
+another (their queries padded to the longest chunk); a step of 15 decodes and a 43-token chunk
+took 36.6 ms against 50.7 eager. (One group for all, the decodes padded to the chunk's length,
+took 59 ms and slowed plain decoding steps by 6-9%: not kept.) A chunk whose padded attention
+would pass SCORES_LIMIT, and a step with an image, run eager.
+
+Every size is padded to two at least (the last row repeated: it writes the same KV slots with
+the same values; table columns of block 0, masked), so a size of 1 never specialises a graph
+and one compile of each serves every step. The first calls compile (about a minute each for a
+30-layer model on 2 cores; inductor's cache on disk makes a restart quicker); the engine makes
+them at start-up, in its check against the eager stack, and steps eager where a later call would
+compile again.
 """
 
 from __future__ import annotations
@@ -38,7 +46,10 @@ log = logging.getLogger(__name__)
 # kernel calls. Set on its config: given as torch.compile's `options` they did not take effect
 # here (compiled in half the time, to a step no faster than eager: 26.7 against 19.6 ms).
 OPTIONS = {"freezing": True, "cpp_wrapper": True}
-MIN_SIZE = 2  # rows and table columns are padded to this: torch.compile specialises sizes 0 and 1
+MIN_SIZE = 2  # every size is padded to this at least: torch.compile specialises sizes 0 and 1
+# rows x padded queries x key positions of a step's prefill chunks that the graph takes (its scores
+# are that x heads x 4 bytes); a longer prompt's chunk beside many sequences runs eager
+SCORES_LIMIT = 1 << 21
 
 
 def why_not(model: Any) -> str | None:
@@ -55,24 +66,34 @@ def why_not(model: Any) -> str | None:
 def check(
     forward: Callable[..., torch.Tensor],
     prompt: list[int],
-    blocks: tuple[int, ...],
+    blocks: tuple[tuple[int, ...], tuple[int, ...]],
     tolerance: Callable[[torch.dtype], float],
 ) -> str | None:
-    """None when the compiled decoding step (compiled here, by its first call) gives the eager
-    steps' logits for one token after `prompt`, else what differed or failed. `forward(inputs,
-    compiled=)` is the engine's step; the check's sequence (id -1) holds `blocks`."""
+    """None when both compiled graphs (compiled here, by their first calls) give the eager
+    steps' logits, else what differed or failed: a decoding step after `prompt`, then a step of
+    its next token beside a chunk of `prompt` for a second sequence. `forward(inputs,
+    compiled=)` is the engine's step; the check's sequences (ids -1, -2) hold `blocks`."""
     greedy = SamplingParams(max_tokens=1, temperature=0)
-    first = StepInput(seq_id=-1, start=0, tokens=tuple(prompt), sample=True, params=greedy, blocks=blocks)
+    first = StepInput(seq_id=-1, start=0, tokens=tuple(prompt), sample=True, params=greedy, blocks=blocks[0])
     try:
         nxt = int(forward([first], compiled=False)[0].argmax())
-        decode = replace(first, start=len(prompt), tokens=(nxt,))
-        want = forward([decode], compiled=False)[0]
-        got = forward([decode])[0]
+        decode = [replace(first, start=len(prompt), tokens=(nxt,))]
+        want, got = forward(decode, compiled=False), forward(decode)
+        problem = _differ(got, want, tolerance, "a decoding step")
+        if problem is None:
+            beside = replace(first, seq_id=-2, tokens=tuple(prompt[: max(2, len(prompt) // 2)]), blocks=blocks[1])
+            mixed = [replace(first, start=len(prompt) + 1, tokens=(int(want[0].argmax()),)), beside]
+            want, got = forward(mixed, compiled=False), forward(mixed)
+            problem = _differ(got, want, tolerance, "a step with a prefill chunk")
     except Exception as err:  # noqa: BLE001 - a compile that fails leaves the eager steps
         return f"compiling it failed: {type(err).__name__}: {err}"
+    return problem
+
+
+def _differ(got: torch.Tensor, want: torch.Tensor, tolerance: Callable[[torch.dtype], float], what: str) -> str | None:
     error = float((got.float() - want.float()).abs().max()) / (float(want.abs().max()) or 1.0)
     if error > tolerance(got.dtype):
-        return f"its logits differ from the eager steps' by {error:.2%} of their scale"
+        return f"its logits of {what} differ from the eager steps' by {error:.2%} of their scale"
     return None
 
 
@@ -128,42 +149,126 @@ class _Decode(torch.nn.Module):
         keys: list[torch.Tensor],  # per layer [blocks, block_size, kv_heads, head_dim]
         values: list[torch.Tensor],
     ) -> torch.Tensor:
-        b, hq, hkv, d = ids.shape[0], self.heads, self.kv_heads, self.head_dim
-        group, half = hq // hkv, d // 2
-        length = tables.shape[1] * self.block_size
-        device = ids.device
-        where = (tables[:, :, None] * self.block_size + torch.arange(self.block_size, device=device)).reshape(b, length)
-        seen = torch.arange(length, device=device)[None]  # [1, L]
-        masks: dict[int | None, torch.Tensor] = {}
+        groups = [(None, positions[:, None], self._where(tables))]
+        h = self._layers(ids, cos, sin, slots, keys, values, groups, None)
+        return F.linear(_rms(h, self.norm, self.eps), self.head)
+
+    def _where(self, tables: torch.Tensor) -> torch.Tensor:
+        """Block tables [B, N] -> each sequence's KV slots [B, N * block_size], position order."""
+        offsets = torch.arange(self.block_size, device=tables.device)
+        return (tables[:, :, None] * self.block_size + offsets).reshape(tables.shape[0], -1)
+
+    def _layers(
+        self,
+        ids: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slots: torch.Tensor,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        groups: Sequence[tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]],
+        back: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The hidden states [T, H] after every layer. `groups`: sequences attended together, as
+        (rows [B, Q] of their queries in T, or None: all T tokens, one each; the queries'
+        positions [B, Q]; KV slots [B, L]); `back`: each token's row in the groups' outputs
+        side by side (None: one group, in order)."""
+        t, hq, hkv, d = ids.shape[0], self.heads, self.kv_heads, self.head_dim
+        half = d // 2
+        masks: dict[tuple[int, int | None], torch.Tensor] = {}
         h = F.embedding(ids, self.embed)
         for i, window in enumerate(self.windows):
-            mask = masks.get(window)
-            if mask is None:
-                mask = seen <= positions[:, None]
-                if window:
-                    mask = mask & (seen > positions[:, None] - window)
-                mask = masks[window] = mask[:, None, None]  # [B, 1, 1, L]
             qkv_w, o_w, gate_up_w, down_w = self.weights[4 * i : 4 * i + 4]
             eps1, eps2 = self.epsilons[i]
             at = self.bias_of[i]
             bias = None if at is None else self.biases[at]
             qkv = F.linear(_rms(h, self.norms[2 * i], eps1), qkv_w, bias)
-            qk = qkv[:, : (hq + hkv) * d].view(b, hq + hkv, d)
+            qk = qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d)
             qk = qk * cos + qk.roll(half, dims=-1) * sin
             q, k = qk[:, :hq], qk[:, hq:]
-            v = qkv[:, (hq + hkv) * d :].view(b, hkv, d)
+            v = qkv[:, (hq + hkv) * d :].view(t, hkv, d)
             flat_k, flat_v = keys[i].view(-1, hkv, d), values[i].view(-1, hkv, d)
             flat_k.index_copy_(0, slots, k)
             flat_v.index_copy_(0, slots, v)
-            seq_k, seq_v = flat_k[where].float(), flat_v[where].float()  # [B, L, KVH, D]
-            scores = torch.einsum("bhgd,blhd->bhgl", q.reshape(b, hkv, group, d).float(), seq_k) * self.scalings[i]
-            probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-            attn = torch.einsum("bhgl,blhd->bhgd", probs, seq_v).to(h.dtype).reshape(b, hq * d)
-            h = h + F.linear(attn, o_w)
+            outs = []
+            for g, (rows, q_pos, where) in enumerate(groups):
+                mask = masks.get((g, window))
+                if mask is None:
+                    mask = masks[g, window] = _mask(q_pos, where.shape[1], window)
+                queries = q[:, None] if rows is None else q[rows]  # [B, Q, hq, d]
+                outs.append(_attend(queries, flat_k, flat_v, where, mask, self.scalings[i], hkv))
+            attn = outs[0] if back is None else torch.cat(outs)[back]
+            h = h + F.linear(attn.to(h.dtype), o_w)
             gate_up = F.linear(_rms(h, self.norms[2 * i + 1], eps2), gate_up_w)
             inter = gate_up.shape[1] // 2
             h = h + F.linear(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], down_w)
-        return F.linear(_rms(h, self.norm, self.eps), self.head)
+        return h
+
+
+class _Mixed(torch.nn.Module):
+    """A step with prefill chunks -> the logits of its sampled tokens [S, V]: the decoding
+    sequences attended as one group (one query each), the chunks as another (queries padded to
+    the longest chunk), as the eager stack groups them. Runs `base`'s layers (its parameters)."""
+
+    def __init__(self, base: _Decode):
+        super().__init__()
+        self.base = base
+
+    def forward(
+        self,
+        ids: torch.Tensor,  # [T] the step's tokens, packed
+        cos: torch.Tensor,  # [T, 1, D]
+        sin: torch.Tensor,
+        slots: torch.Tensor,  # [T]
+        d_rows: torch.Tensor,  # [Bd] the decoding tokens' rows in T
+        d_pos: torch.Tensor,  # [Bd] their positions
+        d_tables: torch.Tensor,  # [Bd, Nd]
+        p_rows: torch.Tensor,  # [Bp, Q] the chunks' tokens in T (padding repeats one)
+        p_pos: torch.Tensor,  # [Bp, Q]
+        p_tables: torch.Tensor,  # [Bp, Np]
+        back: torch.Tensor,  # [T] each token's row in the two groups' outputs [Bd + Bp * Q]
+        keep: torch.Tensor,  # [S] the tokens whose logits are wanted
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+    ) -> torch.Tensor:
+        base = self.base
+        groups = [
+            (d_rows[:, None], d_pos[:, None], base._where(d_tables)),
+            (p_rows, p_pos, base._where(p_tables)),
+        ]
+        h = base._layers(ids, cos, sin, slots, keys, values, groups, back)
+        return F.linear(_rms(h[keep], base.norm, base.eps), base.head)
+
+
+def _mask(q_pos: torch.Tensor, length: int, window: int | None) -> torch.Tensor:
+    """Queries at q_pos [B, Q] over key positions 0..length-1 -> [B, 1, 1, Q, L] (True: seen)."""
+    seen = torch.arange(length, device=q_pos.device)[None, None]
+    mask = seen <= q_pos[:, :, None]
+    if window:
+        mask = mask & (seen > q_pos[:, :, None] - window)
+    return mask[:, None, None]
+
+
+def _attend(
+    q: torch.Tensor,
+    flat_k: torch.Tensor,
+    flat_v: torch.Tensor,
+    where: torch.Tensor,
+    mask: torch.Tensor,
+    scaling: float,
+    kv_heads: int,
+) -> torch.Tensor:
+    """Queries [B, Q, hq, d] over the KV at `where` [B, L] -> [B * Q, hq * d] (float32): query
+    head j * group + g reads KV head j; scores and softmax in float32."""
+    b, width, hq, d = q.shape
+    length, group = where.shape[1], hq // kv_heads
+    seq_k = flat_k[where].float().permute(0, 2, 3, 1)  # [B, KVH, D, L]
+    seq_v = flat_v[where].float().transpose(1, 2)  # [B, KVH, L, D]
+    queries = q.float().view(b, width, kv_heads, group, d).permute(0, 2, 3, 1, 4).reshape(b, kv_heads, -1, d)
+    scores = (queries @ seq_k).view(b, kv_heads, group, width, length) * scaling
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).view(b, kv_heads, -1, length)
+    out = (probs @ seq_v).view(b, kv_heads, group, width, d).permute(0, 3, 1, 2, 4)  # [B, Q, KVH, G, D]
+    return out.reshape(b * width, hq * d)
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -173,41 +278,102 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class CompiledDecode:
-    """`logits(inputs, layout, cache)` for a step in which every input decodes one token. Once
-    compiled, a call that would compile again raises torch._dynamo.exc.RecompileError, before
-    anything is written: the engine then steps eager."""
+    """`logits(inputs, layout, cache)` for a step `takes` accepts: a decoding step, or one with
+    prefill chunks whose attention stays small. Once compiled, a call that would compile again
+    raises torch._dynamo.exc.RecompileError before anything is written: the engine then steps
+    eager."""
 
     def __init__(self, model: Any, stack: LlamaStack, block_size: int, mode: str):
         self._stack = stack
         self._module = _Decode(model, stack, block_size).eval()
         self._options = dict(OPTIONS, max_autotune=mode.startswith("max-autotune"))
-        self._step = torch.compile(self._module)
-        self.steps = 0  # decoding steps it ran
-        self.compiled = False
+        self._graphs = {"decode": torch.compile(self._module), "mixed": torch.compile(_Mixed(self._module).eval())}
+        self._compiled: set[str] = set()
+        self.steps = 0  # steps it ran
+        self.block_size = block_size
 
-    @staticmethod
-    def takes(inputs: Sequence[Any]) -> bool:
-        return all(len(item.tokens) == 1 and item.sample and not item.images for item in inputs)
+    def takes(self, inputs: Sequence[Any]) -> str | None:
+        """ "decode" (every input decodes one token), "mixed" (text chunks whose padded attention
+        is at most SCORES_LIMIT rows x queries x keys) or None (the eager stack runs it)."""
+        if any(item.images for item in inputs):
+            return None
+        if all(len(item.tokens) == 1 and item.sample for item in inputs):
+            return "decode"
+        chunks = [item for item in inputs if len(item.tokens) > 1]
+        if not chunks or sum(len(item.tokens) for item in inputs) < MIN_SIZE:
+            return None
+        width = max(len(item.tokens) for item in chunks)
+        longest = max(item.start + len(item.tokens) for item in chunks)
+        return "mixed" if max(len(chunks), MIN_SIZE) * width * longest <= SCORES_LIMIT else None
 
-    def logits(self, inputs: Sequence[Any], layout: Any, cache: PagedKVCache) -> torch.Tensor:
-        """Logits [len(inputs), V]; `layout` is the step's StepLayout (one group: the decodes)."""
-        n = len(inputs)
-        group = layout.groups[0]
-        rows = torch.arange(max(n, MIN_SIZE)).clamp_(max=n - 1)  # the last row again, up to two
-        ids = torch.tensor([item.tokens[0] for item in inputs])[rows]
-        positions, slots, tables = layout.positions[rows], layout.slots[rows], group.tables[rows]
-        if tables.shape[1] < MIN_SIZE:
-            tables = F.pad(tables, (0, MIN_SIZE - tables.shape[1]))  # block 0, masked: past every position
+    def logits(self, layout: Any, cache: PagedKVCache, kind: str) -> torch.Tensor:
+        """Logits [N, V] at the last token of each input that samples, in order; `layout` is the
+        step's StepLayout, `kind` what `takes` said of its inputs."""
+        args = _decode_args(layout) if kind == "decode" else _mixed_args(layout)
+        positions = args["positions"] if kind == "decode" else args.pop("positions")  # the mixed graph has q_pos
         cos, sin = self._stack.rotary_of(cache.keys[0].new_empty(0), positions)
-        for tensor in (ids, cos, sin, slots, positions, tables):
-            torch._dynamo.mark_dynamic(tensor, 0)
-        torch._dynamo.mark_dynamic(tables, 1)
-        if self.compiled:  # never a second compile mid-serving (a minute's stall): RecompileError instead
+        for name, tensor in (*args.items(), ("cos", cos), ("sin", sin)):
+            for dim in range(min(tensor.dim(), 2) if name in DYNAMIC_2D else 1):
+                torch._dynamo.mark_dynamic(tensor, dim)
+        call = dict(args, cos=cos, sin=sin, keys=cache.keys, values=cache.values)
+        graph = self._graphs[kind]
+        if kind in self._compiled:  # never a second compile mid-serving (a minute's stall): RecompileError
             with torch._dynamo.config.patch(error_on_recompile=True):
-                out = self._step(ids, cos, sin, slots, positions, tables, cache.keys, cache.values)
-        else:  # the first call compiles: rows and columns get sizes of their own (no duck sizing)
+                out = graph(**call)
+        else:  # the first call compiles: every size gets a symbol of its own (no duck sizing)
             with fx_config.patch(use_duck_shape=False), inductor_config.patch(self._options):  # type: ignore[attr-defined]
-                out = self._step(ids, cos, sin, slots, positions, tables, cache.keys, cache.values)
-            self.compiled = True
+                out = graph(**call)
+            self._compiled.add(kind)
         self.steps += 1
-        return out[:n]
+        return out[: len(layout.sampled)]
+
+
+DYNAMIC_2D = ("tables", "d_tables", "p_rows", "p_pos", "p_tables")  # both sizes symbolic
+
+
+def _pad(t: torch.Tensor, size: int = MIN_SIZE) -> torch.Tensor:
+    """`t` with its last row repeated up to `size` rows."""
+    n = t.shape[0]
+    return t if n >= size else t[torch.arange(size, device=t.device).clamp_(max=n - 1)]
+
+
+def _pad_columns(tables: torch.Tensor) -> torch.Tensor:
+    """Block tables widened to MIN_SIZE columns with block 0 (masked: past every position)."""
+    return tables if tables.shape[1] >= MIN_SIZE else F.pad(tables, (0, MIN_SIZE - tables.shape[1]))
+
+
+def _decode_args(layout: Any) -> dict[str, torch.Tensor]:
+    device = layout.positions.device
+    ids = torch.tensor(layout.ids, dtype=torch.long, device=device)
+    tables = _pad_columns(_pad(layout.groups[0].tables))
+    return {"ids": _pad(ids), "positions": _pad(layout.positions), "slots": _pad(layout.slots), "tables": tables}
+
+
+def _mixed_args(layout: Any) -> dict[str, torch.Tensor]:
+    device = layout.positions.device
+    ids, keep = layout.ids, layout.sampled
+    decodes = next((g for g in layout.groups if g.rows.shape[1] == 1), None)
+    chunks = next(g for g in layout.groups if g.rows.shape[1] > 1)
+    if decodes is None:  # no decoding sequence: the first chunk's last query stands in (its output unused)
+        d_rows, d_pos, d_tables = chunks.rows[:1, -1], chunks.q_pos[:1, -1], chunks.tables[:1]
+    else:
+        d_rows, d_pos, d_tables = decodes.rows[:, 0], decodes.q_pos[:, 0], decodes.tables
+    d_rows, d_pos, d_tables = _pad(d_rows), _pad(d_pos), _pad_columns(_pad(d_tables))
+    back = torch.empty(len(ids), dtype=torch.long, device=device)
+    if decodes is not None:
+        back[decodes.targets] = torch.arange(len(decodes.targets), device=device)
+    flat = chunks.keep if chunks.keep is not None else torch.arange(len(chunks.targets), device=device)
+    back[chunks.targets] = d_rows.shape[0] + flat
+    return {
+        "ids": torch.tensor(ids, dtype=torch.long, device=device),
+        "positions": layout.positions,
+        "slots": layout.slots,
+        "d_rows": d_rows,
+        "d_pos": d_pos,
+        "d_tables": d_tables,
+        "p_rows": _pad(chunks.rows),
+        "p_pos": _pad(chunks.q_pos),
+        "p_tables": _pad_columns(_pad(chunks.tables)),
+        "back": back,
+        "keep": _pad(torch.tensor(keep or [len(ids) - 1], dtype=torch.long, device=device)),
+    }

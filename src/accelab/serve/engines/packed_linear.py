@@ -22,7 +22,7 @@ GELU pass; packed and fused it encoded an image in 0.24 s instead of 0.34 s here
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeGuard
 
@@ -78,7 +78,7 @@ class PackedLinears:
                     continue
                 packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), self._hint)
                 # an instance attribute shadows nn.Linear.forward (unpack deletes it)
-                module.__dict__["forward"] = _packed_forward(packed, module.bias, module.out_features)
+                module.__dict__["forward"] = _packed_forward(packed, module.bias)
                 self._patched.append(module)
                 self.nbytes += module.weight.numel() * module.weight.element_size()
         log.info(
@@ -109,11 +109,12 @@ class PackedLinears:
         bias1 = None if fc1.bias is None else fc1.bias.detach()
         bias2 = None if fc2.bias is None else fc2.bias.detach()
 
-        def forward(x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., in]: fc2(gelu(fc1(x)))
-            flat = x.reshape(-1, x.shape[-1]).contiguous()
+        def mlp_rows(flat: torch.Tensor) -> torch.Tensor:  # [rows, in] -> [rows, in]: fc2(gelu(fc1(x)))
             inner = torch.ops.mkldnn._linear_pointwise(flat, first, bias1, "gelu", [], gelu)
-            out = torch.ops.mkldnn._linear_pointwise(inner, second, bias2, "none", [], "")
-            return out.reshape(*x.shape[:-1], out.shape[-1])
+            return torch.ops.mkldnn._linear_pointwise(inner, second, bias2, "none", [], "")
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            return _by_rows(x, mlp_rows)
 
         mlp.__dict__["forward"] = forward
         self._patched += [mlp, fc1, fc2]  # fc1 and fc2 keep their own forward: listed so none packs them again
@@ -169,14 +170,15 @@ class _Siblings:
         self._input: torch.Tensor | None = None
         self._outputs: list[torch.Tensor | None] = []
 
+    def _rows(self, flat: torch.Tensor) -> torch.Tensor:  # [rows, in] -> [rows, sum of widths]
+        return torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
+
     def forward_of(self, index: int, module: torch.nn.Linear):
         def forward(x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out of this sibling]
             if x is not self._input or self._outputs[index] is None:
                 if x is self._input:  # called twice on one input: its own weight, no stale slices
                     return F.linear(x, module.weight, module.bias)
-                flat = x.reshape(-1, x.shape[-1])
-                out = torch.ops.mkldnn._linear_pointwise(flat.contiguous(), self.packed, self.bias, "none", [], "")
-                parts = out.reshape(*x.shape[:-1], out.shape[-1]).split(self.widths, dim=-1)
+                parts = _by_rows(x, self._rows).split(self.widths, dim=-1)
                 self._input, self._outputs = x, list(parts)
             part, self._outputs[index] = self._outputs[index], None
             if all(o is None for o in self._outputs):
@@ -187,14 +189,20 @@ class _Siblings:
         return forward
 
 
-def _packed_forward(packed: torch.Tensor, bias: Any, out_features: int):
+def _packed_forward(packed: torch.Tensor, bias: Any):
     bias = None if bias is None else bias.detach()
 
-    def forward(x: torch.Tensor) -> torch.Tensor:  # x: [..., in] -> [..., out]
-        flat = x.reshape(-1, x.shape[-1])
-        if not flat.is_contiguous():
-            flat = flat.contiguous()
-        out = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
-        return out.reshape(*x.shape[:-1], out_features)
+    def rows(flat: torch.Tensor) -> torch.Tensor:  # [rows, in] -> [rows, out]
+        return torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return _by_rows(x, rows)
 
     return forward
+
+
+def _by_rows(x: torch.Tensor, compute: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """`compute` over x as one contiguous matrix of rows [-1, in], back in x's leading dims."""
+    flat = x.reshape(-1, x.shape[-1])
+    out = compute(flat if flat.is_contiguous() else flat.contiguous())
+    return out.reshape(*x.shape[:-1], out.shape[-1])

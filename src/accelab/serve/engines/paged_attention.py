@@ -65,6 +65,8 @@ class StepLayout:
     def __init__(self, inputs: Sequence[Any], block_size: int, device: torch.device):
         slots: list[int] = []
         positions: list[int] = []
+        self.ids: list[int] = []  # the step's T tokens, packed
+        self.sampled: list[int] = []  # the index in T of each sampling input's last token
         decodes: list[tuple[int, Any]] = []  # (offset in T, input)
         prefills: list[tuple[int, Any]] = []
         offset = 0
@@ -78,6 +80,9 @@ class StepLayout:
             for p in range(item.start, item.start + n):
                 slots.append(table[p // block_size] * block_size + p % block_size)
             positions.extend(range(item.start, item.start + n))
+            self.ids.extend(item.tokens)
+            if item.sample:
+                self.sampled.append(offset + n - 1)
             (decodes if n == 1 else prefills).append((offset, item))
             offset += n
         self.tokens = offset

@@ -17,8 +17,9 @@ Why not transformers' ContinuousBatchingManager: on this CPU it decoded 8 SmolLM
 4D mask every step), it schedules on its own thread (the server's admission control, KV-capacity
 429s, deadlines and cancellations need the step under our scheduler), and it samples with one
 generation config for all requests. Shapes change every step, so the model runs eager; a plan
-that compiles gets its decoding steps compiled instead (`compiled_decode`: of a decoding step's
-shape only two sizes vary), checked against the eager steps at start-up.
+that compiles gets the steps compiled instead (`compiled_decode`: one graph for decoding steps,
+one for steps with prefill chunks, their sizes symbolic), checked against the eager steps at
+start-up.
 
 A model whose attention does not follow this pattern (attention that reads keys after the cache
 update, caches of another shape) is caught by `self_check` at start-up, which compares the
@@ -133,7 +134,7 @@ class RaggedTorchEngine:
         if own is not None:
             self.model.forward = own
         self._compiled = CompiledDecode(self.model, stack, self.block_size, mode)
-        self.name += ", decoding steps compiled"
+        self.name += ", steps compiled"
 
     def _vision(self, limits: Any, stack: bool) -> None:
         """A vision-language model: its language part runs as the plain-tensor stack (its own
@@ -170,19 +171,17 @@ class RaggedTorchEngine:
 
     def _forward(self, inputs: list[StepInput], compiled: bool = True) -> torch.Tensor:
         """Logits [N, V] at the last token of each input that samples."""
-        layout = StepLayout(inputs, self.block_size, self.device)
-        if compiled and self._compiled is not None and self._compiled.takes(inputs):
+        with torch.inference_mode():  # its tensors as the step's: a compiled graph guards on the kind
+            layout = StepLayout(inputs, self.block_size, self.device)
+        kind = self._compiled.takes(inputs) if compiled and self._compiled is not None else None
+        if kind is not None:
+            assert self._compiled is not None
             try:
                 with torch.inference_mode(), self.runnable.context():
-                    return self._compiled.logits(inputs, layout, self.cache)
+                    return self._compiled.logits(layout, self.cache, kind)
             except torch._dynamo.exc.RecompileError as err:
                 self._drop_compiled(f"it would compile again: {str(err).splitlines()[-1].strip()}")
-        ids: list[int] = []
-        keep: list[int] = []
-        for item in inputs:
-            ids.extend(item.tokens)
-            if item.sample:
-                keep.append(len(ids) - 1)
+        ids, keep = layout.ids, layout.sampled
         device = self.device
         if self._stack is not None:
             with torch.inference_mode(), self.runnable.context():
@@ -304,20 +303,22 @@ class RaggedTorchEngine:
         """Compile the decoding step (its first call) against the eager stack; on a difference or
         a failure the steps stay eager."""
         count, started = self.cache.num_blocks, time.perf_counter()
-        blocks = tuple(range(count - 1, count - 1 - -(-(len(prompt) + 1) // self.block_size), -1))
+        need = -(-(len(prompt) + 2) // self.block_size)
+        blocks = tuple(range(count - 1, count - 1 - need, -1)), tuple(range(count - 1 - need, count - 1 - 2 * need, -1))
         try:
             problem = compiled_decode.check(self._forward, prompt, blocks, _tolerance)
         finally:
             self.release(-1)
+            self.release(-2)
         if problem is None:
-            log.info("the decoding step compiled in %.1f s, the eager steps' logits", time.perf_counter() - started)
+            log.info("the steps compiled in %.1f s and give the eager steps' logits", time.perf_counter() - started)
         else:
             self._drop_compiled(problem)
 
     def _drop_compiled(self, why: str) -> None:
-        log.warning("the compiled decoding step is not used (%s); the steps run eager", why)
+        log.warning("the compiled steps are not used (%s); the steps run eager", why)
         self._compiled = None
-        self.name = self.name.replace(", decoding steps compiled", "")
+        self.name = self.name.replace(", steps compiled", "")
 
     def _check(
         self, prompt: list[int], images: tuple[ImageInput, ...] = (), reference: dict[str, Any] | None = None
@@ -336,16 +337,17 @@ class RaggedTorchEngine:
             seq_id=-1, start=0, tokens=tuple(prompt[:cut]), sample=False, params=greedy, blocks=mine, images=images
         )
         try:
-            self._forward([first])
+            self._forward([first], compiled=False)
             second = replace(first, start=cut, tokens=tuple(prompt[cut:]), sample=True)
             beside = replace(first, seq_id=-2, start=0, tokens=tuple(prompt[:3]), sample=True, blocks=other)
-            packed = self._forward([second, beside])[0]
+            packed = self._forward([second, beside], compiled=False)[0]
             nxt = int(packed.argmax())
             decoded = self._forward(
                 [
                     replace(first, start=len(prompt), tokens=(nxt,), sample=True),
                     replace(beside, start=3, tokens=tuple(prompt[3:6]), sample=False),
-                ]
+                ],
+                compiled=False,
             )[0]
         except Exception as err:  # noqa: BLE001 - any failure means: not this model
             return f"the packed step failed: {type(err).__name__}: {err}"
