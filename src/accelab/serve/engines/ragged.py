@@ -124,11 +124,13 @@ class RaggedTorchEngine:
             self._use_model_forward()
 
     def _compile(self, mode: str) -> None:
-        """The plan compiles: the decoding steps run compiled (`compiled_decode`); the model's own
-        forward, which the steps do not run, keeps its eager code for the start-up check."""
+        """The plan compiles: the steps run compiled (`compiled_decode`); the model's own forward,
+        which the steps do not run, keeps its eager code for the start-up check."""
         stack = self._stack
-        why = "they run the model's own forward" if stack is None else compiled_decode.why_not(self.model)
-        if why is not None or stack is None:
+        if stack is None:
+            raise Unsupported("the plan compiles the model, and steps through the model's own forward cannot be")
+        why = compiled_decode.why_not(self.model)
+        if why is not None:
             raise Unsupported(f"the plan compiles the model, and the continuous steps cannot be compiled: {why}")
         own = getattr(self.model.forward, "_torchdynamo_orig_callable", None)
         if own is not None:
@@ -300,8 +302,8 @@ class RaggedTorchEngine:
         return problem
 
     def _check_compiled(self, prompt: list[int]) -> None:
-        """Compile the decoding step (its first call) against the eager stack; on a difference or
-        a failure the steps stay eager."""
+        """Compile both graphs (their first calls) against the eager stack; on a difference or a
+        failure the steps stay eager."""
         count, started = self.cache.num_blocks, time.perf_counter()
         need = -(-(len(prompt) + 2) // self.block_size)
         blocks = tuple(range(count - 1, count - 1 - need, -1)), tuple(range(count - 1 - need, count - 1 - 2 * need, -1))
