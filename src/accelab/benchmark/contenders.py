@@ -74,23 +74,47 @@ class Contender:
     def active(self) -> bool:
         return self.loaded is not None and self.loaded.status == "ok" and self.failure is None and self.output is None
 
-    def usable(self, index: int) -> bool:
+    def quiet(self, index: int) -> bool:
+        """The round's window was not unreliable (or was not measured)."""
         w = self.windows[index] if index < len(self.windows) else None
         return w is None or w.level != "unreliable"
 
     @property
+    def quiet_rounds(self) -> tuple[int, ...]:
+        return tuple(i for i in range(len(self.rounds)) if self.quiet(i))
+
+    @property
     def kept(self) -> tuple[int, ...]:
-        return tuple(i for i in range(len(self.rounds)) if self.usable(i))
+        """The rounds its figures come from: the quiet ones, and when they hold fewer calls than
+        --min-iters (the extra rounds ran out on a loud machine), the least loud of the dropped
+        ones until the calls reach it: --min-iters is a floor, and the row's noise record then
+        says it is unreliable (it is as loud as the loudest round it kept)."""
+        kept = list(self.quiet_rounds)
+        missing = self.workload.min_iters - sum(self.rounds[i].calls for i in kept)
+        loud = sorted((i for i in range(len(self.rounds)) if i not in kept), key=self._loudness)
+        for i in loud:
+            if missing <= 0:
+                break
+            kept.append(i)
+            missing -= self.rounds[i].calls
+        return tuple(sorted(kept))
+
+    def _loudness(self, index: int) -> float:
+        w = self.windows[index] if index < len(self.windows) else None
+        return noise.loudness(w) if w is not None else 0.0
+
+    def usable(self, index: int) -> bool:
+        return index in self.kept
 
     @property
     def short_of_calls(self) -> bool:
         """Its quiet rounds hold fewer calls than --min-iters asked for (noisy rounds are dropped)."""
-        return sum(self.rounds[i].calls for i in self.kept) < self.workload.min_iters
+        return sum(self.rounds[i].calls for i in self.quiet_rounds) < self.workload.min_iters
 
 
 def paired_usable(a: Contender, b: Contender) -> list[bool]:
     n = min(len(a.rounds), len(b.rounds))
-    return [a.usable(i) and b.usable(i) for i in range(n)]
+    return [a.quiet(i) and b.quiet(i) for i in range(n)]
 
 
 def needs_more(contenders: Sequence[Contender], config: RoundsConfig) -> bool:
@@ -102,7 +126,7 @@ def needs_more(contenders: Sequence[Contender], config: RoundsConfig) -> bool:
     if any(c.short_of_calls for c in active):
         return True
     if len(contenders) == 1:
-        return len(active[0].kept) < config.min_usable
+        return len(active[0].quiet_rounds) < config.min_usable
     reference = next((c for c in contenders if c.loaded is not None and c.loaded.status == "ok"), None)
     if reference is None or not reference.active:
         return False

@@ -205,7 +205,13 @@ def worst(windows: Sequence[Window]) -> Window | None:
     the most steal and other processes)."""
     if not windows:
         return None
-    return max(windows, key=lambda w: (LEVELS.index(w.level), w.steal + w.others_cores / 4 + w.throttled))
+    return max(windows, key=lambda w: (LEVELS.index(w.level), loudness(w)))
+
+
+def loudness(w: Window) -> float:
+    """One number for how much a window took from a measurement: steal, other processes (a
+    quarter each core) and throttling."""
+    return w.steal + w.others_cores / 4 + w.throttled
 
 
 def summary(windows: Sequence[Window], kept: Sequence[bool] | None = None) -> dict[str, Any]:
