@@ -25,16 +25,20 @@ def compiled_engine(model) -> RaggedTorchEngine:
     return RaggedTorchEngine(run, LIMITS)
 
 
-@pytest.mark.parametrize("name", ["mistral (sliding window 8)", "qwen2"])
-def test_compiled_decoding_steps_give_generates_greedy_tokens(name, monkeypatch):
+@pytest.mark.parametrize(("name", "kernel"), [("mistral (sliding window 8)", True), ("qwen2", True), ("qwen2", False)])
+def test_compiled_decoding_steps_give_generates_greedy_tokens(name, kernel, monkeypatch):
     """Mistral: a sliding window of 8 (masks per window in the graph); Qwen2: q|k|v biases.
     Batches of 1 to 3 sequences, chunks of 2 to 12 tokens and tables of 1 to 7 blocks run
-    through the two compiled graphs, no size compiling again."""
+    through the two compiled graphs, no size compiling again. The decoding attention runs the
+    C++ kernel, or (where it did not build: faked here) the tensor operations."""
+    if not kernel:
+        monkeypatch.setattr(compiled_decode, "decode_attention_missing", lambda dtype, dim: "no compiler (faked)")
     model = tiny(*ARCHITECTURES[name])
     reqs = requests()
     want = [alone(model, p, n) for p, n in reqs]
     engine = compiled_engine(model)
     try:
+        assert engine._compiled._module.kernel is kernel
         assert engine.name.endswith(", steps compiled")
         assert not hasattr(model.forward, "_torchdynamo_orig_callable")  # the reference runs eager
         assert engine.self_check(reqs[1][0]) is None

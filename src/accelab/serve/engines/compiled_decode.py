@@ -37,6 +37,7 @@ import torch.fx.experimental._config as fx_config
 import torch.nn.functional as F
 
 from accelab.serve.engines.base import SamplingParams, StepInput
+from accelab.serve.engines.decode_attention import available as decode_attention_missing, decode_attention
 from accelab.serve.engines.kv_cache import PagedKVCache
 from accelab.serve.engines.llama_stack import LlamaStack, decoder_of, int8_rows
 
@@ -120,6 +121,7 @@ class _Decode(torch.nn.Module):
         self.norm = frozen(stack.norm_weight)
         self.eps = stack.norm_eps
         self.heads, self.kv_heads, self.head_dim = stack.heads, stack.kv_heads, stack.head_dim
+        self.kernel = decode_attention_missing(self.embed.dtype, self.head_dim) is None  # the C++ decoding attention
         self.block_size = block_size
         self.windows = [layer.window for layer in stack.layers]
         self.scalings = [layer.scaling for layer in stack.layers]
@@ -149,7 +151,7 @@ class _Decode(torch.nn.Module):
         keys: list[torch.Tensor],  # per layer [blocks, block_size, kv_heads, head_dim]
         values: list[torch.Tensor],
     ) -> torch.Tensor:
-        groups = [(None, positions[:, None], self._where(tables))]
+        groups = [(None, positions[:, None], tables)]
         h = self._layers(ids, cos, sin, slots, keys, values, groups, None)
         return F.linear(_rms(h, self.norm, self.eps), self.head)
 
@@ -171,11 +173,13 @@ class _Decode(torch.nn.Module):
     ) -> torch.Tensor:
         """The hidden states [T, H] after every layer. `groups`: sequences attended together, as
         (rows [B, Q] of their queries in T, or None: all T tokens, one each; the queries'
-        positions [B, Q]; KV slots [B, L]); `back`: each token's row in the groups' outputs
-        side by side (None: one group, in order)."""
+        positions [B, Q]; block tables [B, N]); `back`: each token's row in the groups' outputs
+        side by side (None: one group, in order). A group of one query a sequence runs the
+        decoding attention kernel where it loaded (`decode_attention`)."""
         t, hq, hkv, d = ids.shape[0], self.heads, self.kv_heads, self.head_dim
         half = d // 2
         masks: dict[tuple[int, int | None], torch.Tensor] = {}
+        wheres = [None if self.kernel and q_pos.shape[1] == 1 else self._where(tables) for _, q_pos, tables in groups]
         h = F.embedding(ids, self.embed)
         for i, window in enumerate(self.windows):
             qkv_w, o_w, gate_up_w, down_w = self.weights[4 * i : 4 * i + 4]
@@ -191,12 +195,17 @@ class _Decode(torch.nn.Module):
             flat_k.index_copy_(0, slots, k)
             flat_v.index_copy_(0, slots, v)
             outs = []
-            for g, (rows, q_pos, where) in enumerate(groups):
+            scaling = self.scalings[i]
+            for g, ((rows, q_pos, tables), where) in enumerate(zip(groups, wheres)):
+                queries = q[:, None] if rows is None else q[rows]  # [B, Q, hq, d]
+                if where is None:
+                    out = decode_attention(queries[:, 0], keys[i], values[i], tables, q_pos[:, 0], scaling, window)
+                    outs.append(out.view(-1, hq * d))
+                    continue
                 mask = masks.get((g, window))
                 if mask is None:
                     mask = masks[g, window] = _mask(q_pos, where.shape[1], window)
-                queries = q[:, None] if rows is None else q[rows]  # [B, Q, hq, d]
-                outs.append(_attend(queries, flat_k, flat_v, where, mask, self.scalings[i], hkv))
+                outs.append(_attend(queries, flat_k, flat_v, where, mask, scaling, hkv))
             attn = outs[0] if back is None else torch.cat(outs)[back]
             h = h + F.linear(attn.to(h.dtype), o_w)
             gate_up = F.linear(_rms(h, self.norms[2 * i + 1], eps2), gate_up_w)
@@ -232,10 +241,7 @@ class _Mixed(torch.nn.Module):
         values: list[torch.Tensor],
     ) -> torch.Tensor:
         base = self.base
-        groups = [
-            (d_rows[:, None], d_pos[:, None], base._where(d_tables)),
-            (p_rows, p_pos, base._where(p_tables)),
-        ]
+        groups = [(d_rows[:, None], d_pos[:, None], d_tables), (p_rows, p_pos, p_tables)]
         h = base._layers(ids, cos, sin, slots, keys, values, groups, back)
         return F.linear(_rms(h[keep], base.norm, base.eps), base.head)
 

@@ -1,0 +1,249 @@
+"""Decoding attention over the paged KV cache in place: one query a sequence, a small C++ kernel.
+
+A decoding step's attention is tiny arithmetic (8 sequences of 160 positions: ~1 MB of keys and
+values a layer) but, written as tensor operations, it first gathers each sequence's blocks into
+a copy, converts and transposes it for two matmuls; compiled by inductor that took 97-145 us a
+layer of SmolLM2 at 8 sequences (a third of the step at 16), and fusing the gather into the
+reductions was slower still (the fused kernel ran 201 us). This kernel reads each key and value
+where it lies in its block, once for all the query heads that share it (grouped-query
+attention), in float32: per (sequence, kv head), the scores, their softmax and the weighted sum
+of the values, the pairs spread over torch's threads.
+
+`accelab::decode_attention(q [B, hq, d], k_cache, v_cache [blocks, block_size, kv_heads, d],
+tables [B, N], positions [B], scale, window) -> [B, hq, d] float32`: the query of sequence b sits
+at positions[b] and sees keys at positions max(0, positions[b] - window + 1) .. positions[b]
+(window 0: all), found through its block table. float32 and bfloat16 caches.
+
+The kernel is built once per machine by torch's C++ extension loader (g++, which a compiled plan
+needs anyway; -march=native, so it is built where it runs) into torch's extension cache.
+`available()` says whether it loaded, and why not.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import platform
+
+import torch
+
+log = logging.getLogger(__name__)
+
+NAME = "accelab_decode_attention"
+
+SOURCE = r"""
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+// Eight floats (GCC / Clang vector extensions: AVX registers where the machine has them).
+typedef float v8f __attribute__((vector_size(32)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+typedef uint16_t v8h __attribute__((vector_size(16)));
+
+inline v8f load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline v8f load8(const uint16_t* p) {  // bfloat16: the high half of a float32
+  v8h half;
+  std::memcpy(&half, p, sizeof(half));
+  v8u wide = __builtin_convertvector(half, v8u) << 16;
+  v8f v;
+  std::memcpy(&v, &wide, sizeof(v));
+  return v;
+}
+inline float sum8(v8f v) {
+  float s = 0.f;
+  for (int i = 0; i < 8; ++i) s += v[i];
+  return s;
+}
+
+// One sequence: its `heads` queries (query head h * group + g reads kv head h) over positions
+// first..last, walked in position order so each block is read front to back, every kv head of a
+// position at once (the hardware prefetcher follows it). CHUNKS (head_dim / 8) is a constant, so
+// a key's row stays in registers.
+template <typename T, int64_t CHUNKS>
+void one(const v8f* query, const T* keys, const T* values, const int64_t* table, int64_t first, int64_t last,
+         int64_t block_size, int64_t kv_heads, int64_t group, std::vector<float>& scores, v8f* acc, float* out) {
+  constexpr int64_t chunks = CHUNKS, dim = 8 * CHUNKS;
+  const int64_t length = last - first + 1, heads = kv_heads * group;
+  const int64_t row = kv_heads * dim, block = block_size * row;
+  scores.resize(heads * length);
+  v8f k[CHUNKS];
+  // positions walked block by block (a division a position cost more than its arithmetic)
+  for (int64_t j = first / block_size, p = first; p <= last; ++j) {
+    const T* base = keys + table[j] * block;
+    for (int64_t i = p - j * block_size; i < block_size && p <= last; ++i, ++p) {
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        const T* at = base + i * row + h * dim;
+        for (int64_t c = 0; c < chunks; ++c) k[c] = load8(at + 8 * c);
+        for (int64_t g = 0; g < group; ++g) {
+          const v8f* q = query + (h * group + g) * chunks;
+          v8f s[4] = {};  // four chains, not one: the FMAs' latency overlaps
+          for (int64_t c = 0; c < chunks; ++c) s[c & 3] += q[c] * k[c];
+          scores[(h * group + g) * length + (p - first)] = sum8((s[0] + s[1]) + (s[2] + s[3]));
+        }
+      }
+    }
+  }
+  std::vector<float> total(heads);
+  for (int64_t qh = 0; qh < heads; ++qh) {
+    float* sq = scores.data() + qh * length;
+    const float top = *std::max_element(sq, sq + length);
+    float sum = 0.f;
+    for (int64_t j = 0; j < length; ++j) {
+      sq[j] = std::exp(sq[j] - top);
+      sum += sq[j];
+    }
+    total[qh] = sum;
+  }
+  for (int64_t i = 0; i < heads * chunks; ++i) acc[i] = v8f{};
+  for (int64_t j = first / block_size, p = first; p <= last; ++j) {
+    const T* base = values + table[j] * block;
+    for (int64_t i = p - j * block_size; i < block_size && p <= last; ++i, ++p) {
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        const T* at = base + i * row + h * dim;
+        for (int64_t c = 0; c < chunks; ++c) k[c] = load8(at + 8 * c);
+        for (int64_t g = 0; g < group; ++g) {
+          const float w = scores[(h * group + g) * length + (p - first)];
+          v8f* a = acc + (h * group + g) * chunks;
+          for (int64_t c = 0; c < chunks; ++c) a[c] += w * k[c];
+        }
+      }
+    }
+  }
+  for (int64_t qh = 0; qh < heads; ++qh) {
+    const float inv = 1.f / total[qh];
+    for (int64_t c = 0; c < chunks; ++c) {
+      const v8f v = acc[qh * chunks + c] * inv;
+      std::memcpy(out + qh * dim + 8 * c, &v, sizeof(v));
+    }
+  }
+}
+
+template <typename T>
+void attend(const T* q, const T* keys, const T* values, const int64_t* tables, const int64_t* positions,
+            float* out, int64_t batch, int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size,
+            int64_t columns, float scale, int64_t window) {
+  const int64_t group = heads / kv_heads, chunks = dim / 8;
+  const auto run = chunks == 8 ? one<T, 8> : chunks == 16 ? one<T, 16> : chunks == 4 ? one<T, 4>
+                 : chunks == 12 ? one<T, 12> : chunks == 10 ? one<T, 10> : chunks == 2 ? one<T, 2>
+                 : chunks == 1 ? one<T, 1> : one<T, 32>;
+  at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
+    std::vector<v8f> query(heads * chunks), acc(heads * chunks);
+    std::vector<float> scores;
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t last = positions[b];
+      const int64_t first = window > 0 ? std::max<int64_t>(0, last - window + 1) : 0;
+      for (int64_t i = 0; i < heads * chunks; ++i) query[i] = load8(q + b * heads * dim + 8 * i) * scale;
+      run(query.data(), keys, values, tables + b * columns, first, last, block_size, kv_heads, group, scores,
+          acc.data(), out + b * heads * dim);
+    }
+  });
+}
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                            const at::Tensor& tables, const at::Tensor& positions, double scale, int64_t window) {
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(),
+              "decode_attention: q [B, heads, dim], caches [blocks, block_size, kv_heads, dim]");
+  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type(),
+              "decode_attention: q and the caches must share a dtype");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "decode_attention: contiguous caches");
+  const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2), kv_heads = k_cache.size(2);
+  TORCH_CHECK(k_cache.size(3) == dim && heads % kv_heads == 0, "decode_attention: head sizes do not match");
+  TORCH_CHECK(dim == 8 || dim == 16 || dim == 32 || dim == 64 || dim == 80 || dim == 96 || dim == 128 || dim == 256,
+              "decode_attention: head_dim 8, 16, 32, 64, 80, 96, 128 or 256, not ", dim);
+  auto qc = q.contiguous();
+  auto tc = tables.to(at::kLong).contiguous();
+  auto pc = positions.to(at::kLong).contiguous();
+  TORCH_CHECK(tc.size(0) == batch && pc.numel() == batch, "decode_attention: one table and position a query");
+  auto out = at::empty({batch, heads, dim}, q.options().dtype(at::kFloat));
+  const float s = static_cast<float>(scale);
+  if (q.scalar_type() == at::kFloat) {
+    attend<float>(qc.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), tc.data_ptr<int64_t>(),
+                  pc.data_ptr<int64_t>(), out.data_ptr<float>(), batch, heads, kv_heads, dim, k_cache.size(1),
+                  tc.size(1), s, window);
+  } else if (q.scalar_type() == at::kBFloat16) {
+    attend<uint16_t>(reinterpret_cast<const uint16_t*>(qc.data_ptr()),
+                     reinterpret_cast<const uint16_t*>(k_cache.data_ptr()),
+                     reinterpret_cast<const uint16_t*>(v_cache.data_ptr()), tc.data_ptr<int64_t>(),
+                     pc.data_ptr<int64_t>(), out.data_ptr<float>(), batch, heads, kv_heads, dim, k_cache.size(1),
+                     tc.size(1), s, window);
+  } else {
+    TORCH_CHECK(false, "decode_attention: float32 or bfloat16, not ", q.scalar_type());
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(accelab, m) {
+  m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor tables, Tensor positions, "
+        "float scale, int window) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(accelab, CPU, m) { m.impl("decode_attention", &decode_attention); }
+"""
+
+DTYPES = (torch.float32, torch.bfloat16)
+HEAD_DIMS = (8, 16, 32, 64, 80, 96, 128, 256)  # the kernel's unrolled sizes
+
+
+@functools.cache
+def _load() -> str | None:
+    """Build (once per machine; torch's extension cache keeps it) and load the kernel: None, or
+    why it is not there."""
+    if hasattr(torch.ops.accelab, "decode_attention"):
+        return None
+    try:
+        from torch.utils.cpp_extension import load_inline
+
+        load_inline(
+            name=f"{NAME}_{platform.machine()}",
+            cpp_sources=SOURCE,
+            extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno"],
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+            verbose=False,
+        )
+    except Exception as err:  # noqa: BLE001 - no compiler, a failed build: the caller keeps its own attention
+        why = f"{type(err).__name__}: {err}"
+        log.warning("the decoding attention kernel did not build (%s); attention stays in tensor ops", why)
+        return f"it did not build: {why}"
+
+    @torch.library.register_fake("accelab::decode_attention")
+    def _(q, k_cache, v_cache, tables, positions, scale, window):
+        return q.new_empty(q.shape, dtype=torch.float32)
+
+    return None
+
+
+def available(dtype: torch.dtype, head_dim: int) -> str | None:
+    """None when the kernel runs caches of `dtype` and `head_dim` here, else why not."""
+    if dtype not in DTYPES:
+        return f"it takes float32 and bfloat16 caches, not {dtype}"
+    if head_dim not in HEAD_DIMS:
+        return f"it takes head sizes {', '.join(map(str, HEAD_DIMS))}, not {head_dim}"
+    return _load()
+
+
+def decode_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    tables: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
+    window: int | None,
+) -> torch.Tensor:
+    """q [B, hq, d] at `positions` [B] over the cache blocks of `tables` [B, N] -> [B, hq, d] float32."""
+    return torch.ops.accelab.decode_attention(q, keys, values, tables, positions, scale, window or 0)
