@@ -121,7 +121,9 @@ class _Decode(torch.nn.Module):
         self.norm = frozen(stack.norm_weight)
         self.eps = stack.norm_eps
         self.heads, self.kv_heads, self.head_dim = stack.heads, stack.kv_heads, stack.head_dim
-        self.kernel = decode_attention_missing(self.embed.dtype, self.head_dim) is None  # the C++ decoding attention
+        self.kernel = (  # the C++ decoding attention
+            self.embed.device.type == "cpu" and decode_attention_missing(self.embed.dtype, self.head_dim) is None
+        )
         self.block_size = block_size
         self.windows = [layer.window for layer in stack.layers]
         self.scalings = [layer.scaling for layer in stack.layers]

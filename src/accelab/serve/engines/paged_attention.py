@@ -9,7 +9,9 @@ ONE sequence of T tokens for the model's own forward. Each layer:
    `scaled_dot_product_attention` for all the decoding sequences (one query each) and one for
    all the prefilling chunks (their queries padded to the longest chunk), each with a mask of
    the positions each query may see (causal; sliding windows, logit soft-capping and attention
-   sinks where the layer asks for them).
+   sinks where the layer asks for them). On the CPU, a group of decoding sequences (one query
+   each) runs the C++ kernel of `decode_attention` instead, which reads the blocks in place
+   (no soft-capping or sinks there).
 
 The metadata (slots, padded tables, masks) is built once per step by `StepLayout` and shared
 by every layer; masks per sliding-window size are built on first use.
@@ -25,6 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from accelab.serve.engines.decode_attention import available as decode_attention_missing, decode_attention
 from accelab.serve.engines.kv_cache import PagedKVCache
 
 ATTENTION_NAME = "accelab_paged"
@@ -191,22 +194,49 @@ def attend(
 ) -> torch.Tensor:
     """packed: the step's queries [T, H, D] -> their attention outputs [T, H, D], each query over
     its own sequence's keys (already written for this step) in the layer's blocks."""
-    heads, dim = packed.shape[1], packed.shape[2]
+    dim = packed.shape[2]
     groups = layout.groups
     out = None if len(groups) == 1 and groups[0].keep is None else packed.new_empty(packed.shape)
+    kernel = (
+        packed.device.type == "cpu"
+        and softcap is None
+        and sinks is None
+        and decode_attention_missing(packed.dtype, dim) is None
+    )
     for group in groups:
-        keys, values = cache.gather(layer, group.tables)  # [B, KVH, L, D]
-        if group.span is not None:  # its tokens side by side in the step: a view, not a copy
-            q = packed[group.span[0] : group.span[1]].view(*group.rows.shape, heads, dim).transpose(1, 2)
+        if kernel and group.rows.shape[1] == 1:  # one query a sequence: the kernel reads the blocks in place
+            q = packed[group.rows[:, 0]]  # [B, H, D]
+            scale = scaling if scaling is not None else dim**-0.5
+            keys, values = cache.keys[layer], cache.values[layer]
+            o = decode_attention(q, keys, values, group.tables, group.q_pos[:, 0], scale, window).to(packed.dtype)
         else:
-            q = packed[group.rows].transpose(1, 2)  # [B, H, Q, D]
-        mask = group.mask(window, keys.shape[2])
-        o = _attend(q, keys, values, mask, scaling, softcap, sinks).transpose(1, 2).reshape(-1, heads, dim)
+            o = _gathered(packed, cache, layer, group, scaling, window, softcap, sinks)
         if out is None:  # one group, unpadded: its rows are all the step's tokens, in order
             return o
         out.index_copy_(0, group.targets, o if group.keep is None else o.index_select(0, group.keep))
     assert out is not None  # at least one group: a step has tokens
     return out
+
+
+def _gathered(
+    packed: torch.Tensor,
+    cache: PagedKVCache,
+    layer: int,
+    group: _Group,
+    scaling: float | None,
+    window: int | None,
+    softcap: float | None,
+    sinks: torch.Tensor | None,
+) -> torch.Tensor:
+    """One group's queries over copies of its sequences' keys and values -> [B * Q, H, D]."""
+    heads, dim = packed.shape[1], packed.shape[2]
+    keys, values = cache.gather(layer, group.tables)  # [B, KVH, L, D]
+    if group.span is not None:  # its tokens side by side in the step: a view, not a copy
+        q = packed[group.span[0] : group.span[1]].view(*group.rows.shape, heads, dim).transpose(1, 2)
+    else:
+        q = packed[group.rows].transpose(1, 2)  # [B, H, Q, D]
+    mask = group.mask(window, keys.shape[2])
+    return _attend(q, keys, values, mask, scaling, softcap, sinks).transpose(1, 2).reshape(-1, heads, dim)
 
 
 def _attend(
