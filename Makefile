@@ -51,6 +51,9 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	  mkdir -p $(LLAMA_WHEELS) && mv $(LLAMA_WHEELS).part/llama_cpp_python-*.whl $(LLAMA_WHEELS)/ && rm -rf $(LLAMA_WHEELS).part; }
 	$(BIN)/pip install --quiet $(LLAMA_WHEELS)/llama_cpp_python-*.whl
 	$(BIN)/pip install --quiet -e ".[test,llamacpp,ray]"
+	@# the serving engines' C++ decoding attention, built for this machine (~20 s) now, not in the first server
+	$(BIN)/python -c "from accelab.serve.engines.decode_attention import build; print('decoding attention kernel:', build())" \
+	  || echo "note: the decoding attention kernel did not build (needs g++): servers attend through tensor operations"
 	touch $@
 
 install: $(VENV)/.installed

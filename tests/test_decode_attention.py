@@ -4,6 +4,10 @@ scattered blocks, sliding windows; what it does not take is said, not guessed.""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -47,3 +51,33 @@ def test_what_the_kernel_does_not_take_is_said():
     cache = torch.randn(4, 4, 2, 48)
     with pytest.raises(RuntimeError, match="head_dim"):
         torch.ops.accelab.decode_attention(q, cache, cache, torch.zeros(1, 1, dtype=torch.long), torch.zeros(1), 1.0, 0)
+
+
+def _available_in_a_new_process(kernels, **env) -> str:
+    code = (
+        "import time, torch; from accelab.serve.engines import decode_attention as k; t = time.time(); "
+        "why = k.available(torch.float32, 64); print(repr(why), round(time.time() - t, 2), k.library_path())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "ACCELAB_KERNELS": str(kernels), **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_a_machine_without_a_build_builds_once_then_loads_it_and_a_failed_build_is_said(tmp_path):
+    kernels = tmp_path / "kernels"
+    first = _available_in_a_new_process(kernels)
+    assert first.startswith("None ") and first.endswith(".so") and str(kernels) in first
+    built = list(kernels.glob("*/*.so"))
+    assert len(built) == 1 and not list(kernels.glob("*.build-*"))  # moved into place, scratch removed
+    again = _available_in_a_new_process(kernels)
+    assert again.startswith("None ") and float(again.split()[1]) < 2.0  # loaded, not compiled again
+    # no compiler: the reason, and nothing left half-built where a later process would load it
+    failed = _available_in_a_new_process(tmp_path / "elsewhere", CXX="/bin/false")
+    assert failed[1:].startswith("it did not build: ") and "/bin/false" in failed
+    assert not list((tmp_path / "elsewhere").glob("*/*"))  # no library, no scratch left behind

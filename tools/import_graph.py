@@ -49,6 +49,7 @@ RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 # imports pull one of these in, directly or through other accelab modules.
 LAZY_OK = {
     "torch": "heavy: ~1 s, 1,100 modules",
+    "torch.utils.cpp_extension": "heavy: building a kernel imports setuptools and sympy (~1,000 modules, ~85 MB)",
     "torchao": "heavy: imports torch",
     "transformers": "heavy: imports torch, ~1-2 s",
     "accelerate": "heavy: imports torch",
