@@ -87,22 +87,28 @@ void one(const v8f* query, const T* keys, const T* values, const int64_t* table,
   const int64_t row = kv_heads * dim, block = block_size * row;
   scores.resize(heads * length);
   v8f k[CHUNKS];
+  // every (position, kv head) row of `cache` from first to last, loaded into k, then `use(p, h)`;
   // positions walked block by block (a division a position cost more than its arithmetic)
-  for (int64_t j = first / block_size, p = first; p <= last; ++j) {
-    const T* base = keys + table[j] * block;
-    for (int64_t i = p - j * block_size; i < block_size && p <= last; ++i, ++p) {
-      for (int64_t h = 0; h < kv_heads; ++h) {
-        const T* at = base + i * row + h * dim;
-        for (int64_t c = 0; c < chunks; ++c) k[c] = load8(at + 8 * c);
-        for (int64_t g = 0; g < group; ++g) {
-          const v8f* q = query + (h * group + g) * chunks;
-          v8f s[4] = {};  // four chains, not one: the FMAs' latency overlaps
-          for (int64_t c = 0; c < chunks; ++c) s[c & 3] += q[c] * k[c];
-          scores[(h * group + g) * length + (p - first)] = sum8((s[0] + s[1]) + (s[2] + s[3]));
+  const auto walk = [&](const T* cache, auto&& use) {
+    for (int64_t j = first / block_size, p = first; p <= last; ++j) {
+      const T* base = cache + table[j] * block;
+      for (int64_t i = p - j * block_size; i < block_size && p <= last; ++i, ++p) {
+        for (int64_t h = 0; h < kv_heads; ++h) {
+          const T* at = base + i * row + h * dim;
+          for (int64_t c = 0; c < chunks; ++c) k[c] = load8(at + 8 * c);
+          use(p, h);
         }
       }
     }
-  }
+  };
+  walk(keys, [&](int64_t p, int64_t h) {
+    for (int64_t g = 0; g < group; ++g) {
+      const v8f* q = query + (h * group + g) * chunks;
+      v8f s[4] = {};  // four chains, not one: the FMAs' latency overlaps
+      for (int64_t c = 0; c < chunks; ++c) s[c & 3] += q[c] * k[c];
+      scores[(h * group + g) * length + (p - first)] = sum8((s[0] + s[1]) + (s[2] + s[3]));
+    }
+  });
   std::vector<float> total(heads);
   for (int64_t qh = 0; qh < heads; ++qh) {
     float* sq = scores.data() + qh * length;
@@ -115,20 +121,13 @@ void one(const v8f* query, const T* keys, const T* values, const int64_t* table,
     total[qh] = sum;
   }
   for (int64_t i = 0; i < heads * chunks; ++i) acc[i] = v8f{};
-  for (int64_t j = first / block_size, p = first; p <= last; ++j) {
-    const T* base = values + table[j] * block;
-    for (int64_t i = p - j * block_size; i < block_size && p <= last; ++i, ++p) {
-      for (int64_t h = 0; h < kv_heads; ++h) {
-        const T* at = base + i * row + h * dim;
-        for (int64_t c = 0; c < chunks; ++c) k[c] = load8(at + 8 * c);
-        for (int64_t g = 0; g < group; ++g) {
-          const float w = scores[(h * group + g) * length + (p - first)];
-          v8f* a = acc + (h * group + g) * chunks;
-          for (int64_t c = 0; c < chunks; ++c) a[c] += w * k[c];
-        }
-      }
+  walk(values, [&](int64_t p, int64_t h) {
+    for (int64_t g = 0; g < group; ++g) {
+      const float w = scores[(h * group + g) * length + (p - first)];
+      v8f* a = acc + (h * group + g) * chunks;
+      for (int64_t c = 0; c < chunks; ++c) a[c] += w * k[c];
     }
-  }
+  });
   for (int64_t qh = 0; qh < heads; ++qh) {
     const float inv = 1.f / total[qh];
     for (int64_t c = 0; c < chunks; ++c) {
