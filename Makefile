@@ -51,9 +51,10 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	  mkdir -p $(LLAMA_WHEELS) && mv $(LLAMA_WHEELS).part/llama_cpp_python-*.whl $(LLAMA_WHEELS)/ && rm -rf $(LLAMA_WHEELS).part; }
 	$(BIN)/pip install --quiet $(LLAMA_WHEELS)/llama_cpp_python-*.whl
 	$(BIN)/pip install --quiet -e ".[test,llamacpp,ray]"
-	@# the serving engines' C++ decoding attention, built for this machine (~20 s) now, not in the first server
-	$(BIN)/python -c "from accelab.serve.engines.decode_attention import build; print('decoding attention kernel:', build())" \
-	  || echo "note: the decoding attention kernel did not build (needs g++): servers attend through tensor operations"
+	@# the serving engines' C++ operators (decoding attention, int8 GEMM), built for this machine (~40 s) now,
+	@# not in the first server
+	$(BIN)/python -m accelab.serve.engines.kernels \
+	  || echo "note: the serving kernels did not build (needs g++): servers use tensor operations instead"
 	touch $@
 
 install: $(VENV)/.installed

@@ -11,7 +11,7 @@ from test_paged_architectures import ARCHITECTURES, alone, requests, runnable, s
 
 from accelab.plan.plan import Plan
 from accelab.plan.runtime import Unsupported
-from accelab.serve.engines import compiled_decode
+from accelab.serve.engines import compiled_decode, int8_gemm
 from accelab.serve.engines.ragged import RaggedTorchEngine
 from accelab.serve.scheduler import SchedulerConfig
 
@@ -71,14 +71,45 @@ def test_a_compiled_step_that_differs_is_left_out_at_start_up(monkeypatch, caplo
         engine.close()
 
 
-def test_quantized_weights_are_refused_with_the_reason():
-    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+def _int8_engine() -> RaggedTorchEngine:
+    from torchao.quantization import quantize_
 
-    run = runnable(tiny(*ARCHITECTURES["llama"]).to(torch.bfloat16))
-    quantize_(run.model, Int8WeightOnlyConfig())
+    from accelab.plan.techniques.quantization import head_modules, layer_filter, make_config
+
+    model = tiny(*ARCHITECTURES["llama"]).to(torch.bfloat16)
+    config = make_config("int8-weight", torch.device("cpu"))
+    quantize_(model, config, filter_fn=layer_filter("int8-weight", head_modules(model)))
+    run = runnable(model)
     run.plan = Plan(name="int8-compile", compile="default")
-    with pytest.raises(Unsupported, match="continuous steps cannot be compiled: its weights are quantized"):
-        RaggedTorchEngine(run, LIMITS)
+    return RaggedTorchEngine(run, LIMITS)
+
+
+def test_int8_weights_run_compiled_through_the_int8_gemm_operator():
+    """int8 weight-only (torchao, a scale a row) in bf16: the compiled steps keep the weights int8
+    and call the AMX int8 GEMM operator from the graph; their logits pass the start-up check
+    against the eager steps. Where the operator does not run (no AMX), the reason is given."""
+    why = int8_gemm.available(128, 64)
+    if why is not None:
+        with pytest.raises(Unsupported, match="the int8 GEMM operator does not run them"):
+            _int8_engine()
+        return
+    engine = _int8_engine()
+    try:
+        module = engine._compiled._module
+        assert [module.weights[j].dtype for j in range(1, 5)] == [torch.int8] * 4  # the layer's four GEMMs
+        assert module.weights[0].dtype == torch.bfloat16  # the output layer stays bf16
+        assert engine.self_check(requests()[1][0]) is None
+        assert engine.name.endswith(", steps compiled")
+        got, _, _ = serve(engine, LIMITS, requests())
+    finally:
+        engine.close()
+    assert [len(tokens) for tokens in got[:5]] == [n for _, n in requests()]
+
+
+def test_int8_weights_the_operator_cannot_run_are_refused_with_the_reason(monkeypatch):
+    monkeypatch.setattr(int8_gemm, "available", lambda n, k: "it needs a CPU with AMX (faked)")
+    with pytest.raises(Unsupported, match="int8 GEMM operator does not run them: it needs a CPU with AMX"):
+        _int8_engine()
 
 
 def test_a_step_that_would_compile_again_runs_eager_from_then_on(caplog):

@@ -40,6 +40,7 @@ import torch._inductor.config as inductor_config
 import torch.fx.experimental._config as fx_config
 import torch.nn.functional as F
 
+from accelab.serve.engines import int8_gemm
 from accelab.serve.engines.base import SamplingParams, StepInput
 from accelab.serve.engines.decode_attention import available as decode_attention_missing, decode_attention
 from accelab.serve.engines.kv_cache import PagedKVCache
@@ -58,13 +59,27 @@ SCORES_LIMIT = 1 << 21
 
 
 def why_not(model: Any) -> str | None:
-    """None when the decoding step of `model`'s stack can be compiled, else why not."""
+    """None when the decoding step of `model`'s stack can be compiled, else why not: float
+    weights, or (in bf16) int8 weights with one scale a row where the int8 GEMM operator runs
+    them (the GEMMs that read one input joined, as the step runs them)."""
     inner = decoder_of(model)
+    gemms = [[model.get_output_embeddings()]]
     for layer in inner.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
-            if int8_rows(m.weight) is not None or type(m.weight) is not torch.nn.Parameter:
-                return "its weights are quantized (the compiled step takes float weights)"
+        gemms += [[attn.q_proj, attn.k_proj, attn.v_proj], [attn.o_proj], [mlp.gate_proj, mlp.up_proj], [mlp.down_proj]]
+    for modules in gemms:
+        rows = [int8_rows(m.weight) for m in modules]
+        if all(r is None for r in rows):
+            if any(type(m.weight) is not torch.nn.Parameter for m in modules):
+                return "its weights are quantized other than int8 a row (the compiled step takes float or int8)"
+            continue
+        if any(r is None for r in rows):
+            return "some of its weights are int8 and others not in one GEMM"
+        why = int8_gemm.available(sum(r[0].shape[0] for r in rows if r is not None), modules[0].in_features)
+        if inner.embed_tokens.weight.dtype != torch.bfloat16:
+            why = f"the int8 GEMM operator takes bfloat16 activations, not {inner.embed_tokens.weight.dtype}"
+        if why is not None:
+            return f"its weights are int8 and the int8 GEMM operator does not run them: {why}"
     return None
 
 
@@ -113,15 +128,30 @@ class _Decode(torch.nn.Module):
         def frozen(t: torch.Tensor) -> torch.nn.Parameter:
             return torch.nn.Parameter(t.detach(), requires_grad=False)
 
-        def joined(modules: Sequence[torch.nn.Linear]) -> tuple[torch.nn.Parameter, torch.nn.Parameter | None]:
-            weight = frozen(torch.cat([m.weight for m in modules]))
+        self.weights = torch.nn.ParameterList()  # per layer q|k|v, o, gate|up, down: float, or packed int8
+        self.scales = torch.nn.ParameterList()  # int8 weights' row scales, beside them in order
+        self.int8: list[bool] = []
+
+        def add(modules: Sequence[torch.nn.Linear]) -> int:
+            """Their weights side by side, as one weight of `weights`: its index."""
+            rows = [int8_rows(m.weight) for m in modules]
+            if all(r is not None for r in rows):
+                values = torch.cat([r[0] for r in rows if r is not None])
+                self.weights.append(frozen(int8_gemm.pack(values)))
+                self.scales.append(frozen(torch.cat([r[1] for r in rows if r is not None]).float()))
+            else:
+                self.weights.append(frozen(torch.cat([m.weight for m in modules])))
+            self.int8.append(all(r is not None for r in rows))
+            return len(self.weights) - 1
+
+        def bias(modules: Sequence[torch.nn.Linear], dtype: torch.dtype) -> torch.nn.Parameter | None:
             if all(m.bias is None for m in modules):
-                return weight, None
+                return None
             parts = [m.bias if m.bias is not None else torch.zeros(m.out_features) for m in modules]
-            return weight, frozen(torch.cat([p.to(weight.dtype) for p in parts]))
+            return frozen(torch.cat([p.to(dtype) for p in parts]))
 
         self.embed = frozen(inner.embed_tokens.weight)
-        self.head = frozen(model.get_output_embeddings().weight)
+        self.head = add([model.get_output_embeddings()])
         self.norm = frozen(stack.norm_weight)
         self.eps = stack.norm_eps
         self.heads, self.kv_heads, self.head_dim = stack.heads, stack.kv_heads, stack.head_dim
@@ -133,18 +163,26 @@ class _Decode(torch.nn.Module):
         self.scalings = [layer.scaling for layer in stack.layers]
         self.epsilons = [(layer.norm1[1], layer.norm2[1]) for layer in stack.layers]
         self.norms = torch.nn.ParameterList()
-        self.weights = torch.nn.ParameterList()
         self.biases = torch.nn.ParameterList()  # the q|k|v biases there are
         self.bias_of: list[int | None] = []  # each layer's index in `biases`
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            qkv, qkv_bias = joined([attn.q_proj, attn.k_proj, attn.v_proj])
-            gate_up, _ = joined([mlp.gate_proj, mlp.up_proj])
+            qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
             self.norms.extend([frozen(layer.input_layernorm.weight), frozen(layer.post_attention_layernorm.weight)])
-            self.weights.extend([qkv, frozen(attn.o_proj.weight), gate_up, frozen(mlp.down_proj.weight)])
+            for modules in (qkv, [attn.o_proj], [mlp.gate_proj, mlp.up_proj], [mlp.down_proj]):
+                add(modules)
+            qkv_bias = bias(qkv, self.embed.dtype)
             self.bias_of.append(None if qkv_bias is None else len(self.biases))
             if qkv_bias is not None:
                 self.biases.append(qkv_bias)
+
+    def _mm(self, x: torch.Tensor, j: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x times weight j of `weights` (+ bias): oneDNN for float weights (inductor packs them),
+        the int8 GEMM operator for int8 ones."""
+        if not self.int8[j]:
+            return F.linear(x, self.weights[j], bias)
+        scales = self.scales[sum(self.int8[:j])]
+        return int8_gemm.linear(x.contiguous(), self.weights[j], scales, bias)
 
     def forward(
         self,
@@ -159,7 +197,7 @@ class _Decode(torch.nn.Module):
     ) -> torch.Tensor:
         groups = [(None, positions[:, None], tables)]
         h = self._layers(ids, cos, sin, slots, keys, values, groups, None)
-        return F.linear(_rms(h, self.norm, self.eps), self.head)
+        return self._mm(_rms(h, self.norm, self.eps), self.head)
 
     def _where(self, tables: torch.Tensor) -> torch.Tensor:
         """Block tables [B, N] -> each sequence's KV slots [B, N * block_size], position order."""
@@ -188,11 +226,11 @@ class _Decode(torch.nn.Module):
         wheres = [None if self.kernel and q_pos.shape[1] == 1 else self._where(tables) for _, q_pos, tables in groups]
         h = F.embedding(ids, self.embed)
         for i, window in enumerate(self.windows):
-            qkv_w, o_w, gate_up_w, down_w = self.weights[4 * i : 4 * i + 4]
+            w = 1 + 4 * i  # this layer's q|k|v in `weights` (the head is 0)
             eps1, eps2 = self.epsilons[i]
             at = self.bias_of[i]
             bias = None if at is None else self.biases[at]
-            qkv = F.linear(_rms(h, self.norms[2 * i], eps1), qkv_w, bias)
+            qkv = self._mm(_rms(h, self.norms[2 * i], eps1), w, bias)
             qk = qkv[:, : (hq + hkv) * d].view(t, hq + hkv, d)
             qk = qk * cos + qk.roll(half, dims=-1) * sin
             q, k = qk[:, :hq], qk[:, hq:]
@@ -213,10 +251,10 @@ class _Decode(torch.nn.Module):
                     mask = masks[g, window] = _mask(q_pos, where.shape[1], window)
                 outs.append(_attend(queries, flat_k, flat_v, where, mask, scaling, hkv))
             attn = outs[0] if back is None else torch.cat(outs)[back]
-            h = h + F.linear(attn.to(h.dtype), o_w)
-            gate_up = F.linear(_rms(h, self.norms[2 * i + 1], eps2), gate_up_w)
+            h = h + self._mm(attn.to(h.dtype), w + 1)
+            gate_up = self._mm(_rms(h, self.norms[2 * i + 1], eps2), w + 2)
             inter = gate_up.shape[1] // 2
-            h = h + F.linear(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], down_w)
+            h = h + self._mm(F.silu(gate_up[:, :inter]) * gate_up[:, inter:], w + 3)
         return h
 
 
@@ -249,7 +287,7 @@ class _Mixed(torch.nn.Module):
         base = self.base
         groups = [(d_rows[:, None], d_pos[:, None], d_tables), (p_rows, p_pos, p_tables)]
         h = base._layers(ids, cos, sin, slots, keys, values, groups, back)
-        return F.linear(_rms(h[keep], base.norm, base.eps), base.head)
+        return base._mm(_rms(h[keep], base.norm, base.eps), base.head)
 
 
 def _mask(q_pos: torch.Tensor, length: int, window: int | None) -> torch.Tensor:

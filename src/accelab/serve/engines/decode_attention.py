@@ -14,28 +14,18 @@ tables [B, N], positions [B], scale, window) -> [B, hq, d] float32`: the query o
 at positions[b] and sees keys at positions max(0, positions[b] - window + 1) .. positions[b]
 (window 0: all), found through its block table. float32 and bfloat16 caches.
 
-The kernel is built once per machine by torch's C++ extension loader (g++, which a compiled plan
-needs anyway; -march=native, so it is built where it runs): `make install` builds it
-(`python -m accelab.serve.engines.decode_attention`), else the first server that needs it does
-(~20 s); later processes load the library from ACCELAB_KERNELS (~/.cache/accelab/kernels), keyed
-by the source, torch's version and the CPU (a build under torch's own extension cache is keyed by
-the venv's path and pulls in setuptools and sympy, ~85 MB, to find it).
-`available()` says whether it loaded, and why not.
+Built once per machine (`kernels`: `make install` builds it, else the first server that needs it
+does); `available()` says whether it loaded, and why not.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import logging
-import os
-import platform
-import shutil
 from pathlib import Path
 
 import torch
 
-log = logging.getLogger(__name__)
+from accelab.serve.engines import kernels
 
 NAME = "accelab_decode_attention"
 
@@ -238,7 +228,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
 
 }  // namespace
 
-TORCH_LIBRARY(accelab, m) {
+TORCH_LIBRARY_FRAGMENT(accelab, m) {
   m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor tables, Tensor positions, "
         "float scale, int window) -> Tensor");
 }
@@ -250,74 +240,28 @@ DTYPES = (torch.float32, torch.bfloat16)
 HEAD_DIMS = (8, 16, 32, 64, 80, 96, 128, 256)  # the kernel's unrolled sizes
 
 
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno"]
-
-
 def library_path() -> Path:
-    """Where this machine's build of the kernel lives: keyed by its source, flags, torch's version
-    and the CPU's feature flags (-march=native), under ACCELAB_KERNELS (default
-    ~/.cache/accelab/kernels)."""
-    cpu = next((line for line in _cpuinfo().splitlines() if line.startswith("flags")), platform.machine())
-    key = hashlib.sha256("\n".join([SOURCE, *FLAGS, torch.__version__, cpu]).encode()).hexdigest()[:16]
-    root = Path(os.environ.get("ACCELAB_KERNELS") or Path.home() / ".cache" / "accelab" / "kernels")
-    return root / f"{NAME}-{key}" / f"{NAME}.so"
-
-
-def _cpuinfo() -> str:
-    try:
-        return Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
+    """Where this machine's build of the kernel lives (`kernels.library_path`)."""
+    return kernels.library_path(NAME, SOURCE)
 
 
 def build() -> Path:
-    """Compile the kernel for this machine (g++, ~20 s) and load it; `make install` runs this, so a
-    server or a test does not compile (g++ takes hundreds of MB beside it). Built in a private directory, then moved
-    into place in one rename: another process never loads a half-written library."""
-    from torch.utils.cpp_extension import load_inline
-
-    path = library_path()
-    scratch = path.parent.with_name(f"{path.parent.name}.build-{os.getpid()}")
-    scratch.mkdir(parents=True, exist_ok=True)
-    try:
-        load_inline(
-            name=NAME,
-            cpp_sources=SOURCE,
-            extra_cflags=FLAGS,
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(scratch),
-            is_python_module=False,
-            verbose=False,
-        )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(scratch / f"{NAME}.so", path)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return path
+    """Compile the kernel for this machine (`kernels.build`)."""
+    return kernels.build(NAME, SOURCE)
 
 
 @functools.cache
 def _load() -> str | None:
     """Load the kernel (building it first where this machine has no build): None, or why it is not
     there."""
-    if not hasattr(torch.ops.accelab, "decode_attention"):
-        try:
-            path = library_path()
-            if path.exists():
-                torch.ops.load_library(str(path))
-            else:
-                log.info("building the decoding attention kernel for this machine (once, ~20 s)")
-                build()
-        except Exception as err:  # noqa: BLE001 - no compiler, a failed build: the caller keeps its own attention
-            why = f"{type(err).__name__}: {err}"
-            log.warning("the decoding attention kernel did not build (%s); attention stays in tensor ops", why)
-            return f"it did not build: {why}"
+    why = kernels.load(NAME, SOURCE, "decode_attention")
+    if why is None:
 
-    @torch.library.register_fake("accelab::decode_attention")
-    def _(q, k_cache, v_cache, tables, positions, scale, window):
-        return q.new_empty(q.shape, dtype=torch.float32)
+        @torch.library.register_fake("accelab::decode_attention")
+        def _(q, k_cache, v_cache, tables, positions, scale, window):
+            return q.new_empty(q.shape, dtype=torch.float32)
 
-    return None
+    return why
 
 
 def available(dtype: torch.dtype, head_dim: int) -> str | None:

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from accelab.catalog.facts import text_config
-from accelab.serve.engines import packed_linear
+from accelab.serve.engines import int8_gemm, packed_linear
 from accelab.serve.engines.kv_cache import PagedKVCache
 from accelab.serve.engines.paged_attention import StepLayout, attend
 from accelab.serve.engines.vision import vision_parts
@@ -195,13 +195,17 @@ def int8_rows(weight: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 def _linear(modules: list[torch.nn.Linear], pack: bool) -> Linear:
     """One GEMM over the weights of `modules` side by side (they read one input): oneDNN on a
-    packed copy (`pack`), or torch's int8 x bf16 kernel where the weights are int8 per row."""
+    packed copy (`pack`); where the weights are int8 per row, the int8 GEMM operator (AMX) where it
+    runs them, else torch's int8 x bf16 kernel."""
     int8 = [int8_rows(m.weight) for m in modules]
     dtype = modules[0].weight.dtype
     if all(rows is not None for rows in int8) and dtype == torch.bfloat16:
         values = torch.cat([rows[0] for rows in int8 if rows is not None])
         scales = torch.cat([rows[1] for rows in int8 if rows is not None]).to(dtype)
         bias = _bias(modules, values.shape[0], dtype)
+        if values.device.type == "cpu" and int8_gemm.available(*values.shape) is None:
+            packed, row_scales = int8_gemm.pack(values), scales.float()
+            return lambda x: int8_gemm.linear(x.contiguous(), packed, row_scales, bias)
         if bias is None:
             return lambda x: torch.ops.aten._weight_int8pack_mm(x.contiguous(), values, scales)
         return lambda x: torch.ops.aten._weight_int8pack_mm(x.contiguous(), values, scales) + bias

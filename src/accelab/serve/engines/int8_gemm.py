@@ -1,0 +1,208 @@
+"""int8 weights x bfloat16 activations on AMX: the GEMMs of a served step with half the bytes.
+
+A decoding step of a small model is bound by reading its weights: SmolLM2's 30 layers of bf16
+GEMMs at 16 sequences stream their 212 MB at ~18.5 GB/s, what this 2-core VM reads from memory
+at all (19-22 GB/s), so only fewer bytes make them faster. torch's int8 x bf16 kernel
+(`_weight_int8pack_mm`) reads int8 weights at ~4.8 GB/s here. This operator keeps the weights
+int8 with one scale per output row (what the int8-bf16 plan's torchao quantization makes),
+widens each 64-row slab to bf16 in the core's own cache (exact: |w| <= 127) and multiplies it on
+AMX's tiles (16 x 32 bf16 by 32 x 16, float32 sums), then scales each output row: the same
+arithmetic as the dequantized weight, from half the memory.
+
+`accelab::int8_linear(x [M, K] bf16, packed, scales [N] f32, bias [N]?) -> [M, N] bf16`, with
+`packed` = `pack(values [N, K] int8)`: N a multiple of 64, K of 32. Only on CPUs with AMX
+(amx_bf16) and AVX512-BF16; `available()` says why not elsewhere, and the engines keep torch's
+kernel there.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+from accelab.serve.engines import kernels
+
+NAME = "accelab_int8_gemm"
+NEEDS = ("amx_tile", "amx_bf16", "avx512_bf16")
+
+SOURCE = r"""
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <cstdint>
+#include <vector>
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define ACCELAB_AMX 1
+#endif
+
+namespace {
+
+#ifdef ACCELAB_AMX
+struct alignas(64) TileConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// Linux hands a process AMX's tile state only when asked (ARCH_REQ_XCOMP_PERM for XTILEDATA).
+bool amx_granted() {
+  static const bool granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  return granted;
+}
+
+// One slab of 64 output rows: for each 16 rows of x, four 16 x 16 tiles of sums over K (tiles
+// 0-3), x's 16 x 32 tile (4), weight tiles (5-7). The slab's int8 tiles are widened to bf16 into
+// `slab` one k block ahead of the tiles that read it, in the first 16 rows' pass (widening all of
+// it first, then multiplying, took 1.2x as long: the two did not overlap); later rows reuse it.
+void slab_rows(const uint16_t* x, const int8_t* w, const float* scales, const uint16_t* bias, uint16_t* out,
+               int64_t m, int64_t padded_m, int64_t k, int64_t n, int64_t nb, uint16_t* slab, float* sums) {
+  const int64_t kblocks = k / 32;
+  const auto widen = [&](int64_t kb) {  // 4 tiles of 16 x 32: 2048 values
+    const int8_t* from = w + kb * 2048;
+    uint16_t* to = slab + kb * 2048;
+    for (int64_t i = 0; i < 2048; i += 32) {
+      const __m512 low = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(from + i))));
+      const __m512 high = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(from + i + 16))));
+      _mm512_storeu_si512(to + i, (__m512i)_mm512_cvtne2ps_pbh(high, low));
+    }
+  };
+  for (int64_t mb = 0; mb < padded_m; mb += 16) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    if (mb == 0) widen(0);
+    for (int64_t kb = 0; kb < kblocks; ++kb) {
+      if (mb == 0 && kb + 1 < kblocks) widen(kb + 1);
+      const uint16_t* b = slab + kb * 2048;
+      _tile_loadd(4, x + mb * k + kb * 32, k * 2);
+      _tile_loadd(5, b, 64);
+      _tile_dpbf16ps(0, 4, 5);
+      _tile_loadd(6, b + 512, 64);
+      _tile_dpbf16ps(1, 4, 6);
+      _tile_loadd(7, b + 1024, 64);
+      _tile_dpbf16ps(2, 4, 7);
+      _tile_loadd(5, b + 1536, 64);
+      _tile_dpbf16ps(3, 4, 5);
+    }
+    _tile_stored(0, sums, 256);
+    _tile_stored(1, sums + 16, 256);
+    _tile_stored(2, sums + 32, 256);
+    _tile_stored(3, sums + 48, 256);
+    for (int64_t r = 0; r < 16 && mb + r < m; ++r) {
+      for (int64_t j = 0; j < 64; j += 16) {
+        __m512 v = _mm512_mul_ps(_mm512_loadu_ps(sums + r * 64 + j), _mm512_loadu_ps(scales + nb * 64 + j));
+        if (bias != nullptr) {
+          const __m256i half = _mm256_loadu_si256((const __m256i*)(bias + nb * 64 + j));
+          v = _mm512_add_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16)));
+        }
+        _mm256_storeu_si256((__m256i*)(out + (mb + r) * n + nb * 64 + j), (__m256i)_mm512_cvtneps_pbh(v));
+      }
+    }
+  }
+}
+#endif
+
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scales,
+                       const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16, "int8_linear: x [M, K] bfloat16");
+  TORCH_CHECK(packed.dim() == 6 && packed.scalar_type() == at::kChar && packed.is_contiguous(),
+              "int8_linear: weights from int8_gemm.pack");
+  const int64_t m = x.size(0), k = x.size(1), nblocks = packed.size(0), n = nblocks * 64;
+  TORCH_CHECK(packed.size(1) * 32 == k, "int8_linear: x has ", k, " columns, the weights ", packed.size(1) * 32);
+  TORCH_CHECK(scales.numel() == n && scales.scalar_type() == at::kFloat && scales.is_contiguous(),
+              "int8_linear: one float32 scale an output row");
+  TORCH_CHECK(!bias.has_value() || (bias->numel() == n && bias->scalar_type() == at::kBFloat16),
+              "int8_linear: a bfloat16 bias of one value an output row");
+#ifdef ACCELAB_AMX
+  TORCH_CHECK(amx_granted(), "int8_linear: the kernel did not grant this process AMX's tile state");
+  const int64_t padded_m = (m + 15) / 16 * 16;
+  auto xc = x.contiguous();
+  if (padded_m != m) xc = at::cat({xc, at::zeros({padded_m - m, k}, x.options())});
+  auto out = at::empty({m, n}, x.options());
+  at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
+  const auto* xs = reinterpret_cast<const uint16_t*>(xc.data_ptr());
+  const auto* ws = packed.data_ptr<int8_t>();
+  const auto* bs = bias.has_value() ? reinterpret_cast<const uint16_t*>(b.data_ptr()) : nullptr;
+  auto* os = reinterpret_cast<uint16_t*>(out.data_ptr());
+  const float* sc = scales.data_ptr<float>();
+  at::parallel_for(0, nblocks, 1, [&](int64_t begin, int64_t end) {
+    TileConfig config{};
+    config.palette = 1;
+    for (int t = 0; t < 8; ++t) {
+      config.colsb[t] = 64;
+      config.rows[t] = 16;
+    }
+    _tile_loadconfig(&config);
+    std::vector<uint16_t> slab(k / 32 * 4 * 512);
+    alignas(64) float sums[16 * 64];
+    for (int64_t nb = begin; nb < end; ++nb)
+      slab_rows(xs, ws + nb * k * 64, sc, bs, os, m, padded_m, k, n, nb, slab.data(), sums);
+    _tile_release();
+  });
+  return out;
+#else
+  TORCH_CHECK(false, "int8_linear: built for a CPU without AMX (amx_bf16) and AVX512-BF16");
+  return x;
+#endif
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(accelab, m) {
+  m.def("int8_linear(Tensor x, Tensor packed, Tensor scales, Tensor? bias) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(accelab, CPU, m) { m.impl("int8_linear", &int8_linear); }
+"""
+
+
+def library_path() -> Path:
+    """Where this machine's build lives (`kernels.library_path`)."""
+    return kernels.library_path(NAME, SOURCE)
+
+
+def build() -> Path:
+    """Compile the operator for this machine (`kernels.build`)."""
+    return kernels.build(NAME, SOURCE)
+
+
+@functools.cache
+def _load() -> str | None:
+    missing = [flag for flag in NEEDS if flag not in kernels.cpu_flags()]
+    if missing:
+        return f"it needs a CPU with AMX and AVX512-BF16 (this one lacks {', '.join(missing)})"
+    why = kernels.load(NAME, SOURCE, "int8_linear")
+    if why is None:
+
+        @torch.library.register_fake("accelab::int8_linear")
+        def _(x, packed, scales, bias):
+            return x.new_empty((x.shape[0], packed.shape[0] * 64))
+
+    return why
+
+
+def available(out_features: int, in_features: int) -> str | None:
+    """None when the operator runs a [out_features, in_features] int8 weight here, else why not."""
+    if out_features % 64 or in_features % 32:
+        return f"it takes weights of rows a multiple of 64 and columns of 32, not {out_features} x {in_features}"
+    return _load()
+
+
+def pack(values: torch.Tensor) -> torch.Tensor:
+    """int8 [N, K] -> the operator's layout: for each 64 rows and 32 columns, four 16-row tiles
+    with column pairs side by side (AMX's layout for the right-hand operand)."""
+    n, k = values.shape
+    return values.reshape(n // 64, 4, 16, k // 32, 16, 2).permute(0, 3, 1, 4, 2, 5).contiguous()
+
+
+def linear(
+    x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x [M, K] bf16 times the packed int8 weights, each output row times its scale, plus bias."""
+    return torch.ops.accelab.int8_linear(x, packed, scales, bias)
