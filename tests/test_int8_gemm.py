@@ -13,7 +13,7 @@ AMX = all(flag in kernels.cpu_flags() for flag in int8_gemm.NEEDS)
 
 def _weights(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(n + k)
-    return torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g), torch.rand(n, generator=g) * 0.02 + 1e-3
+    return torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g), torch.rand(n, generator=g) * 0.02 + 1e-3
 
 
 @pytest.mark.parametrize("rows", [1, 5, 16, 17, 40])
@@ -25,6 +25,7 @@ def test_the_operator_gives_the_dequantized_weights_product(rows, n, k):
         return
     assert int8_gemm.available(n, k) is None
     values, scales = _weights(n, k)
+    values[0, :4] = torch.tensor([-128, -127, 0, 127], dtype=torch.int8)  # the ends, and zero (sign-magnitude)
     x = torch.randn(rows, k).bfloat16()
     bias = torch.randn(n).bfloat16() if rows % 2 else None
     want = x.float() @ (values.float() * scales[:, None]).T + (0 if bias is None else bias.float())
