@@ -2,7 +2,7 @@
 
 Each is a small library of `accelab::` operators compiled by torch's C++ extension loader (g++,
 which a compiled plan needs anyway; -march=native, so it is built where it runs): `make install`
-builds them all (`python -m accelab.serve.engines.kernels`), else the first process that needs
+builds them all (`python -m accelab.serve.engines.build_kernels`), else the first process that needs
 one does (~20 s each). Later processes load the library from ACCELAB_KERNELS
 (~/.cache/accelab/kernels), keyed by its source, the flags, torch's version and the CPU's feature
 flags (a build under torch's own extension cache is keyed by the venv's path and pulls in
@@ -88,15 +88,3 @@ def load(name: str, source: str, op: str) -> str | None:
         log.warning("%s did not build (%s); the engines use tensor operations instead", name, why)
         return f"it did not build: {why}"
     return None
-
-
-def build_all() -> list[Path]:
-    """Build every library for this machine (`make install`)."""
-    from accelab.serve.engines import decode_attention, int8_gemm
-
-    return [decode_attention.build(), int8_gemm.build()]
-
-
-if __name__ == "__main__":
-    for built in build_all():
-        print("built", built)
