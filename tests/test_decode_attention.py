@@ -56,7 +56,7 @@ def test_what_the_kernel_does_not_take_is_said():
 def _available_in_a_new_process(kernels, **env) -> str:
     code = (
         "import time, torch; from accelab.serve.engines import decode_attention as k; t = time.time(); "
-        "why = k.available(torch.float32, 64); print(repr(why), round(time.time() - t, 2), k.library_path())"
+        "why = k.available(torch.float32, 64); print(repr(why), round(time.time() - t, 2), k.LIBRARY.path())"
     )
     done = subprocess.run(
         [sys.executable, "-c", code],

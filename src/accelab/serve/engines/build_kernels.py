@@ -6,5 +6,5 @@ from __future__ import annotations
 from accelab.serve.engines import decode_attention, int8_gemm
 
 if __name__ == "__main__":
-    for build in (decode_attention.build, int8_gemm.build):
-        print("built", build())
+    for library in (decode_attention.LIBRARY, int8_gemm.LIBRARY):
+        print("built", library.build())

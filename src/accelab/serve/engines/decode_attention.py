@@ -20,9 +20,6 @@ does); `available()` says whether it loaded, and why not.
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-
 import torch
 
 from accelab.serve.engines import kernels
@@ -240,28 +237,11 @@ DTYPES = (torch.float32, torch.bfloat16)
 HEAD_DIMS = (8, 16, 32, 64, 80, 96, 128, 256)  # the kernel's unrolled sizes
 
 
-def library_path() -> Path:
-    """Where this machine's build of the kernel lives (`kernels.library_path`)."""
-    return kernels.library_path(NAME, SOURCE)
+def _shape(q, k_cache, v_cache, tables, positions, scale, window):
+    return q.new_empty(q.shape, dtype=torch.float32)
 
 
-def build() -> Path:
-    """Compile the kernel for this machine (`kernels.build`)."""
-    return kernels.build(NAME, SOURCE)
-
-
-@functools.cache
-def _load() -> str | None:
-    """Load the kernel (building it first where this machine has no build): None, or why it is not
-    there."""
-    why = kernels.load(NAME, SOURCE, "decode_attention")
-    if why is None:
-
-        @torch.library.register_fake("accelab::decode_attention")
-        def _(q, k_cache, v_cache, tables, positions, scale, window):
-            return q.new_empty(q.shape, dtype=torch.float32)
-
-    return why
+LIBRARY = kernels.Library(NAME, SOURCE, "decode_attention", _shape)
 
 
 def available(dtype: torch.dtype, head_dim: int) -> str | None:
@@ -270,7 +250,7 @@ def available(dtype: torch.dtype, head_dim: int) -> str | None:
         return f"it takes float32 and bfloat16 caches, not {dtype}"
     if head_dim not in HEAD_DIMS:
         return f"it takes head sizes {', '.join(map(str, HEAD_DIMS))}, not {head_dim}"
-    return _load()
+    return LIBRARY.ready()
 
 
 def decode_attention(

@@ -17,9 +17,6 @@ kernel there.
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-
 import torch
 
 from accelab.serve.engines import kernels
@@ -193,36 +190,20 @@ TORCH_LIBRARY_IMPL(accelab, CPU, m) { m.impl("int8_linear", &int8_linear); }
 """
 
 
-def library_path() -> Path:
-    """Where this machine's build lives (`kernels.library_path`)."""
-    return kernels.library_path(NAME, SOURCE)
+def _shape(x, packed, scales, bias):
+    return x.new_empty((x.shape[0], packed.shape[0] * 64))
 
 
-def build() -> Path:
-    """Compile the operator for this machine (`kernels.build`)."""
-    return kernels.build(NAME, SOURCE)
-
-
-@functools.cache
-def _load() -> str | None:
-    missing = [flag for flag in NEEDS if flag not in kernels.cpu_flags()]
-    if missing:
-        return f"it needs a CPU with AMX, AVX512-BF16 and AVX512-VBMI (this one lacks {', '.join(missing)})"
-    why = kernels.load(NAME, SOURCE, "int8_linear")
-    if why is None:
-
-        @torch.library.register_fake("accelab::int8_linear")
-        def _(x, packed, scales, bias):
-            return x.new_empty((x.shape[0], packed.shape[0] * 64))
-
-    return why
+LIBRARY = kernels.Library(
+    NAME, SOURCE, "int8_linear", _shape, needs=NEEDS, needs_said="AMX, AVX512-BF16 and AVX512-VBMI"
+)
 
 
 def available(out_features: int, in_features: int) -> str | None:
     """None when the operator runs a [out_features, in_features] int8 weight here, else why not."""
     if out_features % 64 or in_features % 32:
         return f"it takes weights of rows a multiple of 64 and columns of 32, not {out_features} x {in_features}"
-    return _load()
+    return LIBRARY.ready()
 
 
 def pack(values: torch.Tensor) -> torch.Tensor:

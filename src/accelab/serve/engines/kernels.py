@@ -17,6 +17,8 @@ import logging
 import os
 import platform
 import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -88,3 +90,41 @@ def load(name: str, source: str, op: str) -> str | None:
         log.warning("%s did not build (%s); the engines use tensor operations instead", name, why)
         return f"it did not build: {why}"
     return None
+
+
+@dataclass(eq=False)
+class Library:
+    """One library of `accelab::` operators: its source, the operator that says it is loaded, the CPU
+    flags it needs, and the shape function compiled graphs trace it with (`torch.library.register_fake`)."""
+
+    name: str
+    source: str
+    op: str
+    fake: Callable[..., torch.Tensor]
+    needs: tuple[str, ...] = ()
+    needs_said: str = ""  # the needs in words, for the reason a CPU without them is given
+    _why: list[str | None] = field(default_factory=list, repr=False)
+
+    def path(self) -> Path:
+        """Where this machine's build lives."""
+        return library_path(self.name, self.source)
+
+    def build(self) -> Path:
+        """Compile the library for this machine (~20 s)."""
+        return build(self.name, self.source)
+
+    def ready(self) -> str | None:
+        """Load the library once per process (building it first where this machine has none): None,
+        or why its operators are not there."""
+        if not self._why:
+            self._why.append(self._load())
+        return self._why[0]
+
+    def _load(self) -> str | None:
+        missing = [flag for flag in self.needs if flag not in cpu_flags()]
+        if missing:
+            return f"it needs a CPU with {self.needs_said} (this one lacks {', '.join(missing)})"
+        why = load(self.name, self.source, self.op)
+        if why is None:
+            torch.library.register_fake(f"accelab::{self.op}")(self.fake)
+        return why
