@@ -46,13 +46,13 @@ CATEGORIES = {  # operator name fragments -> category (first match wins)
 }
 
 
-def load(plan: str, sizes: tuple[int, ...]):
+def load(model: str, plan: str, sizes: tuple[int, ...]):
     from accelab.catalog.resolve import resolve
     from accelab.plan.plan import load_plan
     from accelab.serve.engines import build_engine
     from accelab.serve.scheduler import SchedulerConfig
 
-    engine = build_engine(resolve("smollm2-135m"), load_plan(plan), torch.device("cpu"), name="profile")
+    engine = build_engine(resolve(model), load_plan(plan), torch.device("cpu"), name="profile")
     limits = SchedulerConfig(max_running=max(sizes), max_step_tokens=4096, kv_blocks=4096, block_size=16)
     return engine, engine.step_engine(limits)
 
@@ -227,6 +227,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--profile-steps", type=int, default=5)
     parser.add_argument("--plan", default="baseline")
+    parser.add_argument("--model", default="smollm2-135m", help="a catalog model (llama-1b: the GEMM-bound regime)")
     parser.add_argument("--py-spy", action="store_true", help="run under py-spy and summarise its samples")
     parser.add_argument("--no-tables", action="store_true")
     opts = parser.parse_args()
@@ -235,7 +236,7 @@ def main() -> int:
         print(py_spy(argv))
         return 0
     sizes = tuple(int(s) for s in opts.sizes.split(","))
-    engine, stepper = load(opts.plan, sizes)
+    engine, stepper = load(opts.model, opts.plan, sizes)
     print(f"engine: {stepper.name}; torch {torch.__version__}, {torch.get_num_threads()} threads")
     try:
         for size in sizes:
