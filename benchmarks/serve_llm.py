@@ -75,6 +75,7 @@ ACCELAB = (
     "torch-compiled",
     "torch-int8",
     "torch-int8-compiled",
+    "torch-int8-head-compiled",
     "llamacpp",
     "llamacpp-q8_0",
     "ov-int8-bf16",
@@ -82,6 +83,7 @@ ACCELAB = (
 )
 COMPILED = "bf16[compile=default]"  # bf16 with the decoding steps compiled
 INT8_COMPILED = "int8-bf16[compile=default]"  # int8 weights (the AMX int8 GEMM where it runs), steps compiled
+INT8_HEAD_COMPILED = "int8-bf16[compile=default;quantize_head=true]"  # the output head int8 too
 OV_PLAN = "openvino-int8-bf16"
 PEERS = ("vllm-bf16", "vllm-fp32", "llama-server")  # their best documented configurations (not the handicapped)
 
@@ -118,6 +120,9 @@ def contenders(opts: argparse.Namespace, before_src: Path | None) -> dict[str, S
         "torch-int8": S.accelab("accelab serve --plan int8-bf16", model, *common, "--plan", "int8-bf16"),
         "torch-int8-compiled": S.accelab(
             f"accelab serve --plan '{INT8_COMPILED}'", model, *common, "--plan", INT8_COMPILED
+        ),
+        "torch-int8-head-compiled": S.accelab(
+            f"accelab serve --plan '{INT8_HEAD_COMPILED}'", model, *common, "--plan", INT8_HEAD_COMPILED
         ),
         "ov-int8-bf16": S.accelab(f"accelab serve --plan {OV_PLAN}", model, *common, "--plan", OV_PLAN),
         "vllm-bf16": S.vllm_serve(path, model, max_num_seqs=seqs, dtype="bfloat16", max_model_len=context),

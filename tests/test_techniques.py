@@ -18,7 +18,7 @@ import transformers
 
 from accelab.catalog.facts import weight_bytes
 from accelab.catalog.spec import ModelSpec
-from accelab.plan.plan import Plan
+from accelab.plan.plan import Plan, load_plan
 from accelab.plan.runtime import Runnable, Unsupported
 from accelab.plan.techniques import (
     attention,
@@ -360,6 +360,30 @@ def test_int8_weights_really_int8_and_close(llama_spec, choice):
     with torch.inference_mode():
         got = model(tokens).logits
     assert ((got - expected).norm() / expected.norm()).item() < 0.05
+
+
+def test_quantize_head_quantizes_the_output_head_too_and_leaves_a_tied_embedding_alone():
+    model = _tiny_llama()
+    model.config.tie_word_embeddings = True
+    model.tie_weights()
+    embedding = model.model.embed_tokens.weight.detach().clone()
+    tokens = _tokens()
+    with torch.inference_mode():
+        expected = model(tokens).logits
+    runnable = Runnable(model=model, processor=None, device=CPU, task="text-generation")
+    quantization.apply(runnable, Plan(quantization="int8-weight", quantize_head=True))
+
+    inner, _ = model.lm_head.weight.__tensor_flatten__()
+    assert getattr(model.lm_head.weight, inner[0]).dtype == torch.int8
+    assert runnable.quantized_layers == 4 * 7 + 1 and not any("kept" in note for note in runnable.notes)
+    assert type(model.model.embed_tokens.weight) is torch.nn.Parameter  # the input embedding keeps its floats
+    assert torch.equal(model.model.embed_tokens.weight, embedding)
+    with torch.inference_mode():
+        got = model(tokens).logits
+    assert ((got - expected).norm() / expected.norm()).item() < 0.05
+    with pytest.raises(ValueError, match="quantize_head=true needs a quantization"):
+        Plan(quantize_head=True)
+    assert load_plan("int8-bf16", ["quantize_head=true"]).quantize_head
 
 
 def test_int4_weight_unsupported_on_cpu(llama_spec):

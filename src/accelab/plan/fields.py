@@ -44,6 +44,7 @@ class Plan:
     compile_scope: CompileScope = "model"
     attention: Attention = "default"
     quantization: Quantization = "none"
+    quantize_head: bool = False  # quantize the output head (lm_head) too; by default it keeps its precision
     batch_size: int | None = None  # None: the workload's batch size
     kv_cache: KVCache = "dynamic"
     placement: Placement = "auto"
@@ -77,6 +78,8 @@ class Plan:
                 raise ValueError(f"Plan field server has {key!r}; the server settings are: {names}")
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"Plan field server: {key}={value!r} must be a whole number, 1 or more")
+        if self.quantize_head and self.quantization == "none":
+            raise ValueError("Plan field quantize_head=true needs a quantization (e.g. quantization=int8-weight)")
         if self.placement in ("device-map", "cpu-offload", "disk-offload") and self.backend != "torch":
             raise ValueError(f"placement={self.placement!r} needs backend='torch' (got {self.backend!r})")
 
