@@ -71,33 +71,35 @@ def test_a_compiled_step_that_differs_is_left_out_at_start_up(monkeypatch, caplo
         engine.close()
 
 
-def _int8_engine() -> RaggedTorchEngine:
+def _int8_engine(head: bool = False) -> RaggedTorchEngine:
     from torchao.quantization import quantize_
 
     from accelab.plan.techniques.quantization import head_modules, layer_filter, make_config
 
     model = tiny(*ARCHITECTURES["llama"]).to(torch.bfloat16)
     config = make_config("int8-weight", torch.device("cpu"))
-    quantize_(model, config, filter_fn=layer_filter("int8-weight", head_modules(model)))
+    quantize_(model, config, filter_fn=layer_filter("int8-weight", set() if head else head_modules(model)))
     run = runnable(model)
     run.plan = Plan(name="int8-compile", compile="default")
     return RaggedTorchEngine(run, LIMITS)
 
 
-def test_int8_weights_run_compiled_through_the_int8_gemm_operator():
+@pytest.mark.parametrize("head", [False, True], ids=["head-bf16", "head-int8"])
+def test_int8_weights_run_compiled_through_the_int8_gemm_operator(head):
     """int8 weight-only (torchao, a scale a row) in bf16: the compiled steps keep the weights int8
     and call the AMX int8 GEMM operator from the graph; their logits pass the start-up check
-    against the eager steps. Where the operator does not run (no AMX), the reason is given."""
+    against the eager steps, with the output layer bf16 or (`quantize_head`) int8 too. Where the
+    operator does not run (no AMX), the reason is given."""
     why = int8_gemm.available(128, 64)
     if why is not None:
         with pytest.raises(Unsupported, match="the int8 GEMM operator does not run them"):
-            _int8_engine()
+            _int8_engine(head)
         return
-    engine = _int8_engine()
+    engine = _int8_engine(head)
     try:
         module = engine._compiled._module
         assert [module.weights[j].dtype for j in range(1, 5)] == [torch.int8] * 4  # the layer's four GEMMs
-        assert module.weights[0].dtype == torch.bfloat16  # the output layer stays bf16
+        assert module.weights[0].dtype == (torch.int8 if head else torch.bfloat16)  # the output layer
         assert engine.self_check(requests()[1][0]) is None
         assert engine.name.endswith(", steps compiled")
         got, _, _ = serve(engine, LIMITS, requests())
