@@ -12,13 +12,14 @@ moved into place in one rename: another process never loads a half-written libra
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
 import platform
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -103,7 +104,6 @@ class Library:
     fake: Callable[..., torch.Tensor]
     needs: tuple[str, ...] = ()
     needs_said: str = ""  # the needs in words, for the reason a CPU without them is given
-    _why: list[str | None] = field(default_factory=list, repr=False)
 
     def path(self) -> Path:
         """Where this machine's build lives."""
@@ -113,14 +113,10 @@ class Library:
         """Compile the library for this machine (~20 s)."""
         return build(self.name, self.source)
 
+    @functools.cache  # noqa: B019 - the libraries are module constants: kept for the process anyway
     def ready(self) -> str | None:
         """Load the library once per process (building it first where this machine has none): None,
         or why its operators are not there."""
-        if not self._why:
-            self._why.append(self._load())
-        return self._why[0]
-
-    def _load(self) -> str | None:
         missing = [flag for flag in self.needs if flag not in cpu_flags()]
         if missing:
             return f"it needs a CPU with {self.needs_said} (this one lacks {', '.join(missing)})"
