@@ -74,6 +74,12 @@ def contenders(opts: argparse.Namespace, before_src: Path | None = None) -> dict
         "continuous-bf16-1": S.accelab(
             "accelab serve --plan bf16 --max-step-images 1", model, *common, "--plan", "bf16", "--max-step-images", "1"
         ),
+        "continuous-bf16-batch1": S.accelab(
+            "accelab serve --plan bf16 --encoder-batch 1", model, *common, "--plan", "bf16", "--encoder-batch", "1"
+        ),
+        "continuous-bf16-batch4": S.accelab(
+            "accelab serve --plan bf16 --encoder-batch 4", model, *common, "--plan", "bf16", "--encoder-batch", "4"
+        ),
         "continuous-bf16-share2": S.accelab(
             "accelab serve --plan bf16 --encoder-share 2", model, *common, "--plan", "bf16", "--encoder-share", "2"
         ),

@@ -124,3 +124,5 @@ def test_the_server_options_make_the_policy():
     assert not policy.allow_private and policy.timeout_s == 10.0
     with pytest.raises(ValueError, match="max_images=0 must be 1 or more"):
         ServeConfig(model_name="m", max_images=0)
+    with pytest.raises(ValueError, match="encoder_batch=0 must be 1 or more"):
+        ServeConfig(model_name="m", encoder_batch=0)

@@ -70,10 +70,12 @@ def alone(vlm, prompt, new: int) -> list[int]:
     return out[0, inputs["input_ids"].shape[1] :].tolist()
 
 
-def serve(engine, limits: SchedulerConfig, reqs, slice_s: float | None = None) -> tuple[list[list[int]], Scheduler]:
+def serve(
+    engine, limits: SchedulerConfig, reqs, slice_s: float | None = None, batch: int = 1
+) -> tuple[list[list[int]], Scheduler]:
     """The continuous worker's loop, single-threaded: schedule, copy-on-write, step, advance;
-    with `slice_s`, images are encoded between the steps in slices of that long (the worker's
-    `_encode_images`: the whole of them when the step fed nothing)."""
+    with `slice_s`, images are encoded between the steps in slices of that long, up to `batch`
+    in one forward (the worker's `_encode_images`: the whole of them when the step fed nothing)."""
     ahead = slice_s is not None
     sched = Scheduler(limits, FakeClock(), ready=engine.image_ready if ahead else None)
     greedy = SamplingParams(max_tokens=64, temperature=0)
@@ -103,7 +105,7 @@ def serve(engine, limits: SchedulerConfig, reqs, slice_s: float | None = None) -
                 engine.release(chunk.seq.id)
         wanted = [(s.id, im) for s, key in step.encode for im in s.payload.media if im.key == key]
         if wanted:
-            assert not engine.encode_ahead(wanted, slice_s if step.chunks else None)
+            assert not engine.encode_ahead(wanted, slice_s if step.chunks else None, batch=batch)
     return [s.generated for s in seqs], sched
 
 
@@ -149,6 +151,30 @@ def test_images_encoded_between_the_steps_layer_by_layer_give_the_same_tokens(vl
     finally:
         engine.close()
     assert not slices._hooks  # closed with the engine: the tower's layers run whole again
+
+
+def test_images_encoded_two_in_one_forward_give_the_same_tokens(vlm, monkeypatch):
+    """Two pictures the running prompts wait for go through the tower in one forward (their
+    inputs joined), each still encoded once, and every request's greedy tokens are generate's."""
+    reqs = [(p, n) for p, n in zip(prompts(vlm), (6, 5, 7, 4, 6))]
+    limits = SchedulerConfig(max_running=4, max_step_tokens=20, kv_blocks=96, block_size=8, prefix_caching=True)
+    engine = vlm.step_engine(limits)
+    batches: list[int] = []  # images per forward of the tower
+    encode = VisionEncoder.__call__
+
+    def noted(self, work):
+        batches.append(len(work.images))
+        return encode(self, work)
+
+    monkeypatch.setattr(VisionEncoder, "__call__", noted)
+    try:
+        cache = engine.encoder_cache
+        before = cache.misses
+        got, _ = serve(engine, limits, reqs, slice_s=0.0, batch=2)
+        assert got == [alone(vlm, p, n) for p, n in reqs]
+        assert batches == [2] and cache.misses - before == 2 and cache.hits >= 1
+    finally:
+        engine.close()
 
 
 def test_two_images_behind_the_same_text_never_share_kv_blocks(vlm):

@@ -97,9 +97,11 @@ class ContinuousWorker(WorkerThread[Step[_Row]]):
         clock: Callable[[], float] = time.monotonic,
         hooks: ContinuousHooks | None = None,
         encoder_share: float = 1.0,
+        encoder_batch: int = 1,
     ):
         super().__init__("accelab-continuous-worker", clock=clock)
         self._encoder_share = encoder_share  # the vision encoder's time after a step, in that step's time
+        self._encoder_batch = encoder_batch  # images the vision encoder takes in one forward, at most
         self.engine = engine
         self.config = config
         self._decode = decode
@@ -264,7 +266,9 @@ class ContinuousWorker(WorkerThread[Step[_Row]]):
         if not wanted:
             return
         budget = self._encoder_share * seconds if step.chunks else None
-        failed = self._encoder.encode_ahead([(seq.id, image) for seq, image in wanted], budget)
+        failed = self._encoder.encode_ahead(
+            [(seq.id, image) for seq, image in wanted], budget, batch=self._encoder_batch
+        )
         for seq, image in wanted:
             error = failed.get(image.key)
             if error is not None and seq.state != "done":

@@ -141,6 +141,7 @@ class ServerState:
             eos_ids=engine.eos_ids,
             hooks=self._continuous_hooks(bound),
             encoder_share=self.config.encoder_share,
+            encoder_batch=self.config.encoder_batch,
         )
         worker.start()
         self.metrics.kv_blocks.labels(state="free").set(limits.kv_blocks)

@@ -248,7 +248,9 @@ class EncodesAhead(Protocol):
 
     def image_ready(self, key: Any) -> bool: ...
 
-    def encode_ahead(self, wanted: Sequence[tuple[int, Any]], budget_s: float | None) -> dict[str, BaseException]: ...
+    def encode_ahead(
+        self, wanted: Sequence[tuple[int, Any]], budget_s: float | None, *, batch: int = 1
+    ) -> dict[str, BaseException]: ...
 
 
 @dataclass(frozen=True, slots=True)

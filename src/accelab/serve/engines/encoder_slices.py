@@ -31,6 +31,8 @@ from typing import Any
 import greenlet
 import torch
 
+from accelab.serve.engines.vision import ImageBatch, ImageInput, batch_images
+
 __all__ = ["Encoded", "SlicedEncoder", "encode_wanted"]
 
 
@@ -46,9 +48,9 @@ class Encoded:
 
 
 class SlicedEncoder:
-    """One image at a time (`current`); `run` gives it a slice. `encode(image)` is the model's
-    whole encoding of one image; `layers` the modules between which it may pause; `context`
-    the model's run context (autocast and the like)."""
+    """One batch of images at a time (`current`); `run` gives it a slice. `encode(batch)` is the
+    model's whole encoding of a batch (anything with a `key`); `layers` the modules between which
+    it may pause; `context` the model's run context (autocast and the like)."""
 
     def __init__(
         self,
@@ -116,30 +118,61 @@ class SlicedEncoder:
 
 
 def encode_wanted(
-    slices: SlicedEncoder, cache: Any, wanted: Sequence[tuple[int, Any]], budget_s: float | None
+    slices: SlicedEncoder,
+    cache: Any,
+    wanted: Sequence[tuple[int, ImageInput]],
+    budget_s: float | None,
+    *,
+    batch: int = 1,
 ) -> dict[str, BaseException]:
     """Encode the images the prefill waits for (`wanted`: (sequence, image), oldest first) for
-    about `budget_s` seconds (None: all of them; one layer at least): the image begun first goes
-    on first (its work is never thrown away), then the others in order. A finished image goes
-    into `cache` (the engine's vision.EncoderCache), held by the sequences that want it. Returns
-    the errors of images whose encoding failed, by image key."""
-    queue = [slices.current] if slices.current is not None else []
+    about `budget_s` seconds (None: all of them; one layer at least), up to `batch` images in one
+    forward (`vision.batch_images`): the batch begun first goes on first (its work is never thrown
+    away), then the others in order. A finished image goes into `cache` (the engine's
+    vision.EncoderCache), held by the sequences that want it. A batch that fails is encoded again
+    image by image, so that an image fails alone. Returns the errors of images whose encoding
+    failed, by image key."""
+    if batch < 1:
+        raise ValueError(f"batch={batch}: the encoder takes one image a forward at least")
+    current: ImageBatch | None = slices.current
+    begun = {image.key for image in current.images} if current is not None else set()
+    waiting: dict[str, ImageInput] = {}
     for _, image in wanted:
-        if image.key not in cache and all(image.key != other.key for other in queue):
-            queue.append(image)
+        if image.key not in cache and image.key not in begun:
+            waiting.setdefault(image.key, image)
+    queue = ([current] if current is not None else []) + batch_images(list(waiting.values()), batch)
     failed: dict[str, BaseException] = {}
     deadline = None if budget_s is None else time.perf_counter() + budget_s
-    for i, image in enumerate(queue):
+    for i, work in enumerate(queue):
         left = None if deadline is None else deadline - time.perf_counter()
         if left is not None and left <= 0 and i:  # every call moves on by a layer at least
             break
-        done = slices.run(image, left)
+        done = slices.run(work, left)
         if done is None:
             break
-        if done.error is not None:
-            failed[done.key] = done.error
+        if done.error is not None and len(work.images) > 1:  # which image it was: each alone, to its end
+            for image in work.images:
+                alone = ImageBatch(images=(image,), inputs=image.inputs)
+                result = slices.run(alone, None)
+                assert result is not None
+                _settle(result, alone, cache, wanted, failed)
             continue
-        assert done.features is not None
-        holders = [seq for seq, other in wanted if other.key == done.key]
-        cache.add(done.key, done.features, holders, done.seconds)
+        _settle(done, work, cache, wanted, failed)
     return failed
+
+
+def _settle(
+    done: Encoded,
+    work: ImageBatch,
+    cache: Any,
+    wanted: Sequence[tuple[int, ImageInput]],
+    failed: dict[str, BaseException],
+) -> None:
+    """An ended batch: each image's features into the cache with its share of the time, or its error."""
+    if done.error is not None:
+        failed.update((image.key, done.error) for image in work.images)
+        return
+    assert done.features is not None
+    for image, features in zip(work.images, work.split(done.features), strict=True):
+        holders = [seq for seq, other in wanted if other.key == image.key]
+        cache.add(image.key, features, holders, done.seconds * image.rows / work.rows)

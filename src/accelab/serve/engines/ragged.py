@@ -220,13 +220,14 @@ class RaggedTorchEngine:
         return self.encoder_cache is not None and key in self.encoder_cache
 
     def encode_ahead(
-        self, wanted: Sequence[tuple[int, ImageInput]], budget_s: float | None
+        self, wanted: Sequence[tuple[int, ImageInput]], budget_s: float | None, *, batch: int = 1
     ) -> dict[str, BaseException]:
-        """Encode the images the prefill waits for, for about `budget_s` seconds, into the encoder
-        cache (`encoder_slices.encode_wanted`); returns the errors of those that failed, by key."""
+        """Encode the images the prefill waits for, for about `budget_s` seconds, up to `batch` in
+        one forward, into the encoder cache (`encoder_slices.encode_wanted`); returns the errors of
+        those that failed, by key."""
         slices, cache = self._slices, self.encoder_cache
         assert slices is not None and cache is not None, "a vision-language model's engine encodes ahead"
-        return encode_wanted(slices, cache, wanted, budget_s)
+        return encode_wanted(slices, cache, wanted, budget_s, batch=batch)
 
     def step_cost(self, inputs: Sequence[Any]) -> StepCost:
         """What a step of these chunks (anything with start, tokens, sample) must read and compute:
