@@ -1,6 +1,7 @@
-"""oneDNN-packed Linear layers with a ViT MLP's GELU fused into its first GEMM: the same outputs as
-the module's own forward (fp32 to rounding, bf16 within its precision), QuickGELU left unfused,
-and `unpack` gives the class's forward back."""
+"""oneDNN-packed Linear layers with a ViT MLP run as one function (fp32: its GELU inside the first
+GEMM; bf16: a tanh GELU computed as erf's after it): the same outputs as the module's own forward
+(fp32 to rounding, bf16 within its precision), QuickGELU left unfused, and `unpack` gives the
+class's forward back."""
 
 from __future__ import annotations
 

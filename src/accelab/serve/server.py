@@ -19,6 +19,7 @@ from typing import Any
 
 import uvicorn
 
+from accelab.serve import allocator
 from accelab.serve.config import ServeConfig
 from accelab.serve.engines import build_engine
 from accelab.serve.engines.base import Engine
@@ -91,6 +92,7 @@ def run_server(
     from accelab.serve.app import create_app
 
     _enable_logs()
+    allocator.keep_freed_memory()
     say = announce or (lambda line: print(line, file=sys.stderr, flush=True))
     app = create_app(config, factory, stop_timeout_s=SHUTDOWN_RESERVE_S / 2)
     state: ServerState = app.state.accelab
