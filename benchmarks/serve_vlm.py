@@ -71,6 +71,15 @@ def contenders(opts: argparse.Namespace, before_src: Path | None = None) -> dict
         "continuous-bf16-compiled": S.accelab(
             "accelab serve --plan 'bf16[compile=default]' (continuous)", model, *common, "--plan", COMPILED
         ),
+        "continuous-bf16-compiled-share2": S.accelab(
+            "accelab serve --plan 'bf16[compile=default]' --encoder-share 2",
+            model,
+            *common,
+            "--plan",
+            COMPILED,
+            "--encoder-share",
+            "2",
+        ),
         "continuous-bf16-1": S.accelab(
             "accelab serve --plan bf16 --max-step-images 1", model, *common, "--plan", "bf16", "--max-step-images", "1"
         ),

@@ -14,11 +14,17 @@ all their outputs in one GEMM and each sibling then takes its slice (`_Siblings`
 decoder layer makes 4 GEMM calls instead of 7. A sibling called with another input (a model
 that transforms it in between) computes its own output from its own weight: always correct.
 
-With `fuse_gelu`, an MLP of fc1 -> GELU -> fc2 (a ViT's, SigLIP's) runs as one function of
-packed weights. In float32 the GELU runs inside fc1's oneDNN call (SmolVLM-256M's tower spent 15%
-of its time in a separate GELU pass). In bfloat16 a tanh GELU is computed as erf's: tanh's costs
-oneDNN 2.1 ms more than the GEMM itself at the tower's [1024 x 768] -> 3072 (2.6 ms), and torch's
-bf16 tanh GELU alone 3.5 ms, where erf's after the GEMM takes 0.74 ms. The two GELUs differ by
+With `vit` (a vision tower), a pre-norm ViT encoder layer (CLIP's, SigLIP's, Idefics3's) runs
+as one function of packed weights (`_vit_layer_forward`): q|k|v one GEMM whose output the
+attention reads as strided views, and the output projection and fc2 adding the residual inside
+oneDNN's GEMM (`_linear_pointwise.binary`; the layer's own two residual additions took ~6% of
+SmolVLM-256M's tower time in bf16). A layer of another shape keeps its own forward, and a call
+with an attention mask (padded patches) or in training runs it. Any other MLP of fc1 -> GELU ->
+fc2 runs as one function of packed weights. In float32 the GELU runs inside fc1's oneDNN call
+(SmolVLM-256M's tower spent 15% of its time in a separate GELU pass). In bfloat16 a tanh GELU
+is computed as erf's: tanh's costs oneDNN 2.1 ms more than the GEMM itself at the tower's
+[1024 x 768] -> 3072 (2.6 ms), and torch's bf16 tanh GELU alone 3.5 ms, where erf's after the
+GEMM takes 0.74 ms. The two GELUs differ by
 4.7e-4 at most (at x = 2.7), under a sixteenth of bf16's spacing there (2^-6): within the
 rounding the plan already accepts, and the server's start-up check compares the result with
 the model's own forward.
@@ -53,7 +59,9 @@ def available(device: torch.device, dtype: torch.dtype) -> bool:
 
 
 class PackedLinears:
-    """Every plain nn.Linear of `model` (but `skip`) computed by oneDNN from a packed copy of its weight."""
+    """Every plain nn.Linear of `model` (but `skip`) computed by oneDNN from a packed copy of its
+    weight; with `vit`, a pre-norm ViT layer as one function (`_vit_layer_forward`) and any other
+    fc1 -> GELU -> fc2 MLP as one."""
 
     def __init__(
         self,
@@ -61,21 +69,31 @@ class PackedLinears:
         *,
         skip: tuple[torch.nn.Module, ...] = (),
         batch_hint: int = BATCH_HINT,
-        fuse_gelu: bool = False,
+        vit: bool = False,
     ):
         self._patched: list[torch.nn.Module] = []
         self._hint = batch_hint  # the rows a call usually has: a decoding step's few, an image's patches
         self.nbytes = 0
         self.fused = 0  # sibling groups packed as one weight
-        self.mlps = 0  # MLPs with their GELU inside fc1's call
+        self.mlps = 0  # MLPs run as one function
+        self.vit_layers = 0  # ViT layers run as one function
         with torch.no_grad():
-            for parent in model.modules() if fuse_gelu else ():
+            for layer in model.modules() if vit else ():
+                forward = _vit_layer_forward(layer, self._hint)
+                if forward is not None:
+                    self._own_forward(layer, forward, [*(_vit_linears(layer) or ()), layer.get_submodule("mlp")])
+                    self.vit_layers += 1
+            for parent in model.modules() if vit else ():
+                if parent in self._patched:
+                    continue
                 gelu = _gelu_of(parent)
                 if gelu is not None:
                     self._fuse_mlp(parent, gelu)
             for parent in model.modules():
                 for names in SIBLINGS:
                     linears = [m for n in names if _packable(m := getattr(parent, n, None), skip)]
+                    if any(m in self._patched for m in linears):
+                        continue
                     if len(linears) == len(names) and len({(m.in_features, m.bias is None) for m in linears}) == 1:
                         self._fuse(linears)
             for module in model.modules():
@@ -87,8 +105,10 @@ class PackedLinears:
                 self._patched.append(module)
                 self.nbytes += module.weight.numel() * module.weight.element_size()
         log.info(
-            "oneDNN packed weights for %d Linear layers (%d MLPs fused), %d sibling groups as one (%.0f MB more)",
-            len(self._patched) - self.mlps,
+            "oneDNN packed weights for %d Linear layers (%d ViT layers, %d MLPs as one), %d sibling groups as one "
+            "(%.0f MB more)",
+            sum(isinstance(m, torch.nn.Linear) for m in self._patched),
+            self.vit_layers,
             self.mlps,
             self.fused,
             self.nbytes / 1e6,
@@ -126,12 +146,18 @@ class PackedLinears:
         def forward(x: torch.Tensor) -> torch.Tensor:
             return _by_rows(x, mlp_rows)
 
-        mlp.__dict__["forward"] = forward
-        self._patched += [mlp, fc1, fc2]  # fc1 and fc2 keep their own forward: listed so none packs them again
-        for linear in (fc1, fc2):
-            linear.__dict__["forward"] = linear.forward  # unpack deletes it: the class's forward again
-            self.nbytes += linear.weight.numel() * linear.weight.element_size()
+        self._own_forward(mlp, forward, [fc1, fc2])
         self.mlps += 1
+
+    def _own_forward(self, module: torch.nn.Module, forward: Callable, inner: list[torch.nn.Module]) -> None:
+        """`module` runs `forward`; its `inner` modules keep their own, listed so none is packed again."""
+        module.__dict__["forward"] = forward
+        self._patched.append(module)
+        for part in inner:
+            part.__dict__["forward"] = part.forward  # unpack deletes it: the class's forward again
+            self._patched.append(part)
+            if isinstance(part, torch.nn.Linear):
+                self.nbytes += part.weight.numel() * part.weight.element_size()
 
     def __len__(self) -> int:
         return len(self._patched)
@@ -216,3 +242,74 @@ def _by_rows(x: torch.Tensor, compute: Callable[[torch.Tensor], torch.Tensor]) -
     flat = x.reshape(-1, x.shape[-1])
     out = compute(flat if flat.is_contiguous() else flat.contiguous())
     return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
+VIT_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj", "mlp.fc1", "mlp.fc2")
+
+
+def _vit_linears(layer: Any) -> list[torch.nn.Linear] | None:
+    """The layer's six Linear layers, when it is a pre-norm ViT layer this module can run."""
+    if not all(isinstance(getattr(layer, n, None), torch.nn.LayerNorm) for n in ("layer_norm1", "layer_norm2")):
+        return None
+    attention = getattr(layer, "self_attn", None)
+    if not all(isinstance(getattr(attention, n, None), (int, float)) for n in ("num_heads", "head_dim", "scale")):
+        return None
+    linears = [_submodule(layer, name) for name in VIT_LINEARS]
+    if not all(_packable(m, ()) and m.bias is not None for m in linears):
+        return None
+    if getattr(layer, "mlp", None) is None or getattr(layer.mlp, "activation_fn", None) is None:
+        return None
+    return linears
+
+
+def _vit_layer_forward(layer: Any, hint: int) -> Callable[..., torch.Tensor] | None:
+    """A pre-norm ViT layer's forward over packed weights (oneDNN's layout for `hint` rows), or
+    None where the layer is not one (module docstring)."""
+    linears = _vit_linears(layer)
+    if linears is None:
+        return None
+    q, k, v, out, fc1, fc2 = linears
+    own = type(layer).forward.__get__(layer)
+    attention = layer.self_attn
+    heads, head_dim, scale = int(attention.num_heads), int(attention.head_dim), float(attention.scale)
+    norm1, norm2, act = layer.layer_norm1, layer.layer_norm2, layer.mlp.activation_fn
+
+    def pack(weight: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), hint)
+
+    qkv_weight = pack(torch.cat([q.weight, k.weight, v.weight]))
+    qkv_bias = torch.cat([q.bias, k.bias, v.bias]).detach()
+    out_weight, fc1_weight, fc2_weight = pack(out.weight), pack(fc1.weight), pack(fc2.weight)
+    out_bias, fc1_bias, fc2_bias = out.bias.detach(), fc1.bias.detach(), fc2.bias.detach()
+    gelu = _gelu_of(layer.mlp)
+    fused_gelu = gelu if gelu is not None and fc1.weight.dtype == torch.float32 else None
+    exact_gelu = gelu is not None and fused_gelu is None  # bf16: erf's GELU (packed_linear's docstring)
+
+    def activation(flat: torch.Tensor) -> torch.Tensor:
+        if fused_gelu is not None:
+            return torch.ops.mkldnn._linear_pointwise(flat, fc1_weight, fc1_bias, "gelu", [], fused_gelu)
+        inner = torch.ops.mkldnn._linear_pointwise(flat, fc1_weight, fc1_bias, "none", [], "")
+        return F.gelu(inner) if exact_gelu else act(inner)
+
+    def forward(hidden_states: torch.Tensor, attention_mask: Any = None, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if attention_mask is not None or args or kwargs or layer.training or hidden_states.dim() != 3:
+            return own(hidden_states, attention_mask, *args, **kwargs)
+        batch, seq, width = hidden_states.shape
+        x = hidden_states.reshape(batch * seq, width)
+        x = x if x.is_contiguous() else x.contiguous()
+        qkv = torch.ops.mkldnn._linear_pointwise(norm1(x), qkv_weight, qkv_bias, "none", [], "")
+        qs, ks, vs = qkv.view(batch, seq, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        heads_out = F.scaled_dot_product_attention(qs, ks, vs, scale=scale)  # [batch, heads, seq, head_dim]
+        joined = heads_out.transpose(1, 2).reshape(batch * seq, heads * head_dim)
+        x = torch.ops.mkldnn._linear_pointwise.binary(joined, x, out_weight, out_bias, "add")
+        x = torch.ops.mkldnn._linear_pointwise.binary(activation(norm2(x)), x, fc2_weight, fc2_bias, "add")
+        return x.view(batch, seq, width)
+
+    return forward
+
+
+def _submodule(layer: torch.nn.Module, name: str) -> Any:
+    try:
+        return layer.get_submodule(name)
+    except AttributeError:
+        return None

@@ -198,7 +198,7 @@ class VisionEncoder:
         self.layers = encoder_layers(inner)
         parts = [getattr(inner, n) for n in _VISION_PARTS if isinstance(getattr(inner, n, None), torch.nn.Module)]
         self._packed = (
-            PackedLinears(torch.nn.ModuleList(parts), batch_hint=_PATCH_ROWS, fuse_gelu=True)
+            PackedLinears(torch.nn.ModuleList(parts), batch_hint=_PATCH_ROWS, vit=True)
             if pack and parts and packed_linear.available(device, dtype)
             else None
         )
