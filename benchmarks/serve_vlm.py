@@ -54,6 +54,7 @@ IMAGE_METRICS = (
 
 
 COMPILED = "bf16[compile=default]"  # bf16 with the language part's decoding steps compiled
+INT8 = "int8-bf16[compile=default;quantize_head=true]"  # the language part's weights int8 (its tower stays bf16)
 
 
 def contenders(opts: argparse.Namespace, before_src: Path | None = None) -> dict[str, S.Server]:
@@ -79,6 +80,10 @@ def contenders(opts: argparse.Namespace, before_src: Path | None = None) -> dict
             COMPILED,
             "--encoder-share",
             "2",
+        ),
+        "continuous-int8": S.accelab(f"accelab serve --plan '{INT8}' (continuous)", model, *common, "--plan", INT8),
+        "continuous-int8-share2": S.accelab(
+            f"accelab serve --plan '{INT8}' --encoder-share 2", model, *common, "--plan", INT8, "--encoder-share", "2"
         ),
         "continuous-bf16-1": S.accelab(
             "accelab serve --plan bf16 --max-step-images 1", model, *common, "--plan", "bf16", "--max-step-images", "1"

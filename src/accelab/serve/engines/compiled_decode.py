@@ -134,6 +134,7 @@ class _Decode(torch.nn.Module):
         self.weights = torch.nn.ParameterList()  # per layer q|k|v, o, gate|up, down: float, or packed int8
         self.scales = torch.nn.ParameterList()  # int8 weights' row scales, beside them in order
         self.int8: list[bool] = []
+        self.out_rows: list[int] = []  # each weight's output rows (an int8 one is packed in blocks of 64)
 
         def add(modules: Sequence[torch.nn.Linear]) -> int:
             """Their weights side by side, as one weight of `weights`: its index."""
@@ -141,10 +142,11 @@ class _Decode(torch.nn.Module):
             if all(r is not None for r in rows):
                 values = torch.cat([r[0] for r in rows if r is not None])
                 self.weights.append(frozen(int8_gemm.pack(values)))
-                self.scales.append(frozen(torch.cat([r[1] for r in rows if r is not None]).float()))
+                self.scales.append(frozen(int8_gemm.pad(torch.cat([r[1] for r in rows if r is not None]).float())))
             else:
                 self.weights.append(frozen(torch.cat([m.weight for m in modules])))
             self.int8.append(all(r is not None for r in rows))
+            self.out_rows.append(sum(m.out_features for m in modules))
             return len(self.weights) - 1
 
         def bias(modules: Sequence[torch.nn.Linear], dtype: torch.dtype) -> torch.nn.Parameter | None:
@@ -172,9 +174,12 @@ class _Decode(torch.nn.Module):
             attn, mlp = layer.self_attn, layer.mlp
             qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
             self.norms.extend([frozen(layer.input_layernorm.weight), frozen(layer.post_attention_layernorm.weight)])
+            first = len(self.weights)
             for modules in (qkv, [attn.o_proj], [mlp.gate_proj, mlp.up_proj], [mlp.down_proj]):
                 add(modules)
             qkv_bias = bias(qkv, self.embed.dtype)
+            if qkv_bias is not None and self.int8[first]:
+                qkv_bias = frozen(int8_gemm.pad(qkv_bias))
             self.bias_of.append(None if qkv_bias is None else len(self.biases))
             if qkv_bias is not None:
                 self.biases.append(qkv_bias)
@@ -185,7 +190,7 @@ class _Decode(torch.nn.Module):
         if not self.int8[j]:
             return F.linear(x, self.weights[j], bias)
         scales = self.scales[sum(self.int8[:j])]
-        return int8_gemm.linear(x.contiguous(), self.weights[j], scales, bias)
+        return int8_gemm.linear(x.contiguous(), self.weights[j], scales, bias, rows=self.out_rows[j])
 
     def forward(
         self,

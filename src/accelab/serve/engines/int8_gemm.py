@@ -10,8 +10,8 @@ AMX's tiles (16 x 32 bf16 by 32 x 16, float32 sums), then scales each output row
 arithmetic as the dequantized weight, from half the memory.
 
 `accelab::int8_linear(x [M, K] bf16, packed, scales [N] f32, bias [N]?) -> [M, N] bf16`, with
-`packed` = `pack(values [N, K] int8)`: N a multiple of 64, K of 32. Only on CPUs with AMX
-(amx_bf16) and AVX512-BF16; `available()` says why not elsewhere, and the engines keep torch's
+`packed` = `pack(values [N, K] int8)`: N padded to a multiple of 64, K a multiple of 32. Only on
+CPUs with AMX (amx_bf16) and AVX512-BF16; `available()` says why not elsewhere, and the engines keep torch's
 kernel there.
 """
 
@@ -209,16 +209,24 @@ LIBRARY = kernels.Library(
 
 def available(out_features: int, in_features: int) -> str | None:
     """None when the operator runs a [out_features, in_features] int8 weight here, else why not."""
-    if out_features % 64 or in_features % 32:
-        return f"it takes weights of rows a multiple of 64 and columns of 32, not {out_features} x {in_features}"
+    if in_features % 32:
+        return f"it takes weights of columns a multiple of 32, not {out_features} x {in_features}"
     return LIBRARY.ready()
+
+
+def pad(rows: torch.Tensor) -> torch.Tensor:
+    """A weight's per-row values (scales, bias) with zero rows up to the packed weight's: the
+    operator computes rows in blocks of 64 (a vocabulary of 49,192 becomes 49,216)."""
+    extra = -rows.shape[0] % 64
+    return rows if not extra else torch.cat([rows, rows.new_zeros(extra, *rows.shape[1:])])
 
 
 def pack(values: torch.Tensor) -> torch.Tensor:
     """int8 [N, K] -> the operator's layout: for each 64 rows and 32 columns, four 16-row tiles
     with column pairs side by side (AMX's layout for the right-hand operand), each 64 values in
     the order the kernel's interleave reads them, as a sign bit and 7 bits of magnitude (-128 as
-    the sign bit alone)."""
+    the sign bit alone). Rows past a multiple of 64 are padded with zero rows (`pad`)."""
+    values = pad(values)
     n, k = values.shape
     tiles = values.reshape(n // 64, 4, 16, k // 32, 16, 2).permute(0, 3, 1, 4, 2, 5)
     # 64 values (half, lane, 8) -> (lane, half, 8): the unpacks interleave 8 bytes of each 128-bit lane
@@ -228,7 +236,13 @@ def pack(values: torch.Tensor) -> torch.Tensor:
 
 
 def linear(
-    x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    rows: int | None = None,
 ) -> torch.Tensor:
-    """x [M, K] bf16 times the packed int8 weights, each output row times its scale, plus bias."""
-    return torch.ops.accelab.int8_linear(x, packed, scales, bias)
+    """x [M, K] bf16 times the packed int8 weights, each output row times its scale, plus bias
+    (`scales` and `bias` padded as the weight: `pad`); the first `rows` outputs (None: all)."""
+    out = torch.ops.accelab.int8_linear(x, packed, scales, bias)
+    return out if rows is None or rows == out.shape[1] else out[:, :rows]

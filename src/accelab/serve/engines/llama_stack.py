@@ -204,8 +204,9 @@ def _linear(modules: list[torch.nn.Linear], pack: bool) -> Linear:
         scales = torch.cat([rows[1] for rows in int8 if rows is not None]).to(dtype)
         bias = _bias(modules, values.shape[0], dtype)
         if values.device.type == "cpu" and int8_gemm.available(*values.shape) is None:
-            packed, row_scales = int8_gemm.pack(values), scales.float()
-            return lambda x: int8_gemm.linear(x.contiguous(), packed, row_scales, bias)
+            packed, row_scales, n = int8_gemm.pack(values), int8_gemm.pad(scales.float()), values.shape[0]
+            padded_bias = None if bias is None else int8_gemm.pad(bias)
+            return lambda x: int8_gemm.linear(x.contiguous(), packed, row_scales, padded_bias, rows=n)
         if bias is None:
             return lambda x: torch.ops.aten._weight_int8pack_mm(x.contiguous(), values, scales)
         return lambda x: torch.ops.aten._weight_int8pack_mm(x.contiguous(), values, scales) + bias
