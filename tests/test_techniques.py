@@ -386,6 +386,32 @@ def test_quantize_head_quantizes_the_output_head_too_and_leaves_a_tied_embedding
     assert load_plan("int8-bf16", ["quantize_head=true"]).quantize_head
 
 
+def test_weight_only_int8_keeps_a_vlms_vision_tower_in_full_precision():
+    """The language part's Linears go int8, the vision tower's and the projector's stay float
+    (compute-bound: int8 weights would only add their dequantization); int8-dynamic, which
+    quantizes the activations too, takes them all."""
+    from transformers import AutoModelForImageTextToText
+
+    from accelab.catalog.fetch import is_fetched
+    from accelab.catalog.store import model_dir
+
+    assert is_fetched("smolvlm-tiny"), "make models fetches smolvlm-tiny"
+
+    def quantized(plan: Plan) -> tuple[set[str], Runnable]:
+        model = AutoModelForImageTextToText.from_pretrained(model_dir("smolvlm-tiny"))
+        runnable = Runnable(model=model, processor=None, device=CPU, task="image-text-to-text")
+        quantization.apply(runnable, plan)
+        names = {n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+        return {n for n in names if type(model.get_submodule(n).weight) is not torch.nn.Parameter}, runnable
+
+    int8, runnable = quantized(Plan(quantization="int8-weight"))
+    assert int8 and all(n.startswith("model.text_model.") for n in int8)
+    assert any("model.connector" in note and "model.vision_model" in note for note in runnable.notes)
+    dynamic, _ = quantized(Plan(quantization="int8-dynamic"))
+    assert any(n.startswith("model.vision_model.") for n in dynamic)
+    assert "model.connector.modality_projection.proj" in dynamic
+
+
 def test_int4_weight_unsupported_on_cpu(llama_spec):
     with pytest.raises(Unsupported, match="int4 weight-only has no CPU kernel in torchao"):
         quantization.check(Plan(quantization="int4-weight"), llama_spec, CPU)

@@ -266,6 +266,8 @@ class ContinuousWorker(WorkerThread[Step[_Row]]):
         if not wanted:
             return
         budget = self._encoder_share * seconds if step.chunks else None
+        if budget is not None and self._first_token_due():
+            budget = 0.0  # one layer, then the step that prefills it
         failed = self._encoder.encode_ahead(
             [(seq.id, image) for seq, image in wanted], budget, batch=self._encoder_batch
         )
@@ -275,6 +277,18 @@ class ContinuousWorker(WorkerThread[Step[_Row]]):
                 with self._cond:
                     self._scheduler.finish(seq)
                 self._fail(seq.payload.run, error, error_kind(error))
+
+    def _first_token_due(self) -> bool:
+        """A prompt still to prefill waits on no image: its first token comes before the
+        encoder's next full slice (text requests beside a stream of new images start sooner)."""
+        assert self._encoder is not None
+        ready = self._encoder.image_ready
+        with self._cond:
+            return any(
+                seq.computed < len(seq.prompt)
+                and all(ready(seq.image_key(start)) for start in seq.image_starts(seq.computed, len(seq.prompt)))
+                for seq in self._scheduler.sequences()
+            )
 
     def _settle(self, step: Step[_Row]) -> None:
         """Before the step runs: answer the jobs that expired or were dropped, and start the
