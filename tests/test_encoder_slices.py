@@ -149,3 +149,18 @@ def test_only_images_whose_inputs_join_share_a_batch():
     ]
     (joined,) = batch_images(idefics, 2)
     assert joined.inputs["pixel_values"].shape == (1, 2, 3, 4, 4) and joined.key == "x+y"
+
+
+def test_an_interrupt_pauses_the_encoding_before_the_next_layer_even_without_a_deadline():
+    layers, encode, ran = tower()
+    encoder = SlicedEncoder(encode, layers, torch.no_grad)
+    picture = image()
+    asked: list[int] = []
+
+    def due() -> bool:  # a text prompt became due while the first layer ran
+        asked.append(len(ran))
+        return True
+
+    assert encoder.run(picture, None, due) is None and ran == [0] and asked == [1]  # one layer, then paused
+    done = encoder.run(picture, None)
+    assert done is not None and done.error is None and ran == list(range(LAYERS))

@@ -235,3 +235,27 @@ def test_an_int8_plan_serves_images_with_the_language_part_int8_and_the_tower_bf
             steps.close()
     finally:
         engine.close()
+
+
+def test_the_encoder_slice_shrinks_to_a_layer_while_a_first_token_is_due(vlm):
+    """After a step, a prompt that waits on no image and is still to prefill (a text chat, or an
+    image chat whose picture is encoded) gets the next step before the encoder's full slice; a
+    prompt waiting for its picture's encoding does not."""
+    from accelab.serve.continuous import ContinuousWorker
+
+    limits = SchedulerConfig(max_running=4, max_step_tokens=32, kv_blocks=96, block_size=8, prefix_caching=True)
+    engine = vlm.step_engine(limits)
+    try:
+        worker = ContinuousWorker(engine, limits, decode=vlm.decode, eos_ids=vlm.eos_ids)  # not started
+        image_chat, _, text_chat = prompts(vlm)[:3]
+        stops = StopRules(max_tokens=2)
+        picture = worker._scheduler.add(image_chat, image_chat.ids, stops=stops, cache_prompt=prompt_keys(image_chat))
+        assert not worker._first_token_due()  # its picture is not encoded yet
+        assert not engine.encode_ahead([(picture.id, image_chat.media[0])], None)
+        assert worker._first_token_due()  # encoded: its prefill is due
+        worker._scheduler.finish(picture)
+        assert not worker._first_token_due()
+        worker._scheduler.add(text_chat, text_chat.ids, stops=stops)
+        assert worker._first_token_due()
+    finally:
+        engine.close()

@@ -266,10 +266,11 @@ class ContinuousWorker(WorkerThread[Step[_Row]]):
         if not wanted:
             return
         budget = self._encoder_share * seconds if step.chunks else None
-        if budget is not None and self._first_token_due():
-            budget = 0.0  # one layer, then the step that prefills it
         failed = self._encoder.encode_ahead(
-            [(seq.id, image) for seq, image in wanted], budget, batch=self._encoder_batch
+            [(seq.id, image) for seq, image in wanted],
+            budget,
+            batch=self._encoder_batch,
+            interrupt=self._first_token_due,  # one layer at least, then the step that prefills it
         )
         for seq, image in wanted:
             error = failed.get(image.key)

@@ -249,7 +249,12 @@ class EncodesAhead(Protocol):
     def image_ready(self, key: Any) -> bool: ...
 
     def encode_ahead(
-        self, wanted: Sequence[tuple[int, Any]], budget_s: float | None, *, batch: int = 1
+        self,
+        wanted: Sequence[tuple[int, Any]],
+        budget_s: float | None,
+        *,
+        batch: int = 1,
+        interrupt: Callable[[], bool] | None = None,
     ) -> dict[str, BaseException]: ...
 
 

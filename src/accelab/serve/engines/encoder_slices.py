@@ -62,6 +62,7 @@ class SlicedEncoder:
         self._image: Any = None
         self._coroutine: greenlet.greenlet | None = None
         self._deadline = math.inf
+        self._interrupt: Callable[[], bool] | None = None
         self._layer_run = False  # the slice under way has run a layer (each runs one at least)
         self._spent = 0.0
         self.slices = 0  # slices run, over all images
@@ -72,9 +73,10 @@ class SlicedEncoder:
         """The image whose encoding has begun and not ended (None: none)."""
         return self._image
 
-    def run(self, image: Any, budget_s: float | None) -> Encoded | None:
+    def run(self, image: Any, budget_s: float | None, interrupt: Callable[[], bool] | None = None) -> Encoded | None:
         """Encode `image` (it must be `current` when one is) for about `budget_s` seconds
-        (None: to the end; at least one layer per slice). The result once it ended, else None."""
+        (None: to the end; at least one layer per slice), pausing early before a layer once
+        `interrupt()` says so. The result once it ended, else None."""
         if self._image is None:
             self._image, self._spent = image, 0.0
             self._coroutine = greenlet.greenlet(self._encode)
@@ -83,6 +85,7 @@ class SlicedEncoder:
         assert self._coroutine is not None
         started = time.perf_counter()
         self._deadline = math.inf if budget_s is None else started + budget_s
+        self._interrupt = interrupt
         self._layer_run = False
         self.slices += 1
         features: torch.Tensor | None = None
@@ -111,7 +114,9 @@ class SlicedEncoder:
         coroutine = self._coroutine
         if coroutine is None or greenlet.getcurrent() is not coroutine:
             return
-        if self._layer_run and time.perf_counter() >= self._deadline:
+        if self._layer_run and (
+            time.perf_counter() >= self._deadline or (self._interrupt is not None and self._interrupt())
+        ):
             assert coroutine.parent is not None
             coroutine.parent.switch()
         self._layer_run = True
@@ -124,12 +129,14 @@ def encode_wanted(
     budget_s: float | None,
     *,
     batch: int = 1,
+    interrupt: Callable[[], bool] | None = None,
 ) -> dict[str, BaseException]:
     """Encode the images the prefill waits for (`wanted`: (sequence, image), oldest first) for
     about `budget_s` seconds (None: all of them; one layer at least), up to `batch` images in one
     forward (`vision.batch_images`): the batch begun first goes on first (its work is never thrown
     away), then the others in order. A finished image goes into `cache` (the engine's
-    vision.EncoderCache), held by the sequences that want it. A batch that fails is encoded again
+    vision.EncoderCache), held by the sequences that want it. The encoder pauses before a layer
+    once `interrupt()` says so (a text prompt became due). A batch that fails is encoded again
     image by image, so that an image fails alone. Returns the errors of images whose encoding
     failed, by image key."""
     if batch < 1:
@@ -147,7 +154,7 @@ def encode_wanted(
         left = None if deadline is None else deadline - time.perf_counter()
         if left is not None and left <= 0 and i:  # every call moves on by a layer at least
             break
-        done = slices.run(work, left)
+        done = slices.run(work, left, interrupt)
         if done is None:
             break
         if done.error is not None and len(work.images) > 1:  # which image it was: each alone, to its end

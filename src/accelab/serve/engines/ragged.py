@@ -33,7 +33,7 @@ import contextlib
 import inspect
 import logging
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -220,14 +220,19 @@ class RaggedTorchEngine:
         return self.encoder_cache is not None and key in self.encoder_cache
 
     def encode_ahead(
-        self, wanted: Sequence[tuple[int, ImageInput]], budget_s: float | None, *, batch: int = 1
+        self,
+        wanted: Sequence[tuple[int, ImageInput]],
+        budget_s: float | None,
+        *,
+        batch: int = 1,
+        interrupt: Callable[[], bool] | None = None,
     ) -> dict[str, BaseException]:
         """Encode the images the prefill waits for, for about `budget_s` seconds, up to `batch` in
-        one forward, into the encoder cache (`encoder_slices.encode_wanted`); returns the errors of
-        those that failed, by key."""
+        one forward, pausing early once `interrupt()`, into the encoder cache
+        (`encoder_slices.encode_wanted`); returns the errors of those that failed, by key."""
         slices, cache = self._slices, self.encoder_cache
         assert slices is not None and cache is not None, "a vision-language model's engine encodes ahead"
-        return encode_wanted(slices, cache, wanted, budget_s, batch=batch)
+        return encode_wanted(slices, cache, wanted, budget_s, batch=batch, interrupt=interrupt)
 
     def step_cost(self, inputs: Sequence[Any]) -> StepCost:
         """What a step of these chunks (anything with start, tokens, sample) must read and compute:
