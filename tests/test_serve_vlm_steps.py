@@ -8,6 +8,7 @@ and the server falls back to per-batch generation."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import greenlet
 import pytest
@@ -240,7 +241,7 @@ def test_an_int8_plan_serves_images_with_the_language_part_int8_and_the_tower_bf
 def test_the_encoder_slice_shrinks_to_a_layer_while_a_first_token_is_due(vlm):
     """After a step, a prompt that waits on no image and is still to prefill (a text chat, or an
     image chat whose picture is encoded) gets the next step before the encoder's full slice; a
-    prompt waiting for its picture's encoding does not."""
+    prompt waiting for its picture's encoding, or for room in a full running batch, does not."""
     from accelab.serve.continuous import ContinuousWorker
 
     limits = SchedulerConfig(max_running=4, max_step_tokens=32, kv_blocks=96, block_size=8, prefix_caching=True)
@@ -257,5 +258,13 @@ def test_the_encoder_slice_shrinks_to_a_layer_while_a_first_token_is_due(vlm):
         assert not worker._first_token_due()
         worker._scheduler.add(text_chat, text_chat.ids, stops=stops)
         assert worker._first_token_due()
+        full = replace(limits, max_running=1)  # a running batch of one, full: a waiting prompt is not due
+        worker = ContinuousWorker(engine, full, decode=vlm.decode, eos_ids=vlm.eos_ids)
+        other = prompts(vlm)[1]  # another picture, not encoded
+        worker._scheduler.add(other, other.ids, stops=stops, cache_prompt=prompt_keys(other))
+        worker._scheduler.schedule()  # admitted: its chunk stops before its picture
+        worker._scheduler.add(text_chat, text_chat.ids, stops=stops)
+        assert worker._scheduler.running == 1 and worker._scheduler.waiting == 1
+        assert not worker._first_token_due()
     finally:
         engine.close()

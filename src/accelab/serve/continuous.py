@@ -280,15 +280,19 @@ class ContinuousWorker(WorkerThread[Step[_Row]]):
                 self._fail(seq.payload.run, error, error_kind(error))
 
     def _first_token_due(self) -> bool:
-        """A prompt still to prefill waits on no image: its first token comes before the
-        encoder's next full slice (text requests beside a stream of new images start sooner)."""
+        """A prompt the next step can prefill waits on no image: its first token comes before the
+        encoder's next full slice (text requests beside a stream of new images start sooner). One
+        that waits for room in a full running batch does not count."""
         assert self._encoder is not None
         ready = self._encoder.image_ready
         with self._cond:
+            scheduler = self._scheduler
+            room = scheduler.running < self.config.max_running
             return any(
                 seq.computed < len(seq.prompt)
+                and (room or seq.state == "running")
                 and all(ready(seq.image_key(start)) for start in seq.image_starts(seq.computed, len(seq.prompt)))
-                for seq in self._scheduler.sequences()
+                for seq in scheduler.sequences()
             )
 
     def _settle(self, step: Step[_Row]) -> None:
