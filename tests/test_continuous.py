@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -362,3 +363,105 @@ def test_two_hundred_requests_of_three_choices_leave_nothing_behind_in_the_worke
     gc.collect()
     kept = [o for o in gc.get_objects() if type(o) is JobRun and any(o.job is j for j in jobs)]
     assert kept == []  # no job run (with its rows, sequences and fork links) outlives its answer
+
+
+def test_work_between_steps_runs_on_the_worker_thread_after_the_step_never_beside_it(setup):
+    """`between_steps` (a chat's image preprocessing) runs on the worker's own thread: at once
+    when it is idle, after the step under way when it is busy; its error reaches the caller, a
+    call cancelled before its turn never runs, and after `stop` it is refused (503)."""
+    worker, answers, steps = setup(gated=True)
+    seen: list[tuple[str, int]] = []
+
+    def chore(name: str):
+        def run() -> str:
+            seen.append((threading.current_thread().name, steps.entered))
+            return name
+
+        return run
+
+    assert worker.between_steps(chore("idle")).result(GUARD_S) == "idle"  # no step: it runs at once
+    worker.submit(answers.job("long", max_tokens=4))
+    steps.allow(0)  # step 1 holds at the gate: the worker thread is inside the engine's step
+    busy = worker.between_steps(chore("busy"))
+    gone = worker.between_steps(chore("gone"))
+    assert gone.cancel()  # its request went away before its turn
+    assert not busy.done()
+    steps.allow(1)  # step 1 ends; the worker runs the call, then holds at step 2's gate
+    assert busy.result(GUARD_S) == "busy"
+    assert seen == [("accelab-continuous-worker", 0), ("accelab-continuous-worker", 1)]
+
+    def broken() -> None:
+        raise ValueError("not an image")
+
+    failed = worker.between_steps(broken)
+    steps.open()
+    with pytest.raises(ValueError, match="not an image"):
+        failed.result(GUARD_S)
+    answers.wait_for("long")
+    assert worker.stop(timeout_s=GUARD_S)
+    with pytest.raises(ShuttingDown):
+        worker.between_steps(chore("late"))
+    assert [name for name, _ in seen] == ["accelab-continuous-worker"] * 2  # "gone" never ran
+
+
+class EncodingSteps(GatedSteps):
+    """FAKE: gated steps of a vision-language engine that encodes images between the steps
+    (`EncodesAhead`): a picture is ready after one `encode_ahead` call; every step, encoder call
+    and between-steps call is logged in order."""
+
+    encodes_ahead = True
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.ready: set[str] = set()
+        self.log: list[str] = []
+        self.begun: list[StepInput] = []  # the inputs of the step begun last (it may hold at the gate)
+
+    def step(self, inputs: list[StepInput]) -> list[int]:
+        self.begun = list(inputs)
+        out = super().step(inputs)
+        self.log.append(f"step {self.entered}")
+        return out
+
+    def image_ready(self, key: Any) -> bool:
+        return key in self.ready
+
+    def encode_ahead(self, wanted: Any, budget_s: Any, *, batch: int = 1, interrupt: Any = None) -> dict:
+        self.log.append("encode")
+        self.ready.update(image.key for _, image in wanted)
+        return {}
+
+
+def test_a_text_prompt_due_after_a_step_goes_before_the_image_work_but_holds_it_one_step_at_most(clock):
+    """After a step, while a text prompt waits for its first token, the encoder's slice and the
+    image preprocessing wait for the step that prefills it; the next step's image work runs even
+    if another text prompt is due by then (the images are never held two steps in a row)."""
+    from accelab.serve.engines.vision import ImageInput
+
+    fake = FakeGenerationEngine(name="fake")
+    steps = EncodingSteps(fake, clock=clock)
+    limits = SchedulerConfig(max_running=4, max_step_tokens=64, kv_blocks=64, block_size=4, prefix_caching=True)
+    worker = ContinuousWorker(steps, limits, decode=fake.decode, eos_ids=(), clock=clock)
+    worker.start()
+    answers = Answers()
+    try:
+        picture = answers.job("picture", "look", "at", "this", max_tokens=2)
+        unit = picture.units[0]
+        image = ImageInput(key="pic", positions=(1, 2), inputs={})  # "at this" are its placeholder tokens
+        unit.prompt = replace(unit.prompt, media=(image,))
+        worker.submit(picture)
+        steps.allow(0)  # step 1: "look", then the picture's prefill waits for its encoding
+        worker.submit(answers.job("text", "hello"))  # arrives during step 1
+        chore = worker.between_steps(lambda: steps.log.append("prepare"))
+        steps.allow(1)  # step 1 ends with "text" due: no encoding, no preparing; step 2 prefills "text"
+        assert steps.log == ["step 1"] and not chore.done()
+        assert [item.tokens for item in steps.begun] == [(word_id("hello"),)]
+        worker.submit(answers.job("text2", "hi"))  # due after step 2 as well
+        steps.allow(1)  # held once already: the image work runs after step 2
+        assert steps.log == ["step 1", "step 2", "prepare", "encode"]
+        steps.open()
+        answers.wait_for("picture", "text", "text2")
+        assert all(o.error is None for outcomes in answers.outcomes.values() for o in outcomes)
+    finally:
+        steps.open()
+        assert worker.stop(timeout_s=GUARD_S)

@@ -314,14 +314,27 @@ def test_llamacpp_sequences_reuse_their_slots_and_match_the_engine_alone():
 
 
 @needs("smolvlm-tiny")
-def test_a_vision_language_model_runs_in_the_continuous_batch_and_encodes_each_image_once(caplog):
+def test_a_vision_language_model_runs_in_the_continuous_batch_and_encodes_each_image_once(caplog, monkeypatch):
     """Image and text chats to SmolVLM share the continuous batch (the start-up check passed on an
     image prompt); the same picture behind three questions is encoded once (/metrics), and the
-    answers are the per-batch scheduler's (--scheduler static) token for token."""
+    answers are the per-batch scheduler's (--scheduler static) token for token. The images are
+    prepared on the continuous worker's thread, between its steps (with the static scheduler:
+    in a thread of their own)."""
     from concurrent.futures import ThreadPoolExecutor
 
     from accelab.catalog import inputs
+    from accelab.serve.engines.generation import HFGenerationEngine
     from accelab.serve.images import encode_png
+
+    prepared_on: list[str] = []
+    prepare = HFGenerationEngine._prepare_vision
+
+    def recorded(self, messages, urls):
+        if urls:  # a text chat is templated on the event loop
+            prepared_on.append(threading.current_thread().name)
+        return prepare(self, messages, urls)
+
+    monkeypatch.setattr(HFGenerationEngine, "_prepare_vision", recorded)
 
     caplog.set_level(logging.INFO, logger="accelab.serve")
     image = encode_png(inputs.photos(1)[0].resize((64, 48)))
@@ -344,5 +357,7 @@ def test_a_vision_language_model_runs_in_the_continuous_batch_and_encodes_each_i
     assert not any("continuous batching is off" in r.getMessage() for r in caplog.records)
     assert counts["accelab_images_encoded_total"] == 1 and counts["accelab_image_cache_hits_total"] == 2
     assert counts["accelab_image_encoder_seconds_total"] > 0
+    assert prepared_on == ["accelab-continuous-worker"] * 3
     with in_process_server("smolvlm-tiny", max_tokens=8, scheduler="static") as url:
         assert [ask(url, *a) for a in asks] == answers
+    assert len(prepared_on) == 6 and "accelab-continuous-worker" not in prepared_on[3:]

@@ -102,6 +102,7 @@ class ContinuousWorker(WorkerThread[Step[_Row]]):
         super().__init__("accelab-continuous-worker", clock=clock)
         self._encoder_share = encoder_share  # the vision encoder's time after a step, in that step's time
         self._encoder_batch = encoder_batch  # images the vision encoder takes in one forward, at most
+        self._images_held = False  # the last step's image work waited for a text prompt's first token
         self.engine = engine
         self.config = config
         self._decode = decode
@@ -248,6 +249,11 @@ class ContinuousWorker(WorkerThread[Step[_Row]]):
                 sampled += 1
                 self._take_token(row, result, ends, now)
         call_safely(self.hooks.on_step, self._report(step, sampled=sampled, seconds=now - started))
+        if self._encoder is not None and not self._images_held and self._first_token_due():
+            self._images_held = True  # the images' work waits for the step that prefills the text (once)
+            return
+        self._images_held = False
+        self._do_chores()  # requests with images prepared now join the queue while the encoder runs
         if step.encode:
             self._encode_images(step, seconds=now - started)
 
@@ -278,6 +284,14 @@ class ContinuousWorker(WorkerThread[Step[_Row]]):
                 with self._cond:
                     self._scheduler.finish(seq)
                 self._fail(seq.payload.run, error, error_kind(error))
+
+    @property
+    def encodes_images(self) -> bool:
+        """Its engine runs the vision encoder between the steps (a vision-language model)."""
+        return self._encoder is not None
+
+    def _chores_wait(self) -> bool:
+        return self._encoder is not None and self._first_token_due()
 
     def _first_token_due(self) -> bool:
         """A prompt the next step can prefill waits on no image: its first token comes before the

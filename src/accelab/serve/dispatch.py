@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, MutableMapping
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from starlette.types import Receive
@@ -23,7 +24,9 @@ R = TypeVar("R")
 INLINE_CHARS = 20_000  # text up to this long is tokenised on the event loop; longer goes to a thread
 
 
-async def prepare(fn: Callable[[], R], *, offload: bool) -> R:
+async def prepare(
+    fn: Callable[[], R], *, offload: bool, between_steps: Callable[[Callable[[], R]], Future[R]] | None = None
+) -> R:
     """Run `fn` (tokenising, templating, decoding images); ValueError -> 422, longer than the
     model takes or a field the engine cannot honour -> 400, past a server limit -> 413.
 
@@ -31,9 +34,15 @@ async def prepare(fn: Callable[[], R], *, offload: bool) -> R:
     and long texts (a megabyte takes the tokenizer most of a second). Short text goes inline:
     a fast tokenizer takes microseconds, less than the hop to a thread and back, which also
     has to win the GIL from the model worker (up to the 5 ms switch interval).
+    `between_steps` runs it on the worker's thread instead, between two of its steps
+    (`ServerState.image_preparer`: a thread beside the steps would stall them).
     """
     try:
+        if between_steps is not None:
+            return await asyncio.wrap_future(between_steps(fn))
         return await asyncio.to_thread(fn) if offload else fn()
+    except ShuttingDown:
+        raise shutting_down() from None
     except (PayloadTooLarge, ImageTooLarge) as err:
         raise ApiError(413, str(err)) from None
     except ContextTooLong as err:
@@ -42,6 +51,15 @@ async def prepare(fn: Callable[[], R], *, offload: bool) -> R:
         raise ApiError(400, str(err)) from None
     except ValueError as err:
         raise ApiError(422, str(err)) from None
+
+
+def shutting_down() -> ApiError:
+    return ApiError(
+        503,
+        "the server is shutting down; send the request to another replica",
+        kind="shutting_down",
+        headers={"Retry-After": "1"},
+    )
 
 
 def long_text(texts: list[Any]) -> bool:
@@ -100,12 +118,7 @@ class Submission:
         except (PayloadTooLarge, ImageTooLarge) as err:
             raise ApiError(413, str(err)) from None
         except ShuttingDown:
-            raise ApiError(
-                503,
-                "the server is shutting down; send the request to another replica",
-                kind="shutting_down",
-                headers={"Retry-After": "1"},
-            ) from None
+            raise shutting_down() from None
 
     async def wait_started(self) -> None:
         """Until its batch starts (or it ended): a stream's status code is decided by then."""

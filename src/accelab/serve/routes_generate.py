@@ -64,7 +64,9 @@ async def chat_completions(body: ChatRequest, request: Request) -> Any:
     chat = (lambda: engine.prepare_chat(messages, tools=specs)) if specs else (lambda: engine.prepare_chat(messages))
     started = time.monotonic()
     prompt = await prepare(
-        lambda: fit(engine, chat(), params, body.truncate), offload=bool(images) or long_text(texts) or bool(specs)
+        lambda: fit(engine, chat(), params, body.truncate),
+        offload=bool(images) or long_text(texts) or bool(specs),
+        between_steps=state.image_preparer() if images else None,
     )
     if images:
         state.metrics.request_images.observe(images)

@@ -10,6 +10,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, MutableMapping
+from concurrent.futures import Future
 from typing import Any, Literal
 
 from accelab.plan.runtime import Unsupported
@@ -161,6 +162,15 @@ class ServerState:
             limits.kv_tokens * stepper.kv_bytes_per_token / 1e6,
         )
         return worker
+
+    def image_preparer(self) -> Callable[[Callable[[], Any]], Future[Any]] | None:
+        """Where a chat's images are decoded and processed: on the continuous worker's thread
+        between its steps when it encodes the images itself (`WorkerThread.between_steps`), else
+        None (a thread of their own)."""
+        worker = self.continuous
+        if isinstance(worker, ContinuousWorker) and worker.encodes_images:
+            return worker.between_steps
+        return None
 
     def executor(self, key: str) -> Executor:
         """Who runs a job of `key`: the continuous worker for text generation (with images, for a

@@ -134,6 +134,7 @@ class Worker(WorkerThread[Batch[Job]]):
             call_safely(pending.payload.done, JobOutcome(error=err, error_kind="timeout", queue_s=waited))
         if batch.items:
             self._run_batch(batch.items)
+        self._do_chores()
 
     def _run_batch(self, items: list[Pending[Job]]) -> None:
         start = self._clock()
