@@ -465,3 +465,38 @@ def test_a_text_prompt_due_after_a_step_goes_before_the_image_work_but_holds_it_
     finally:
         steps.open()
         assert worker.stop(timeout_s=GUARD_S)
+
+
+def test_a_text_prompt_that_arrives_while_requests_are_prepared_still_goes_before_the_encoder(clock):
+    """A text prompt that comes in while the worker prepares an image request between the steps
+    (not yet due when the step ended) still gets the next step before the encoder's slice."""
+    from accelab.serve.engines.vision import ImageInput
+
+    fake = FakeGenerationEngine(name="fake")
+    steps = EncodingSteps(fake, clock=clock)
+    limits = SchedulerConfig(max_running=4, max_step_tokens=64, kv_blocks=64, block_size=4, prefix_caching=True)
+    worker = ContinuousWorker(steps, limits, decode=fake.decode, eos_ids=(), clock=clock)
+    worker.start()
+    answers = Answers()
+    try:
+        picture = answers.job("picture", "look", "at", "this", max_tokens=2)
+        unit = picture.units[0]
+        unit.prompt = replace(unit.prompt, media=(ImageInput(key="pic", positions=(1, 2), inputs={}),))
+        worker.submit(picture)
+        steps.allow(0)
+
+        def prepare() -> None:  # the text request arrives meanwhile
+            steps.log.append("prepare")
+            worker.submit(answers.job("text", "hello"))
+
+        worker.between_steps(prepare)
+        steps.allow(1)  # step 1 ends with nothing due: the worker prepares, then "text" is due
+        assert steps.log == ["step 1", "prepare"]
+        assert [item.tokens for item in steps.begun] == [(word_id("hello"),)]
+        steps.allow(1)
+        assert steps.log == ["step 1", "prepare", "step 2", "encode"]
+        steps.open()
+        answers.wait_for("picture", "text")
+    finally:
+        steps.open()
+        assert worker.stop(timeout_s=GUARD_S)

@@ -277,17 +277,19 @@ def with_images(ids: tuple[int, ...], images: dict[str, int], rows: int = 4) -> 
 def test_a_prefill_chunk_ends_before_an_image_the_step_has_no_encoder_budget_for():
     """One image's encoding a step: a prompt with two images is prefilled in two chunks, and a
     sequence whose prompt starts with an image waits for a step with budget left, while text and
-    decodes go on."""
+    decodes go on. The step that gives the text prompt its first token leaves the image chunk
+    for the next one."""
     sched, _ = make(max_running=4, max_step_tokens=64, kv_blocks=64, block_size=4, max_step_images=1)
     ids = tuple(range(100, 114))
     sched.add("two", ids, stops=StopRules(max_tokens=2), cache_prompt=with_images(ids, {"A": 3, "B": 9}))
     sched.add("first", ids[:6], stops=StopRules(max_tokens=2), cache_prompt=with_images(ids[:6], {"C": 0}))
     sched.add("text", ids[:5], stops=StopRules(max_tokens=2))
     step = run_step(sched)
-    assert shape(step) == [("two", 0, 9), ("text", 0, 5)]  # up to image B; "first" admitted, not fed
+    assert shape(step) == [("text", 0, 5)]  # "two" up to image B left out, "first" has no encoder budget
     assert [s.payload for s in step.admitted] == ["two", "first", "text"]
-    assert shape(run_step(sched)) == [("text", 5, 1), ("two", 9, 5)]  # image B now; C still waits
-    assert shape(run_step(sched)) == [("two", 14, 1), ("text", 6, 1), ("first", 0, 6)]
+    assert shape(run_step(sched)) == [("text", 5, 1), ("two", 0, 9)]  # up to image B
+    assert shape(run_step(sched)) == [("text", 6, 1), ("two", 9, 5)]  # image B now; C still waits
+    assert shape(run_step(sched)) == [("two", 14, 1), ("text", 7, 1), ("first", 0, 6)]
 
 
 def test_no_encoder_budget_cap_by_default():
@@ -297,6 +299,37 @@ def test_no_encoder_budget_cap_by_default():
     assert shape(run_step(sched)) == [("two", 0, 14)]
     with pytest.raises(ValueError, match="max_step_images=-1"):
         SchedulerConfig(max_step_images=-1)
+
+
+def test_a_text_prompts_first_token_goes_in_a_step_without_image_chunks_held_once_at_most():
+    """A step that samples a text prompt's first token leaves out the chunks over image positions
+    (each image brings tens to hundreds of prompt tokens: the text's first token would wait for
+    them); the next step has them even when another text prompt starts there. A chunk of an image
+    prompt past its images (its text after the picture) is not held."""
+    sched = Scheduler(
+        SchedulerConfig(max_running=4, max_step_tokens=64, kv_blocks=64, block_size=4),
+        FakeClock(),
+        ready={"A"}.__contains__,
+    )
+    ids = tuple(range(100, 114))
+    sched.add("pic", ids, stops=StopRules(max_tokens=3), cache_prompt=with_images(ids, {"A": 3}))
+    sched.add("text", ids[:5], stops=StopRules(max_tokens=3))
+    step = run_step(sched)
+    assert shape(step) == [("text", 0, 5)]  # "pic" admitted, its chunk over image A left out
+    assert [s.payload for s in step.admitted] == ["pic", "text"]
+    sched.add("text2", ids[:4], stops=StopRules(max_tokens=3))
+    assert shape(run_step(sched)) == [("text", 5, 1), ("pic", 0, 14), ("text2", 0, 4)]  # held once only
+    sched.add("text3", ids[:6], stops=StopRules(max_tokens=3))
+    assert shape(run_step(sched)) == [("pic", 14, 1), ("text", 6, 1), ("text2", 4, 1), ("text3", 0, 6)]
+    tail = Scheduler(
+        SchedulerConfig(max_running=4, max_step_tokens=8, kv_blocks=64, block_size=4),
+        FakeClock(),
+        ready={"A"}.__contains__,
+    )
+    tail.add("pic", ids, stops=StopRules(max_tokens=3), cache_prompt=with_images(ids, {"A": 3}))
+    assert shape(run_step(tail)) == [("pic", 0, 8)]  # through image A
+    tail.add("text", ids[:2], stops=StopRules(max_tokens=3))
+    assert shape(run_step(tail)) == [("pic", 8, 6), ("text", 0, 2)]  # its text after A goes on
 
 
 def test_a_prefill_chunk_waits_before_an_image_whose_features_are_not_ready():

@@ -126,9 +126,12 @@ def test_image_text_and_mixed_batches_give_generates_greedy_tokens(vlm):
 
 
 def test_images_encoded_between_the_steps_layer_by_layer_give_the_same_tokens(vlm, monkeypatch):
-    """The encoder paused after every layer of its tower (a slice of 0 s: one layer each) while
-    the steps run: each picture is encoded once, in the encoder's coroutine on the step's own
-    thread, never inside a step, and every request's greedy tokens are still generate's."""
+    """The encoder paused before every layer of its tower and inside each before its MLP (a slice
+    of 0 s: half a layer each) while the steps run: each picture is encoded once, in the encoder's
+    coroutine on the step's own thread, never inside a step, and every request's greedy tokens are
+    still generate's."""
+    from accelab.serve.engines.encoder_slices import pause_points
+
     reqs = [(p, n) for p, n in zip(prompts(vlm), (6, 5, 7, 4, 6))]
     limits = SchedulerConfig(max_running=4, max_step_tokens=20, kv_blocks=96, block_size=8, prefix_caching=True)
     engine = vlm.step_engine(limits)
@@ -147,8 +150,9 @@ def test_images_encoded_between_the_steps_layer_by_layer_give_the_same_tokens(vl
         got, _ = serve(engine, limits, reqs, slice_s=0.0)
         assert got == [alone(vlm, p, n) for p, n in reqs]
         assert cache.misses - before[0] == 2 and where == [(True, True)] * 2
-        layers = len(engine._encoder.layers)
-        assert slices.slices - before[1] >= 2 * layers - 1  # paused between layers (the first may run whole)
+        points = len(pause_points(engine._encoder.layers))
+        assert points == 2 * len(engine._encoder.layers)  # each layer, and its norm before the MLP
+        assert slices.slices - before[1] >= 2 * points - 1  # paused at every point (the first may run whole)
     finally:
         engine.close()
     assert not slices._hooks  # closed with the engine: the tower's layers run whole again

@@ -249,13 +249,20 @@ class ContinuousWorker(WorkerThread[Step[_Row]]):
                 sampled += 1
                 self._take_token(row, result, ends, now)
         call_safely(self.hooks.on_step, self._report(step, sampled=sampled, seconds=now - started))
-        if self._encoder is not None and not self._images_held and self._first_token_due():
-            self._images_held = True  # the images' work waits for the step that prefills the text (once)
+        held_before, self._images_held = self._images_held, False
+        if self._hold_images(held_before):
             return
-        self._images_held = False
         self._do_chores()  # requests with images prepared now join the queue while the encoder runs
-        if step.encode:
+        if step.encode and not self._hold_images(held_before):
             self._encode_images(step, seconds=now - started)
+
+    def _hold_images(self, held_before: bool) -> bool:
+        """After a step, while a text prompt waits for its first token: the image work (preparing
+        requests, encoding) waits for the step that prefills it; never two steps in a row."""
+        if self._encoder is None or held_before or not self._first_token_due():
+            return False
+        self._images_held = True
+        return True
 
     def _encode_images(self, step: Step[_Row], *, seconds: float) -> None:
         """The encoder's slice after a step: `encoder_share` times as long as the step took (the
@@ -276,7 +283,7 @@ class ContinuousWorker(WorkerThread[Step[_Row]]):
             [(seq.id, image) for seq, image in wanted],
             budget,
             batch=self._encoder_batch,
-            interrupt=self._first_token_due,  # one layer at least, then the step that prefills it
+            interrupt=self._first_token_due,  # half a layer at least, then the step that prefills it
         )
         for seq, image in wanted:
             error = failed.get(image.key)

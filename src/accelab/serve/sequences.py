@@ -88,6 +88,11 @@ class Sequence(Generic[T]):
         firsts = self._image_firsts
         return list(firsts[bisect.bisect_left(firsts, start) : bisect.bisect_left(firsts, stop)])
 
+    def holds_images(self, start: int, stop: int) -> bool:
+        """Some prompt position in start..stop is an image's (its features, not a token's embedding)."""
+        keyed = self.cache_prompt
+        return keyed is not None and any(isinstance(key, tuple) for key in keyed[start:stop])
+
     def image_key(self, position: int) -> Hashable:
         """The content key of the image whose features fill `position` (an image position)."""
         assert self.cache_prompt is not None
