@@ -6,9 +6,11 @@ and a vision-language model that falls back to the per-batch scheduler and says 
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import threading
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -361,3 +363,58 @@ def test_a_vision_language_model_runs_in_the_continuous_batch_and_encodes_each_i
     with in_process_server("smolvlm-tiny", max_tokens=8, scheduler="static") as url:
         assert [ask(url, *a) for a in asks] == answers
     assert len(prepared_on) == 6 and "accelab-continuous-worker" not in prepared_on[3:]
+
+
+@needs("smolvlm-tiny")
+def test_an_image_url_is_fetched_off_the_worker_thread_so_a_slow_host_stalls_no_one():
+    """The continuous worker processes a request's images on its own thread between its steps, but
+    the request's image URLs are fetched before, elsewhere: while a host on 127.0.0.1 holds back
+    its picture, a text chat is answered; once the host sends it, the image chat is answered too."""
+    import http.server
+    from concurrent.futures import ThreadPoolExecutor
+
+    from accelab.catalog import inputs
+    from accelab.serve.images import encode_png
+
+    picture = base64.b64decode(encode_png(inputs.photos(1)[0].resize((64, 48))).partition(",")[2])
+    asked, release = threading.Event(), threading.Event()
+
+    class SlowHost(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.set()
+            release.wait(60)
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(picture)))
+            self.end_headers()
+            self.wfile.write(picture)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    host = http.server.ThreadingHTTPServer(("127.0.0.1", 0), SlowHost)
+    threading.Thread(target=host.serve_forever, daemon=True).start()
+    url_of_picture = f"http://localhost:{host.server_address[1]}/cat.png"
+
+    def chat(url: str, content: Any) -> httpx.Response:
+        body = {"messages": [{"role": "user", "content": content}], "max_tokens": 4, "temperature": 0}
+        return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=30)
+
+    try:
+        config = {"max_tokens": 8, "image_domains": "localhost", "allow_private_images": True}
+        with in_process_server("smolvlm-tiny", **config) as url, ThreadPoolExecutor(1) as pool:
+            image_chat = pool.submit(
+                chat,
+                url,
+                [{"type": "text", "text": "What is it?"}, {"type": "image_url", "image_url": {"url": url_of_picture}}],
+            )
+            assert asked.wait(30)  # the server is fetching the picture
+            text = chat(url, "Say hello.")
+            assert text.status_code == 200 and not image_chat.done()  # answered while the fetch waits
+            release.set()
+            answer = image_chat.result(60)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["usage"]["prompt_tokens"] > text.json()["usage"]["prompt_tokens"] + 10
+    finally:
+        release.set()
+        host.shutdown()

@@ -18,6 +18,7 @@ import io
 import ipaddress
 import socket
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from PIL import Image, ImageDraw, UnidentifiedImageError
@@ -44,15 +45,15 @@ class ImagePolicy:
     max_images: int = 8  # per request
 
 
-def decode_image(data: str, *, where: str = "image", policy: ImagePolicy | None = None) -> Image.Image:
-    """`data:image/png;base64,...`, bare base64 or an http(s) URL -> an RGB image; ImageRefused
-    (400) or ImageTooLarge (413) say what is wrong. Without a policy, URLs are refused."""
-    if data.startswith(("http://", "https://")):
-        if policy is None:
-            raise ImageRefused(
-                f"{where}: this server does not fetch URLs; send the image inline as data:image/png;base64,..."
-            )
-        return _open(fetch_image(data, policy, where=where), where, policy.max_pixels)
+def decode_image(data: str | bytes, *, where: str = "image", policy: ImagePolicy | None = None) -> Image.Image:
+    """`data:image/png;base64,...`, bare base64, an http(s) URL or the bytes fetched from one
+    (`fetch_remote`) -> an RGB image; ImageRefused (400) or ImageTooLarge (413) say what is wrong.
+    Without a policy, URLs are refused."""
+    max_pixels = policy.max_pixels if policy is not None else MAX_PIXELS
+    if isinstance(data, bytes):
+        return _open(data, where, max_pixels)
+    if is_url(data):
+        return _open(fetch_checked(data, policy, where=where), where, max_pixels)
     if data.startswith("data:"):
         header, sep, payload = data.partition(",")
         if not sep or ";base64" not in header:
@@ -63,7 +64,40 @@ def decode_image(data: str, *, where: str = "image", policy: ImagePolicy | None 
         raw = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
         raise ValueError(f"{where}: the image is not valid base64") from None
-    return _open(raw, where, policy.max_pixels if policy is not None else MAX_PIXELS)
+    return _open(raw, where, max_pixels)
+
+
+def is_url(data: object) -> bool:
+    return isinstance(data, str) and data.startswith(("http://", "https://"))
+
+
+def fetch_remote(messages: list[dict[str, Any]], policy: ImagePolicy | None) -> list[dict[str, Any]]:
+    """A chat's engine messages with each http(s) image fetched: its bytes in place of its URL
+    (images numbered as `decode_image` names them). For the continuous worker, which processes a
+    request's images on its own thread between the steps: it must not wait on the network there."""
+    index = -1
+
+    def fetched(part: dict[str, Any]) -> dict[str, Any]:
+        nonlocal index
+        if part["type"] != "image":
+            return part
+        index += 1
+        return (
+            {**part, "url": fetch_checked(part["url"], policy, where=f"image {index}")} if is_url(part["url"]) else part
+        )
+
+    return [
+        {**m, "content": [fetched(part) for part in m["content"]]} if isinstance(m["content"], list) else m
+        for m in messages
+    ]
+
+
+def fetch_checked(url: str, policy: ImagePolicy | None, *, where: str) -> bytes:
+    if policy is None:
+        raise ImageRefused(
+            f"{where}: this server does not fetch URLs; send the image inline as data:image/png;base64,..."
+        )
+    return fetch_image(url, policy, where=where)
 
 
 def _open(raw: bytes, where: str, max_pixels: int) -> Image.Image:

@@ -219,7 +219,10 @@ class ServeMetrics:
         Histogram, "accelab_request_images", "Images per chat request that sent any.", (), BATCH_BUCKETS
     )
     image_preprocess_time = Metric(
-        Histogram, "accelab_image_preprocess_seconds", "A chat request's images fetched, decoded, processed."
+        Histogram,
+        "accelab_image_preprocess_seconds",
+        "A chat request's images fetched, decoded, processed (a VLM's continuous batching processes them on "
+        "its worker's thread between two steps: the wait for that included).",
     )
     images_encoded = Metric(
         Counter, "accelab_images_encoded", "Images the vision encoder ran on (continuous batching of a VLM)."

@@ -22,6 +22,7 @@ from accelab.serve.dispatch import Submission, check_count, long_text, prepare
 from accelab.serve.engines.base import Completion, GenerationEngine, GenUnit
 from accelab.serve.engines.sampling import describe
 from accelab.serve.errors import MODEL_ROUTE_ERRORS, ApiError
+from accelab.serve.images import fetch_remote, is_url
 from accelab.serve.request_rules import chat_grammar, fit, make_units, refuse_unsupported, sampling_params
 from accelab.serve.schemas import ChatRequest, CompletionRequest, _Sampling
 from accelab.serve.state import ServerState
@@ -59,14 +60,21 @@ async def chat_completions(body: ChatRequest, request: Request) -> Any:
         body, body.requested_tokens, state.config, engine, logprobs=body.logprob_count, grammar=grammar
     )
     messages = [m.to_engine() for m in body.messages]
-    images = sum(1 for m in messages if isinstance(m["content"], list) for p in m["content"] if p["type"] == "image")
+    parts = [p for m in messages if isinstance(m["content"], list) for p in m["content"] if p["type"] == "image"]
+    images = len(parts)
     texts = [m["content"] if isinstance(m["content"], str) else "" for m in messages]
-    chat = (lambda: engine.prepare_chat(messages, tools=specs)) if specs else (lambda: engine.prepare_chat(messages))
     started = time.monotonic()
+    between_steps = state.image_preparer() if images else None
+    if between_steps is not None and any(
+        is_url(p["url"]) for p in parts
+    ):  # the worker's thread never waits on the network
+        policy = getattr(engine, "image_policy", None)
+        messages = await prepare(lambda: fetch_remote(messages, policy), offload=True)
+    chat = (lambda: engine.prepare_chat(messages, tools=specs)) if specs else (lambda: engine.prepare_chat(messages))
     prompt = await prepare(
         lambda: fit(engine, chat(), params, body.truncate),
         offload=bool(images) or long_text(texts) or bool(specs),
-        between_steps=state.image_preparer() if images else None,
+        between_steps=between_steps,
     )
     if images:
         state.metrics.request_images.observe(images)

@@ -128,7 +128,7 @@ class HFGenerationEngine:
             raise ValueError("prompt is empty; send at least one token of text")
         return self._checked(Prompt(ids=tuple(ids), prompt_tokens=len(ids)))
 
-    def _prepare_vision(self, messages: list[dict[str, Any]], urls: list[str]) -> Prompt:
+    def _prepare_vision(self, messages: list[dict[str, Any]], urls: list[str | bytes]) -> Prompt:
         assert self.processor is not None, "images reach a vision-language model only"
         policy = self.image_policy
         if len(urls) > policy.max_images:
