@@ -112,6 +112,8 @@ def contenders(opts: argparse.Namespace, before_src: Path | None = None) -> dict
         out["before-bf16"] = S.accelab(
             f"accelab serve --plan bf16 at {opts.before}", model, *common, "--plan", "bf16", pythonpath=str(before_src)
         )
+        at = f"accelab serve --plan '{INT8}' at {opts.before}"
+        out["before-int8"] = S.accelab(at, model, *common, "--plan", INT8, pythonpath=str(before_src))
     wanted = opts.only.split(",") if opts.only else list(MAIN)
     missing = [k for k in wanted if k not in out]
     if missing:
@@ -280,7 +282,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--only", default="", help=f"servers, comma-separated (default: {','.join(MAIN)})")
     parser.add_argument("--out", default=str(RESULTS / "serve_vlm.txt"))
-    parser.add_argument("--before", default="", help="a commit whose server runs beside (--only before,before-bf16)")
+    parser.add_argument(
+        "--before", default="", help="a commit whose server runs beside (--only before,before-bf16,before-int8)"
+    )
     opts = parser.parse_args()
     opts.users = [int(u) for u in opts.users.split(",")]
     opts.workloads = [w for w in opts.workloads.split(",") if w]
