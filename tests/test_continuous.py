@@ -432,71 +432,61 @@ class EncodingSteps(GatedSteps):
         return {}
 
 
-def test_a_text_prompt_due_after_a_step_goes_before_the_image_work_but_holds_it_one_step_at_most(clock):
+@pytest.fixture
+def picture_step(clock):
+    """A started worker over `EncodingSteps` (gated) whose step 1 holds at the gate: it feeds a
+    picture chat's "look", whose prefill then waits for its picture's encoding."""
+    from accelab.serve.engines.vision import ImageInput
+
+    fake = FakeGenerationEngine(name="fake")
+    steps = EncodingSteps(fake, clock=clock)
+    limits = SchedulerConfig(max_running=4, max_step_tokens=64, kv_blocks=64, block_size=4, prefix_caching=True)
+    worker = ContinuousWorker(steps, limits, decode=fake.decode, eos_ids=(), clock=clock)
+    worker.start()
+    answers = Answers()
+    picture = answers.job("picture", "look", "at", "this", max_tokens=2)
+    unit = picture.units[0]
+    image = ImageInput(key="pic", positions=(1, 2), inputs={})  # "at this" are its placeholder tokens
+    unit.prompt = replace(unit.prompt, media=(image,))
+    worker.submit(picture)
+    steps.allow(0)
+    yield worker, steps, answers
+    steps.open()
+    assert worker.stop(timeout_s=GUARD_S)
+
+
+def test_a_text_prompt_due_after_a_step_goes_before_the_image_work_but_holds_it_one_step_at_most(picture_step):
     """After a step, while a text prompt waits for its first token, the encoder's slice and the
     image preprocessing wait for the step that prefills it; the next step's image work runs even
     if another text prompt is due by then (the images are never held two steps in a row)."""
-    from accelab.serve.engines.vision import ImageInput
-
-    fake = FakeGenerationEngine(name="fake")
-    steps = EncodingSteps(fake, clock=clock)
-    limits = SchedulerConfig(max_running=4, max_step_tokens=64, kv_blocks=64, block_size=4, prefix_caching=True)
-    worker = ContinuousWorker(steps, limits, decode=fake.decode, eos_ids=(), clock=clock)
-    worker.start()
-    answers = Answers()
-    try:
-        picture = answers.job("picture", "look", "at", "this", max_tokens=2)
-        unit = picture.units[0]
-        image = ImageInput(key="pic", positions=(1, 2), inputs={})  # "at this" are its placeholder tokens
-        unit.prompt = replace(unit.prompt, media=(image,))
-        worker.submit(picture)
-        steps.allow(0)  # step 1: "look", then the picture's prefill waits for its encoding
-        worker.submit(answers.job("text", "hello"))  # arrives during step 1
-        chore = worker.between_steps(lambda: steps.log.append("prepare"))
-        steps.allow(1)  # step 1 ends with "text" due: no encoding, no preparing; step 2 prefills "text"
-        assert steps.log == ["step 1"] and not chore.done()
-        assert [item.tokens for item in steps.begun] == [(word_id("hello"),)]
-        worker.submit(answers.job("text2", "hi"))  # due after step 2 as well
-        steps.allow(1)  # held once already: the image work runs after step 2
-        assert steps.log == ["step 1", "step 2", "prepare", "encode"]
-        steps.open()
-        answers.wait_for("picture", "text", "text2")
-        assert all(o.error is None for outcomes in answers.outcomes.values() for o in outcomes)
-    finally:
-        steps.open()
-        assert worker.stop(timeout_s=GUARD_S)
+    worker, steps, answers = picture_step
+    worker.submit(answers.job("text", "hello"))  # arrives during step 1
+    chore = worker.between_steps(lambda: steps.log.append("prepare"))
+    steps.allow(1)  # step 1 ends with "text" due: no encoding, no preparing; step 2 prefills "text"
+    assert steps.log == ["step 1"] and not chore.done()
+    assert [item.tokens for item in steps.begun] == [(word_id("hello"),)]
+    worker.submit(answers.job("text2", "hi"))  # due after step 2 as well
+    steps.allow(1)  # held once already: the image work runs after step 2
+    assert steps.log == ["step 1", "step 2", "prepare", "encode"]
+    steps.open()
+    answers.wait_for("picture", "text", "text2")
+    assert all(o.error is None for outcomes in answers.outcomes.values() for o in outcomes)
 
 
-def test_a_text_prompt_that_arrives_while_requests_are_prepared_still_goes_before_the_encoder(clock):
+def test_a_text_prompt_that_arrives_while_requests_are_prepared_still_goes_before_the_encoder(picture_step):
     """A text prompt that comes in while the worker prepares an image request between the steps
     (not yet due when the step ended) still gets the next step before the encoder's slice."""
-    from accelab.serve.engines.vision import ImageInput
+    worker, steps, answers = picture_step
 
-    fake = FakeGenerationEngine(name="fake")
-    steps = EncodingSteps(fake, clock=clock)
-    limits = SchedulerConfig(max_running=4, max_step_tokens=64, kv_blocks=64, block_size=4, prefix_caching=True)
-    worker = ContinuousWorker(steps, limits, decode=fake.decode, eos_ids=(), clock=clock)
-    worker.start()
-    answers = Answers()
-    try:
-        picture = answers.job("picture", "look", "at", "this", max_tokens=2)
-        unit = picture.units[0]
-        unit.prompt = replace(unit.prompt, media=(ImageInput(key="pic", positions=(1, 2), inputs={}),))
-        worker.submit(picture)
-        steps.allow(0)
+    def prepare() -> None:  # the text request arrives meanwhile
+        steps.log.append("prepare")
+        worker.submit(answers.job("text", "hello"))
 
-        def prepare() -> None:  # the text request arrives meanwhile
-            steps.log.append("prepare")
-            worker.submit(answers.job("text", "hello"))
-
-        worker.between_steps(prepare)
-        steps.allow(1)  # step 1 ends with nothing due: the worker prepares, then "text" is due
-        assert steps.log == ["step 1", "prepare"]
-        assert [item.tokens for item in steps.begun] == [(word_id("hello"),)]
-        steps.allow(1)
-        assert steps.log == ["step 1", "prepare", "step 2", "encode"]
-        steps.open()
-        answers.wait_for("picture", "text")
-    finally:
-        steps.open()
-        assert worker.stop(timeout_s=GUARD_S)
+    worker.between_steps(prepare)
+    steps.allow(1)  # step 1 ends with nothing due: the worker prepares, then "text" is due
+    assert steps.log == ["step 1", "prepare"]
+    assert [item.tokens for item in steps.begun] == [(word_id("hello"),)]
+    steps.allow(1)
+    assert steps.log == ["step 1", "prepare", "step 2", "encode"]
+    steps.open()
+    answers.wait_for("picture", "text")

@@ -88,6 +88,10 @@ class Sequence(Generic[T]):
         firsts = self._image_firsts
         return list(firsts[bisect.bisect_left(firsts, start) : bisect.bisect_left(firsts, stop)])
 
+    @property
+    def has_images(self) -> bool:
+        return bool(self._image_firsts)
+
     def holds_images(self, start: int, stop: int) -> bool:
         """Some prompt position in start..stop is an image's (its features, not a token's embedding)."""
         keyed = self.cache_prompt
