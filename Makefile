@@ -53,7 +53,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e ".[test,llamacpp,ray]"
 	@# the serving engines' C++ operators (decoding attention, int8 GEMM), built for this machine (~40 s) now,
 	@# not in the first server
-	$(BIN)/python -m accelab.serve.engines.build_kernels \
+	$(BIN)/python -m accelab.ops.build \
 	  || echo "note: the serving kernels did not build (needs g++): servers use tensor operations instead"
 	touch $@
 

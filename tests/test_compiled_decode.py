@@ -9,9 +9,9 @@ import pytest
 import torch
 from test_paged_architectures import ARCHITECTURES, alone, requests, runnable, serve, tiny
 
+from accelab.ops import int8_gemm, loader as kernels
 from accelab.plan.plan import Plan
-from accelab.plan.runtime import Unsupported
-from accelab.serve.engines import compiled_decode, int8_gemm
+from accelab.serve.engines import compiled_decode
 from accelab.serve.engines.ragged import RaggedTorchEngine
 from accelab.serve.scheduler import SchedulerConfig
 
@@ -71,12 +71,12 @@ def test_a_compiled_step_that_differs_is_left_out_at_start_up(monkeypatch, caplo
         engine.close()
 
 
-def _int8_engine(head: bool = False) -> RaggedTorchEngine:
+def _int8_engine(head: bool = False, dtype: torch.dtype = torch.bfloat16) -> RaggedTorchEngine:
     from torchao.quantization import quantize_
 
     from accelab.plan.techniques.quantization import head_modules, layer_filter, make_config
 
-    model = tiny(*ARCHITECTURES["llama"]).to(torch.bfloat16)
+    model = tiny(*ARCHITECTURES["llama"]).to(dtype)
     config = make_config("int8-weight", torch.device("cpu"))
     quantize_(model, config, filter_fn=layer_filter("int8-weight", set() if head else head_modules(model)))
     run = runnable(model)
@@ -84,22 +84,23 @@ def _int8_engine(head: bool = False) -> RaggedTorchEngine:
     return RaggedTorchEngine(run, LIMITS)
 
 
-@pytest.mark.parametrize("head", [False, True], ids=["head-bf16", "head-int8"])
-def test_int8_weights_run_compiled_through_the_int8_gemm_operator(head):
-    """int8 weight-only (torchao, a scale a row) in bf16: the compiled steps keep the weights int8
-    and call the AMX int8 GEMM operator from the graph; their logits pass the start-up check
-    against the eager steps, with the output layer bf16 or (`quantize_head`) int8 too. Where the
-    operator does not run (no AMX), the reason is given."""
-    why = int8_gemm.available(128, 64)
-    if why is not None:
-        with pytest.raises(Unsupported, match="the int8 GEMM operator does not run them"):
-            _int8_engine(head)
-        return
-    engine = _int8_engine(head)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16-amx", "f32-avx2"])
+@pytest.mark.parametrize("head", [False, True], ids=["head-float", "head-int8"])
+def test_int8_weights_run_compiled_through_the_int8_gemm_operator(head, dtype):
+    """int8 weight-only (torchao, a scale a row) in bf16 (the AMX operator) or float32 (the AVX2
+    one): the compiled steps keep the weights int8 and call the operator from the graph; their
+    logits pass the start-up check against the eager steps, with the output layer float or
+    (`quantize_head`) int8 too. An operator this CPU lacks is skipped with the reason."""
+    kernel = int8_gemm.for_dtype(dtype)
+    missing = [flag for flag in kernel.library.needs if flag not in kernels.cpu_flags()]
+    if missing:
+        pytest.skip(f"{kernel.name}: this CPU lacks {', '.join(missing)}")
+    engine = _int8_engine(head, dtype)
     try:
         module = engine._compiled._module
         assert [module.weights[j].dtype for j in range(1, 5)] == [torch.int8] * 4  # the layer's four GEMMs
-        assert module.weights[0].dtype == (torch.int8 if head else torch.bfloat16)  # the output layer
+        assert module.weights[0].dtype == (torch.int8 if head else dtype)  # the output layer
+        assert module.int8_kernel is kernel
         assert engine.self_check(requests()[1][0]) is None
         assert engine.name.endswith(", steps compiled")
         got, _, _ = serve(engine, LIMITS, requests())
@@ -108,10 +109,25 @@ def test_int8_weights_run_compiled_through_the_int8_gemm_operator(head):
     assert [len(tokens) for tokens in got[:5]] == [n for _, n in requests()]
 
 
-def test_int8_weights_the_operator_cannot_run_are_refused_with_the_reason(monkeypatch):
-    monkeypatch.setattr(int8_gemm, "available", lambda n, k: "it needs a CPU with AMX (faked)")
-    with pytest.raises(Unsupported, match="int8 GEMM operator does not run them: it needs a CPU with AMX"):
-        _int8_engine()
+def test_int8_weights_the_operator_cannot_run_step_eager_and_say_why(monkeypatch, caplog):
+    """Where the int8 operator does not run (faked here: a CPU without it), the compiled plan still
+    serves continuously, its steps eager, and one log line says why (it once crashed the server)."""
+    monkeypatch.setattr(int8_gemm, "available", lambda n, k, dtype=None: "it needs a CPU with AMX (faked)")
+    with caplog.at_level("WARNING"):
+        engine = _int8_engine()
+    try:
+        assert engine._compiled is None and "compiled" not in engine.name
+        assert engine.self_check(requests()[1][0]) is None
+        got, _, _ = serve(engine, LIMITS, requests())
+    finally:
+        engine.close()
+    assert [len(tokens) for tokens in got[:5]] == [n for _, n in requests()]
+    lines = [r.getMessage() for r in caplog.records if "run eager" in r.getMessage()]
+    assert lines == [
+        "the plan compiles, but the continuous steps run eager: the plan compiles the model, and the continuous "
+        "steps cannot be compiled: its weights are int8 and the int8 GEMM operator does not run them: it needs a "
+        "CPU with AMX (faked)"
+    ]
 
 
 def test_a_step_that_would_compile_again_runs_eager_from_then_on(caplog):

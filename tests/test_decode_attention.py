@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from accelab.serve.engines import decode_attention as kernel
+from accelab.ops import decode_attention as kernel
 from accelab.serve.engines.compiled_decode import _attend, _mask
 
 
@@ -55,7 +55,7 @@ def test_what_the_kernel_does_not_take_is_said():
 
 def _available_in_a_new_process(kernels, **env) -> str:
     code = (
-        "import time, torch; from accelab.serve.engines import decode_attention as k; t = time.time(); "
+        "import time, torch; from accelab.ops import decode_attention as k; t = time.time(); "
         "why = k.available(torch.float32, 64); print(repr(why), round(time.time() - t, 2), k.LIBRARY.path())"
     )
     done = subprocess.run(

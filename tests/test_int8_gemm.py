@@ -1,15 +1,16 @@
-"""The int8 x bf16 GEMM operator (AMX): the dequantized weight's product, for decoding-sized and
-prefill-sized inputs, with and without bias, rows past a multiple of 64 padded; what it does not
-take is said."""
+"""The int8 GEMM operators, one for each kind of x86 CPU: AMX with bf16 activations, AVX2 + FMA with
+float32 ones. Each gives the dequantized weight's product for decoding-sized and prefill-sized
+inputs, with and without bias, rows past its block padded; what it does not take is said. An
+operator this CPU cannot run is skipped with the reason, and the reason is checked."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from accelab.serve.engines import int8_gemm, kernels
+from accelab.ops import int8_gemm, loader as kernels
 
-AMX = all(flag in kernels.cpu_flags() for flag in int8_gemm.NEEDS)
+KERNELS = {"amx-bf16": int8_gemm.AMX, "avx2-f32": int8_gemm.AVX2}
 
 
 def _weights(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -17,32 +18,58 @@ def _weights(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g), torch.rand(n, generator=g) * 0.02 + 1e-3
 
 
-@pytest.mark.parametrize("rows", [1, 5, 16, 17, 40])
-@pytest.mark.parametrize(("n", "k"), [(128, 64), (960, 576), (64, 1536), (100, 64)])
-def test_the_operator_gives_the_dequantized_weights_product(rows, n, k):
-    if not AMX:  # this CPU: the operator is not offered, and the reason names what is missing
-        why = int8_gemm.available(n, k)
-        assert why is not None and "AMX" in why
-        return
-    assert int8_gemm.available(n, k) is None
+def _runs(kernel: int8_gemm.Kernel) -> int8_gemm.Kernel:
+    missing = [flag for flag in kernel.library.needs if flag not in kernels.cpu_flags()]
+    if missing:
+        why = kernel.available(128, 64)
+        assert why is not None and kernel.library.needs_said in why  # the reason names what is missing
+        pytest.skip(f"{kernel.name}: this CPU lacks {', '.join(missing)}")
+    return kernel
+
+
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 16, 17, 40])
+@pytest.mark.parametrize(("n", "k"), [(128, 64), (960, 576), (64, 1536), (100, 64), (40, 96)])
+@pytest.mark.parametrize("name", KERNELS)
+def test_the_operator_gives_the_dequantized_weights_product(name, rows, n, k):
+    kernel = _runs(KERNELS[name])
+    assert kernel.available(n, k) is None  # every k here is a multiple of 32 (the AMX operator's)
     values, scales = _weights(n, k)
     values[0, :4] = torch.tensor([-128, -127, 0, 127], dtype=torch.int8)  # the ends, and zero (sign-magnitude)
-    x = torch.randn(rows, k).bfloat16()
-    bias = torch.randn(n).bfloat16() if rows % 2 else None
+    x = torch.randn(rows, k).to(kernel.dtype)
+    bias = torch.randn(n).to(kernel.dtype) if rows % 2 else None
     want = x.float() @ (values.float() * scales[:, None]).T + (0 if bias is None else bias.float())
-    packed = int8_gemm.pack(values)  # 100 rows: padded to 128, the output cut back to 100
-    assert packed.shape[0] * 64 == -(-n // 64) * 64
-    padded_bias = None if bias is None else int8_gemm.pad(bias)
-    got = int8_gemm.linear(x, packed, int8_gemm.pad(scales), padded_bias, rows=n)
-    assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
-    assert float((got.float() - want).abs().max()) <= 8e-3 * float(want.abs().max())  # bf16 rounding of the output
+    packed = kernel.pack(values)  # rows past the block: padded, the output cut back to n
+    padded = -(-n // kernel.block) * kernel.block
+    assert packed.numel() == padded * k
+    got = kernel.linear(x, packed, kernel.pad(scales), None if bias is None else kernel.pad(bias), rows=n)
+    assert got.dtype == kernel.dtype and got.shape == (rows, n)
+    # bf16: the output's rounding; float32: the order of the sums
+    tolerance = 8e-3 if kernel.dtype == torch.bfloat16 else 1e-5
+    assert float((got.float() - want).abs().max()) <= tolerance * float(want.abs().max())
+    bound = kernel.bind(values, scales, bias)  # packed once, the same product
+    assert torch.equal(bound(x), got)
 
 
-def test_what_the_operator_does_not_take_is_said():
+def test_a_step_of_no_rows_gives_no_rows():
+    kernel = _runs(int8_gemm.AVX2)
+    values, scales = _weights(32, 64)
+    assert kernel.bind(values, scales, None)(torch.empty(0, 64)).shape == (0, 32)
+
+
+def test_the_operator_for_each_activation_dtype_and_what_none_takes():
+    assert int8_gemm.for_dtype(torch.bfloat16) is int8_gemm.AMX
+    assert int8_gemm.for_dtype(torch.float32) is int8_gemm.AVX2
+    assert int8_gemm.for_dtype(torch.float16) is None
+    assert "no int8 GEMM operator takes torch.float16" in (int8_gemm.available(128, 64, torch.float16) or "")
     assert "a multiple of 32" in (int8_gemm.available(128, 48) or "")
-    if AMX:
-        values, scales = _weights(128, 64)
-        with pytest.raises(RuntimeError, match="bfloat16"):
-            int8_gemm.linear(torch.randn(2, 64), int8_gemm.pack(values), scales)
-        with pytest.raises(RuntimeError, match="columns"):
-            int8_gemm.linear(torch.randn(2, 32).bfloat16(), int8_gemm.pack(values), scales)
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_what_the_operator_does_not_take_is_said(name):
+    kernel = _runs(KERNELS[name])
+    values, scales = _weights(128, 64)
+    other = torch.float32 if kernel.dtype == torch.bfloat16 else torch.bfloat16
+    with pytest.raises(RuntimeError, match="bfloat16" if kernel.dtype == torch.bfloat16 else "float32"):
+        kernel.linear(torch.randn(2, 64).to(other), kernel.pack(values), kernel.pad(scales))
+    with pytest.raises(RuntimeError, match="columns"):
+        kernel.linear(torch.randn(2, 32).to(kernel.dtype), kernel.pack(values), kernel.pad(scales))

@@ -28,10 +28,11 @@ from pathlib import Path
 
 LAYERS = [
     # `from accelab import __version__` names a constant; options: a command's options into its configs
-    ["paths", "units", "options", "quiet", "entry", "version", "__version__"],
+    ["paths", "units", "options", "quiet", "entry", "version", "__version__", "cpu"],
     ["results"],
     ["catalog"],
     ["plan"],
+    ["ops"],  # the own C++ operators: the serving engines run them, `accelab env` probes them
     ["backends"],
     ["runtimes"],
     ["measure"],  # runs and times what plan/ and the runtimes build; probes techniques

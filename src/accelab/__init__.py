@@ -10,9 +10,14 @@ for bench, compare and verify; `accelab.tuner` for tune), so that importing one 
 the function of the same name.
 """
 
+# ACCELAB_CPU_ISA caps oneDNN and torch's kernels too: set before anything imports torch
+from accelab import cpu as _cpu
+
+_cpu.apply_override()
+
 # api imports nothing heavy at module level
-from accelab.api import apply, bench, compare, tune, verify
-from accelab.version import __version__
+from accelab.api import apply, bench, compare, tune, verify  # noqa: E402 - after the CPU override
+from accelab.version import __version__  # noqa: E402 - after the CPU override
 
 __all__ = ["CustomModel", "Plan", "__version__", "apply", "bench", "compare", "tune", "verify"]
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import psutil
 
+from accelab import cpu
 from accelab.measure.gpu import gpu_inventory
 
 # Distribution names to look up; several names for one package where it ships under more than one.
@@ -54,6 +55,7 @@ def environment() -> dict[str, Any]:
         "logical_cores": psutil.cpu_count(logical=True),
         "available_cores": available_cores(),
         "cpu": cpu_capability(),
+        "cpu_isa": cpu.level(),  # ACCELAB_CPU_ISA, when set: the paths of a smaller CPU
         "ram_total_bytes": psutil.virtual_memory().total,
         "gpus": gpus,
         "driver_version": gpus[0]["driver_version"] if gpus else None,
@@ -71,6 +73,7 @@ def fingerprint(env: dict[str, Any]) -> str:
     versions = env.get("versions", {})
     key = {
         "cpu_model": env.get("cpu_model"),
+        **({"cpu_isa": env["cpu_isa"]} if env.get("cpu_isa") else {}),  # ACCELAB_CPU_ISA: other kernels
         "physical_cores": env.get("physical_cores"),
         "logical_cores": env.get("logical_cores"),
         "gpus": sorted(g.get("name", "") for g in env.get("gpus", [])),
@@ -101,15 +104,23 @@ def cpu_capability() -> dict[str, Any]:
     """Instruction sets: what /proc/cpuinfo lists, and what torch will dispatch to.
 
     The two can disagree (a hypervisor may list avx512_bf16 while torch's cpuinfo does not
-    see it); torch's view decides which kernels run, so `native_bf16` follows torch."""
-    flags = _cpu_flags()
+    see it); torch's view decides which kernels run, so `native_bf16` follows torch. Under
+    ACCELAB_CPU_ISA (`accelab.cpu`) the flags and torch's view are both capped at its level:
+    `level` says which level the paths take, `host_flags` what the CPU itself has."""
+    flags, host = cpu.flags(), cpu.host_flags()
     import torch
 
-    torch_bf16 = _safe_call(getattr(torch.cpu, "_is_avx512_bf16_supported", None))
-    torch_amx = _safe_call(getattr(torch.cpu, "_is_amx_tile_supported", None))
-    torch_fp16 = _safe_call(getattr(torch.cpu, "_is_amx_fp16_supported", None))
+    def capped(probe: str, native: bool) -> bool | None:
+        seen = _safe_call(getattr(torch.cpu, probe, None))
+        return seen if seen is None or not host else bool(seen and native)
+
+    torch_bf16 = capped("_is_avx512_bf16_supported", cpu.has("avx512_bf16"))
+    torch_amx = capped("_is_amx_tile_supported", cpu.has("amx_tile"))
+    torch_fp16 = capped("_is_amx_fp16_supported", cpu.has("amx_fp16"))
     return {
-        "flags": {flag: flag in flags for flag in CPU_FLAGS} if flags else {},
+        "flags": {flag: flag in flags for flag in CPU_FLAGS} if host else {},
+        "host_flags": {flag: flag in host for flag in CPU_FLAGS} if host else {},
+        "level": cpu.described(),
         "torch_capability": _safe_call(getattr(torch.backends.cpu, "get_cpu_capability", None)),
         "torch_avx512_bf16": torch_bf16,
         "torch_amx_tile": torch_amx,
@@ -146,13 +157,6 @@ def _cpuinfo() -> str:
         return Path("/proc/cpuinfo").read_text()
     except OSError:
         return ""
-
-
-def _cpu_flags() -> set[str]:
-    for line in _cpuinfo().splitlines():
-        if line.startswith(("flags", "Features")):
-            return set(line.split(":", 1)[1].split())
-    return set()
 
 
 def _torch_threads() -> dict[str, int]:

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from accelab import cpu
 from accelab.catalog.spec import ModelSpec
 from accelab.plan.plan import Plan
 from accelab.plan.runtime import Runnable, Unsupported
@@ -130,16 +132,22 @@ def _accelerator(mixed_precision: str, device: torch.device) -> Any:
 
 
 def _cpu_dtype_note(precision: str) -> str | None:
-    """Why a half-precision run may be slower on this CPU; None when the CPU has native support."""
+    """Why a half-precision run may be slower on this CPU; None when the CPU has native support
+    (torch's view of the CPU and accelab's, which ACCELAB_CPU_ISA may cap: `accelab.cpu`)."""
     if precision.startswith("bf16"):
-        if _cpu_flag("_is_avx512_bf16_supported") or _cpu_flag("_is_amx_tile_supported"):
+        if (_cpu_flag("_is_avx512_bf16_supported") or _cpu_flag("_is_amx_tile_supported")) and _native(cpu.native_bf16):
             return None
         return "bf16 on a CPU without AVX512-BF16 or AMX: matmuls are emulated, expect much slower than fp32"
     if precision.startswith("fp16"):
-        if _cpu_flag("_is_amx_fp16_supported") or "avx512_fp16" in _linux_cpu_flags():
+        if (_cpu_flag("_is_amx_fp16_supported") or cpu.has("avx512_fp16")) and _native(cpu.native_fp16):
             return None
         return "fp16 on a CPU without AVX512-FP16 or AMX-FP16: matmuls are emulated, expect much slower than fp32"
     return None
+
+
+def _native(flags_say: Callable[[], bool]) -> bool:
+    # where there is no /proc/cpuinfo (macOS), torch's own probe decides alone
+    return flags_say() or not cpu.host_flags()
 
 
 def _cpu_flag(name: str) -> bool:
@@ -148,12 +156,3 @@ def _cpu_flag(name: str) -> bool:
         return bool(probe()) if probe is not None else False
     except RuntimeError:
         return False
-
-
-def _linux_cpu_flags() -> set[str]:
-    # torch has no probe for AVX512-FP16 (oneDNN uses it for fp16 GEMMs)
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
-    except OSError:
-        return set()

@@ -43,9 +43,9 @@ import torch._inductor.config as inductor_config
 import torch.fx.experimental._config as fx_config
 import torch.nn.functional as F
 
-from accelab.serve.engines import int8_gemm
+from accelab.ops import int8_gemm
+from accelab.ops.decode_attention import available as decode_attention_missing, decode_attention
 from accelab.serve.engines.base import SamplingParams, StepInput
-from accelab.serve.engines.decode_attention import available as decode_attention_missing, decode_attention
 from accelab.serve.engines.kv_cache import PagedKVCache
 from accelab.serve.engines.llama_stack import LlamaStack, decoder_of, int8_rows
 
@@ -63,8 +63,9 @@ SCORES_LIMIT = 1 << 21
 
 def why_not(model: Any) -> str | None:
     """None when the decoding step of `model`'s stack can be compiled, else why not: float
-    weights, or (in bf16) int8 weights with one scale a row where the int8 GEMM operator runs
-    them (the GEMMs that read one input joined, as the step runs them)."""
+    weights, or int8 weights with one scale a row where an int8 GEMM operator runs them for the
+    model's dtype (bf16: AMX, float32: AVX2; the GEMMs that read one input joined, as the step
+    runs them)."""
     inner = decoder_of(model)
     gemms = [[model.get_output_embeddings()]]
     for layer in inner.layers:
@@ -78,9 +79,8 @@ def why_not(model: Any) -> str | None:
             continue
         if any(r is None for r in rows):
             return "some of its weights are int8 and others not in one GEMM"
-        why = int8_gemm.available(sum(r[0].shape[0] for r in rows if r is not None), modules[0].in_features)
-        if inner.embed_tokens.weight.dtype != torch.bfloat16:
-            why = f"the int8 GEMM operator takes bfloat16 activations, not {inner.embed_tokens.weight.dtype}"
+        dtype = inner.embed_tokens.weight.dtype
+        why = int8_gemm.available(sum(r[0].shape[0] for r in rows if r is not None), modules[0].in_features, dtype)
         if why is not None:
             return f"its weights are int8 and the int8 GEMM operator does not run them: {why}"
     return None
@@ -131,18 +131,21 @@ class _Decode(torch.nn.Module):
         def frozen(t: torch.Tensor) -> torch.nn.Parameter:
             return torch.nn.Parameter(t.detach(), requires_grad=False)
 
+        int8 = int8_gemm.for_dtype(inner.embed_tokens.weight.dtype)  # why_not: it runs where weights are int8
+        self.int8_kernel = int8
         self.weights = torch.nn.ParameterList()  # per layer q|k|v, o, gate|up, down: float, or packed int8
         self.scales = torch.nn.ParameterList()  # int8 weights' row scales, beside them in order
         self.int8: list[bool] = []
-        self.out_rows: list[int] = []  # each weight's output rows (an int8 one is packed in blocks of 64)
+        self.out_rows: list[int] = []  # each weight's output rows (an int8 one is packed in blocks)
 
         def add(modules: Sequence[torch.nn.Linear]) -> int:
             """Their weights side by side, as one weight of `weights`: its index."""
             rows = [int8_rows(m.weight) for m in modules]
             if all(r is not None for r in rows):
+                assert int8 is not None
                 values = torch.cat([r[0] for r in rows if r is not None])
-                self.weights.append(frozen(int8_gemm.pack(values)))
-                self.scales.append(frozen(int8_gemm.pad(torch.cat([r[1] for r in rows if r is not None]).float())))
+                self.weights.append(frozen(int8.pack(values)))
+                self.scales.append(frozen(int8.pad(torch.cat([r[1] for r in rows if r is not None]).float())))
             else:
                 self.weights.append(frozen(torch.cat([m.weight for m in modules])))
             self.int8.append(all(r is not None for r in rows))
@@ -178,8 +181,8 @@ class _Decode(torch.nn.Module):
             for modules in (qkv, [attn.o_proj], [mlp.gate_proj, mlp.up_proj], [mlp.down_proj]):
                 add(modules)
             qkv_bias = bias(qkv, self.embed.dtype)
-            if qkv_bias is not None and self.int8[first]:
-                qkv_bias = frozen(int8_gemm.pad(qkv_bias))
+            if qkv_bias is not None and self.int8[first] and int8 is not None:
+                qkv_bias = frozen(int8.pad(qkv_bias))
             self.bias_of.append(None if qkv_bias is None else len(self.biases))
             if qkv_bias is not None:
                 self.biases.append(qkv_bias)
@@ -190,7 +193,8 @@ class _Decode(torch.nn.Module):
         if not self.int8[j]:
             return F.linear(x, self.weights[j], bias)
         scales = self.scales[sum(self.int8[:j])]
-        return int8_gemm.linear(x.contiguous(), self.weights[j], scales, bias, rows=self.out_rows[j])
+        assert self.int8_kernel is not None
+        return self.int8_kernel.linear(x.contiguous(), self.weights[j], scales, bias, rows=self.out_rows[j])
 
     def forward(
         self,

@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from accelab.catalog.facts import text_config
-from accelab.serve.engines import int8_gemm, packed_linear
+from accelab.ops import int8_gemm
+from accelab.serve.engines import packed_linear
 from accelab.serve.engines.kv_cache import PagedKVCache
 from accelab.serve.engines.paged_attention import StepLayout, attend
 from accelab.serve.engines.vision import vision_parts
@@ -195,21 +196,23 @@ def int8_rows(weight: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
 
 def _linear(modules: list[torch.nn.Linear], pack: bool) -> Linear:
     """One GEMM over the weights of `modules` side by side (they read one input): oneDNN on a
-    packed copy (`pack`); where the weights are int8 per row, the int8 GEMM operator (AMX) where it
-    runs them, else torch's int8 x bf16 kernel."""
+    packed copy (`pack`); where the weights are int8 per row, the int8 GEMM operator for the
+    activations' dtype where it runs (`int8_gemm`), else in bf16 torch's int8 x bf16 kernel, else
+    the dequantized weight."""
     int8 = [int8_rows(m.weight) for m in modules]
     dtype = modules[0].weight.dtype
-    if all(rows is not None for rows in int8) and dtype == torch.bfloat16:
+    if all(rows is not None for rows in int8):
         values = torch.cat([rows[0] for rows in int8 if rows is not None])
-        scales = torch.cat([rows[1] for rows in int8 if rows is not None]).to(dtype)
+        scales = torch.cat([rows[1] for rows in int8 if rows is not None])
         bias = _bias(modules, values.shape[0], dtype)
-        if values.device.type == "cpu" and int8_gemm.available(*values.shape) is None:
-            packed, row_scales, n = int8_gemm.pack(values), int8_gemm.pad(scales.float()), values.shape[0]
-            padded_bias = None if bias is None else int8_gemm.pad(bias)
-            return lambda x: int8_gemm.linear(x.contiguous(), packed, row_scales, padded_bias, rows=n)
-        if bias is None:
-            return lambda x: torch.ops.aten._weight_int8pack_mm(x.contiguous(), values, scales)
-        return lambda x: torch.ops.aten._weight_int8pack_mm(x.contiguous(), values, scales) + bias
+        kernel = int8_gemm.for_dtype(dtype)
+        if values.device.type == "cpu" and kernel is not None and kernel.available(*values.shape) is None:
+            return kernel.bind(values, scales, bias)
+        if dtype == torch.bfloat16:
+            scales = scales.to(dtype)
+            if bias is None:
+                return lambda x: torch.ops.aten._weight_int8pack_mm(x.contiguous(), values, scales)
+            return lambda x: torch.ops.aten._weight_int8pack_mm(x.contiguous(), values, scales) + bias
     weight = torch.cat([_dense(m.weight) for m in modules])
     bias = _bias(modules, weight.shape[0], weight.dtype)
     if not pack:
@@ -219,7 +222,7 @@ def _linear(modules: list[torch.nn.Linear], pack: bool) -> Linear:
 
 
 def _dense(weight: Any) -> torch.Tensor:
-    """The weight as a plain tensor (a quantized one dequantized: int8 x bf16 runs only in bf16)."""
+    """The weight as a plain tensor (a quantized one dequantized where no int8 operator runs it)."""
     return weight.detach() if _plain(weight) else weight.dequantize().detach()
 
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from accelab.serve.engines.decode_attention import available as decode_attention_missing, decode_attention
+from accelab.ops.decode_attention import available as decode_attention_missing, decode_attention
 from accelab.serve.engines.kv_cache import PagedKVCache
 
 ATTENTION_NAME = "accelab_paged"

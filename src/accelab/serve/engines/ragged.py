@@ -100,12 +100,19 @@ class RaggedTorchEngine:
         self._packed: PackedLinears | None = None
         self._head: torch.nn.Linear | None = None
         self._compiled: CompiledDecode | None = None
-        if vision_parts(model) is not None:
-            self._vision(limits, stack)
-        else:
-            self._text(stack)
+        try:
+            if vision_parts(model) is not None:
+                self._vision(limits, stack)
+            else:
+                self._text(stack)
+        except BaseException:
+            self.close()  # the model's own attention back: the per-batch worker runs it next
+            raise
         if compile_mode != "off":
-            self._compile(compile_mode)
+            try:
+                self._compile(compile_mode)
+            except Unsupported as why:  # still continuous, eager: a compile is speed, not a feature
+                log.warning("the plan compiles, but the continuous steps run eager: %s", why)
 
     def _text(self, stack: bool) -> None:
         model, config = self.model, self.model.config
