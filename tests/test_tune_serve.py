@@ -194,3 +194,58 @@ def test_the_table_names_plans_with_options_in_brackets_as_given():
     render(outcome, ServeTuneRequest(spec=resolve(MODEL, fetch=False), model=MODEL), console)
     printed = console.file.getvalue()
     assert key in printed and "vllm-bf16[vllm_mode=compiled]: no venv" in printed
+
+
+# -- the candidates per CPU kind --------------------------------------------------------------------
+AVX2_SLOW = {
+    "bf16-weights": "measured bf16 matmul 21.0 GFLOP/s vs fp32 159.0: expect it slower",
+    "int8-dynamic": "measured 0.07x fp32 eager on a transformer MLP here: expect it slower than fp32",
+}
+
+
+@pytest.mark.parametrize(
+    ("kind", "slow", "bf16_wins"),
+    [
+        ("avx2", AVX2_SLOW, None),
+        ("amx", {}, "bf16 weights measured 2.10x fp32 eager on a transformer MLP here"),
+        ("avx2, int8 operator slow", {**AVX2_SLOW, "int8-gemm-f32": "measured 0.50x the float32 GEMMs"}, None),
+    ],
+)
+def test_the_candidates_are_what_can_win_on_this_cpu_and_the_rest_say_why(monkeypatch, kind, slow, bf16_wins):
+    """An AVX2-only CPU keeps the float32 plans (int8 weights on the AVX2 operator, OpenVINO's int8
+    at f32) and leaves out what emulates bf16; an AMX CPU keeps bf16 and leaves out the float32
+    twins of its int8 plans; the engine's int8 plans are judged by its own operator's probe, not
+    by torchao's eager kernel. Every plan left out says why."""
+    from accelab.catalog.resolve import resolve
+    from accelab.tuner import serving
+
+    monkeypatch.setattr(serving, "slow_here", lambda device: slow)
+    monkeypatch.setattr(serving, "bf16_outruns_fp32", lambda device: bf16_wins)
+    monkeypatch.setattr(serving, "check_supported", lambda plan, spec, device: None)  # every runtime installed
+    request = serving.ServeTuneRequest(spec=resolve(MODEL, fetch=False), model=MODEL)
+    chosen, pruned = serving.serve_space(request)
+    keys = {c.key for c in chosen}
+    assert keys | set(pruned) == set(serving.SERVE_CANDIDATES) and not keys & set(pruned)
+    f32_int8 = {"int8-weight", "int8-weight[compile=default]", "int8-weight[compile=default;quantize_head=true]"}
+    bf16 = {"bf16", "bf16[compile=default]", "vllm-bf16[vllm_mode=compiled]", "openvino-int8-bf16"}
+    bf16 |= {"int8-bf16", "int8-bf16[compile=default]", "int8-bf16[compile=default;quantize_head=true]"}
+    always = {"baseline", "compile", "llamacpp", "llamacpp[llama_quant=q8_0]", "vllm[vllm_mode=compiled]"}
+    if kind == "avx2":
+        assert keys == always | f32_int8 | {"openvino-int8"}
+        assert all(pruned[k].startswith("measured bf16 matmul 21.0") for k in bf16)
+    elif kind == "amx":
+        assert keys == always | bf16
+        assert pruned["int8-weight"].startswith("its bf16 twin serves int8 here: bf16 weights measured 2.10x")
+        assert "openvino-int8" in pruned
+    else:
+        assert keys == always | {"openvino-int8"}
+        assert pruned["int8-weight[compile=default]"].startswith("measured 0.50x the float32 GEMMs")
+    assert all("--include" in why for why in pruned.values())
+
+
+def test_the_engines_int8_plans_are_judged_by_its_own_operators():
+    from accelab.tuner.serving import serve_techniques
+
+    assert serve_techniques(load_plan("int8-weight")) == ["int8-gemm-f32"]
+    assert serve_techniques(load_plan("int8-bf16[compile=default]")) == ["bf16-weights", "compile", "int8-gemm-bf16"]
+    assert serve_techniques(load_plan("openvino-int8-bf16")) == ["openvino", "bf16-weights"]

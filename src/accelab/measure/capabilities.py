@@ -10,12 +10,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import torch
+
+from accelab import cpu
 from accelab.backends.openvino_genai import find_genai
 from accelab.backends.vllm_launch import find_vllm
 from accelab.measure import hardware
 from accelab.measure.environment import environment
 from accelab.measure.hardware import HardwareLimits
 from accelab.measure.probes import SLOW_BELOW, describe
+from accelab.ops import int8_gemm
 
 Status = Literal["ok", "slow", "unsupported"]
 
@@ -187,6 +191,20 @@ def _offload(m: _Machine) -> Check:
     return "ok", "accelerate device_map with max_memory, CPU or disk offload"
 
 
+def _int8_operator(dtype: torch.dtype) -> Callable[[_Machine], Check]:
+    """The serving engine's own int8 GEMM for `dtype` activations (`accelab.ops.int8_gemm`)."""
+
+    def check(m: _Machine) -> Check:
+        kernel = int8_gemm.for_dtype(dtype)
+        assert kernel is not None
+        why = kernel.available(64, 64)
+        if why is not None:
+            return "unsupported", f"the {kernel.name} operator does not run here: {why}"
+        return "ok", f"the {kernel.name} operator runs here (the serving engine's int8 plans)"
+
+    return check
+
+
 def _package(dist: str, name: str, pip: str, note: str = "") -> Callable[[_Machine], Check]:
     def check(m: _Machine) -> Check:
         version = m.versions.get(dist)
@@ -210,13 +228,13 @@ def _probed(technique: str, fallback: Callable[[_Machine], Check]) -> Callable[[
         detail = m.limits.probe_details.get(technique) if m.limits is not None else None
         if detail is not None and not detail.get("trusted", True):
             return status, (
-                f"{describe(factor)}, but under noise ({detail.get('reason')}): not used as a verdict "
-                f"(`accelab env --refresh` on a quiet machine measures it again); {reason}"
+                f"{describe(factor, technique=technique)}, but under noise ({detail.get('reason')}): not used as a "
+                f"verdict (`accelab env --refresh` on a quiet machine measures it again); {reason}"
             )
         high = detail.get("high") if detail else None
         if (high if high is not None else factor) < SLOW_BELOW:
-            return "slow", f"{describe(factor, detail)}: expect it slower than fp32"
-        return "ok", describe(factor, detail)
+            return "slow", f"{describe(factor, detail, technique)}: expect it slower than fp32"
+        return "ok", describe(factor, detail, technique)
 
     return check
 
@@ -235,6 +253,9 @@ CHECKS: dict[str, Callable[[_Machine], Check]] = {
     "int8-weight": _probed("int8-weight", lambda m: _torchao(m, "int8 weight-only")),
     "int8-dynamic": _probed("int8-dynamic", lambda m: _torchao(m, "int8 dynamic")),
     "int4-weight": _int4,
+    # the serving engine's int8 plans: its own operators, not torchao's eager kernels
+    "int8-gemm-f32": _probed("int8-gemm-f32", _int8_operator(torch.float32)),
+    "int8-gemm-bf16": _probed("int8-gemm-bf16", _int8_operator(torch.bfloat16)),
     "channels_last": _channels_last,
     "cudnn-benchmark": _cudnn_benchmark,
     "multi-gpu": _multi_gpu,
@@ -297,3 +318,20 @@ def slow_techniques(device: Any, *, measure: bool = False) -> dict[str, str]:
     if device.type == "cpu":
         limits = hardware.hardware_limits("cpu") if measure else hardware.cached_limits("cpu")  # tests replace them
     return {c.technique: c.reason for c in capabilities(env, limits) if c.status == "slow"}
+
+
+def bf16_outruns_fp32(device: Any) -> str | None:
+    """Why bf16 is the precision to serve int8 plans in on `device` (bf16 measured at least as fast
+    as fp32 by `accelab env`'s probe, or, unmeasured, a CPU with AMX), else None: a CPU where the
+    float32 twins of the bf16 plans are the ones that can win."""
+    if device.type != "cpu" or environment().get("gpus"):
+        return None
+    limits = hardware.cached_limits("cpu")
+    factor = limits.probes.get("bf16-weights") if limits is not None else None
+    detail = (limits.probe_details.get("bf16-weights") or {}) if limits is not None else {}
+    if factor is not None and detail.get("trusted", True):
+        low = detail.get("low")
+        return f"bf16 weights {describe(factor, detail)}" if (factor if low is None else low) >= 1.0 else None
+    if cpu.has("amx_tile", "amx_bf16"):
+        return "this CPU has AMX (bf16 tiles); `accelab env` has not measured it"
+    return None

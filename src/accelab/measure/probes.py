@@ -5,7 +5,12 @@ limits and cached with them, so `accelab env`, compare, tune and train --bench c
 (0.15x fp32)" before they spend minutes finding out.
 
 The probe runs what the plan's technique runs: autocast for bf16-autocast, bf16 weights for
-bf16-weights, and torchao's configs (the same `make_config`) for the int8 plans.
+bf16-weights, and torchao's configs (the same `make_config`) for the int8 plans. The serving
+engine's own int8 operators (`accelab.ops.int8_gemm`) get probes of their own, where they run:
+"int8-gemm-f32" (AVX2, float32 activations) and "int8-gemm-bf16" (AMX), each on a decoding step's
+GEMMs (GEMM_TOKENS rows) against the float GEMMs the engine would run instead (oneDNN on packed
+float32 weights, as `serve/engines/llama_stack` packs them). The serving tune prunes by them, and
+the engine keeps the dequantized weight where its operator measured slow.
 
 A busy minute must not become a verdict: the technique and fp32 take turns in short rounds
 (fp32, technique; technique, fp32; ...), the machine's noise is measured around each turn, and
@@ -28,14 +33,18 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from accelab.measure import kernels, noise
 from accelab.measure.paired import Ratio, paired_ratio, relative_half_width
+from accelab.ops import int8_gemm
 from accelab.plan.techniques.quantization import make_config
 
 log = logging.getLogger(__name__)
 
 TOKENS, HIDDEN = 32, 768
+GEMM_TOKENS = 8  # a decoding step of 8 sequences: the rows of the int8 operators' probes
+INT8_GEMM: dict[str, torch.dtype] = {"int8-gemm-f32": torch.float32, "int8-gemm-bf16": torch.bfloat16}
 SLOW_BELOW = 0.8  # a technique probed below this factor is reported "slow"
 MIN_ROUNDS, MAX_ROUNDS = 4, 16
 TARGET_HALF_WIDTH = 0.05  # stop when the factor is known within +-5%
@@ -43,7 +52,7 @@ REPEATS = 3  # calls per turn at least; a turn's time is the best of them
 TURN_S = 0.2  # ... and as many as fill this long: a shorter noise window says little (noise.window)
 
 
-def _mlp() -> torch.nn.Module:
+def _mlp() -> torch.nn.Sequential:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         return torch.nn.Sequential(
@@ -71,10 +80,41 @@ def techniques(device: torch.device) -> list[str]:
     names = ["bf16-autocast", "bf16-weights", "fp16-weights"]
     if importlib.util.find_spec("torchao") is not None:
         names += ["int8-weight", "int8-dynamic"]
+    names += [name for name, dtype in INT8_GEMM.items() if int8_gemm.available(64, 64, dtype) is None]
     return names if device.type == "cpu" else []  # GPUs: the capability checks know their tensor cores
 
 
+class _Gemms(torch.nn.Module):
+    """The MLP's two GEMMs as the serving engine runs them: int8 through an operator of
+    `accelab.ops.int8_gemm` (`dtype`: its activations), or float32 weights packed for oneDNN."""
+
+    def __init__(self, mlp: torch.nn.Sequential, dtype: torch.dtype | None):
+        super().__init__()
+        self.layers = [self._bind(mlp[0], dtype), self._bind(mlp[2], dtype)]
+
+    @staticmethod
+    def _bind(linear: torch.nn.Module, dtype: torch.dtype | None) -> Callable[[torch.Tensor], torch.Tensor]:
+        assert isinstance(linear, torch.nn.Linear)
+        weight, bias = linear.weight.detach(), linear.bias.detach()
+        if dtype is None:
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight, GEMM_TOKENS)
+            return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+        kernel = int8_gemm.for_dtype(dtype)
+        assert kernel is not None
+        scales = weight.abs().amax(1).clamp(min=1e-8) / 127  # one scale a row, as torchao's int8 weight-only
+        values = torch.round(weight / scales[:, None]).to(torch.int8)
+        return kernel.bind(values, scales, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers[1](F.gelu(self.layers[0](x)))
+
+
 def _call(technique: str, device: torch.device) -> Callable[[], Any]:
+    if technique in INT8_GEMM or technique == "fp32-packed":
+        dtype = INT8_GEMM.get(technique)
+        gemms = _Gemms(_mlp(), dtype)
+        x = torch.randn(GEMM_TOKENS, HIDDEN).to(dtype or torch.float32)
+        return lambda: gemms(x)
     model, dtype, context = _variant(technique, device)
     x = torch.randn(TOKENS, HIDDEN, device=device).to(dtype)
 
@@ -83,6 +123,12 @@ def _call(technique: str, device: torch.device) -> Callable[[], Any]:
             return model(x)
 
     return call
+
+
+def _reference(technique: str) -> str:
+    """What a technique is measured against: fp32 eager, or for the int8 operators the float32
+    GEMMs the serving engine runs without them."""
+    return "fp32-packed" if technique in INT8_GEMM else "fp32"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -108,7 +154,8 @@ class Probe:
 
 def probe(technique: str, device: torch.device) -> Probe:
     """The technique and fp32 in alternating rounds until the factor is stable (module docstring)."""
-    calls = {"fp32": _call("fp32", device), technique: _call(technique, copy.copy(device))}
+    reference = _reference(technique)
+    calls = {"fp32": _call(reference, device), technique: _call(technique, copy.copy(device))}
     rates: dict[str, list[float]] = {name: [] for name in calls}
     windows: dict[str, list[noise.Window | None]] = {name: [] for name in calls}
     ratio: Ratio | None = None
@@ -188,8 +235,10 @@ def probe_all(device: torch.device) -> dict[str, Probe]:
     return found
 
 
-def describe(factor: float, detail: dict[str, Any] | None = None) -> str:
+def describe(factor: float, detail: dict[str, Any] | None = None, technique: str = "") -> str:
     interval = ""
     if detail and detail.get("low") is not None:
         interval = f" ({detail['low']:.2f}-{detail['high']:.2f}, {detail.get('rounds')} rounds, {detail.get('noise')})"
+    if technique in INT8_GEMM:
+        return f"measured {factor:.2f}x the float32 GEMMs{interval} on a decoding step's MLP ({GEMM_TOKENS} rows) here"
     return f"measured {factor:.2f}x fp32 eager{interval} on a transformer MLP here"

@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from accelab.measure import noise
+from accelab.measure.capabilities import bf16_outruns_fp32
 from accelab.plan.apply import resolve_device
 from accelab.plan.plan import Plan, load_plan
 from accelab.plan.runtime import Unsupported
@@ -48,17 +49,28 @@ __all__ = ["ServeTuneOutcome", "ServeTuneRequest", "parse_levels", "parse_serve_
 
 Window = tuple[str, int, int]  # (candidate, users, round)
 
-# the default candidates: torch at each precision (bf16 also with its decoding steps compiled),
-# llama.cpp at its default and at Q8_0 (batched x86 kernels), vLLM in bf16 compiled (its own
-# defaults), OpenVINO GenAI with int8 weights at bf16
+# the default candidates: every plan that wins on some kind of CPU. The own engine at float32 and
+# bf16, eager and compiled, with int8 weights (bf16 activations: the AMX operator; float32 ones: the
+# AVX2 operator), the output layer int8 too; llama.cpp at its default and at Q8_0; vLLM compiled
+# (its defaults) in float32 and bf16; OpenVINO GenAI's int8 weights at float32 and bf16 inference.
+# `serve_space` leaves out, with the reason, what `accelab env` measured slow on this CPU (bf16
+# where it is emulated) and the float32 twins where bf16 is the faster precision.
 SERVE_CANDIDATES = (
     "baseline",
+    "compile",
     "bf16",
     "bf16[compile=default]",
+    "int8-weight",
+    "int8-weight[compile=default]",
+    "int8-weight[compile=default;quantize_head=true]",
     "int8-bf16",
+    "int8-bf16[compile=default]",
+    "int8-bf16[compile=default;quantize_head=true]",
     "llamacpp",
     "llamacpp[llama_quant=q8_0]",
+    "vllm[vllm_mode=compiled]",
     "vllm-bf16[vllm_mode=compiled]",
+    "openvino-int8",
     "openvino-int8-bf16",
 )
 
@@ -80,7 +92,9 @@ def serve_space(request: ServeTuneRequest) -> tuple[list[Candidate], dict[str, s
     keys = list(request.include) if request.include else list(SERVE_CANDIDATES)
     if "baseline" not in keys:
         keys.insert(0, "baseline")
-    slow = slow_here(device) if not request.include and not request.max_memory else {}
+    judged = not request.include and not request.max_memory
+    slow = slow_here(device) if judged else {}
+    bf16_wins = bf16_outruns_fp32(device) if judged else None
     chosen, pruned = [], {}
     for key in keys:
         if key in request.exclude:
@@ -92,11 +106,32 @@ def serve_space(request: ServeTuneRequest) -> tuple[list[Candidate], dict[str, s
         except Unsupported as why:
             pruned[key] = str(why)
             continue
-        if key != "baseline" and (reason := next((slow[t] for t in techniques(plan) if t in slow), None)):
+        if key != "baseline" and (reason := next((slow[t] for t in serve_techniques(plan) if t in slow), None)):
             pruned[key] = f"{reason} (name it in --include to measure it anyway)"
+            continue
+        if bf16_wins and _int8(plan) and not HALF & set(serve_techniques(plan)):
+            pruned[key] = f"its bf16 twin serves int8 here: {bf16_wins} (name it in --include to measure it anyway)"
             continue
         chosen.append(Candidate(key=key, plan=plan))
     return chosen, pruned
+
+
+def serve_techniques(plan: Plan) -> list[str]:
+    """The capability report's names for what a serving plan changes (`techniques`), but a torch
+    plan's int8 weights run the engine's own int8 operator (its probe), not torchao's eager kernel."""
+    used = techniques(plan)
+    if plan.backend == "torch" and plan.quantization == "int8-weight":
+        operator = "int8-gemm-bf16" if plan.precision.startswith("bf16") else "int8-gemm-f32"
+        used = [operator if t == "int8-weight" else t for t in used]
+    return used
+
+
+HALF = {"bf16-weights", "bf16-autocast", "fp16-weights", "fp16-autocast"}  # techniques of a 16-bit plan
+
+
+def _int8(plan: Plan) -> bool:
+    """Int8 weights: the own engine's, vLLM's (none here yet) or OpenVINO GenAI's."""
+    return plan.quantization == "int8-weight" or plan.option.get("ov_weights") == "int8"
 
 
 def tune_id(request: ServeTuneRequest, keys: list[str]) -> str:
