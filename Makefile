@@ -34,7 +34,7 @@ VLLM_DROP ?= torchvision torchaudio torchcodec
 OPENVINO_VENV ?= .venv-openvino
 OPENVINO_SPEC ?= openvino-genai==2026.4.1.0 optimum-intel[openvino]==2.2.0
 
-.PHONY: install models browser monitoring demo test test-unit lint clean vllm guidellm openvino
+.PHONY: install models browser monitoring demo test test-avx2 test-unit lint clean vllm guidellm openvino
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -129,6 +129,14 @@ lint: install
 # lint first: a finding fails in a minute, before the models, the other venvs and the tests
 test: lint models browser vllm openvino monitoring guidellm
 	$(BIN)/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
+
+# the tests whose path depends on the CPU's kind (`-m cpu_kind`), on the paths of an AVX2-only CPU
+# whatever this one is: ACCELAB_CPU_ISA=avx2 caps accelab's own choice and build of kernels, oneDNN's
+# and torch's (accelab/cpu.py), so an AMX machine checks what an AVX2 one runs (not its speed).
+# The runtimes built for this CPU (llama.cpp, vLLM, OpenVINO) stay out of the override's reach.
+test-avx2: install models
+	ACCELAB_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 \
+	  $(BIN)/python -m pytest $(PYTEST_WORKERS) -m cpu_kind $(PYTEST_ARGS)
 
 # the inner loop (~2 min): the tests that need no fetched model, no compile and no full command
 # run (`-m "not slow"`); `make test` stays the whole suite

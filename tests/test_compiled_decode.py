@@ -15,6 +15,8 @@ from accelab.serve.engines import compiled_decode
 from accelab.serve.engines.ragged import RaggedTorchEngine
 from accelab.serve.scheduler import SchedulerConfig
 
+pytestmark = pytest.mark.cpu_kind  # its path depends on the CPU (make test-avx2)
+
 LIMITS = SchedulerConfig(max_running=3, max_step_tokens=12, kv_blocks=12, block_size=4, prefix_caching=True)
 
 

@@ -12,6 +12,8 @@ import pytest
 
 from accelab import cpu
 
+pytestmark = pytest.mark.cpu_kind  # its path depends on the CPU (make test-avx2)
+
 AMX_HOST = frozenset({"sse4_2", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
                       "amx_tile", "amx_bf16", "amx_int8", "avx_vnni"})  # fmt: skip
 

@@ -14,6 +14,8 @@ import torch
 from accelab.ops import decode_attention as kernel
 from accelab.serve.engines.compiled_decode import _attend, _mask
 
+pytestmark = pytest.mark.cpu_kind  # its path depends on the CPU (make test-avx2)
+
 
 @pytest.mark.parametrize(
     ("dtype", "heads", "kv_heads", "dim", "window"),

@@ -10,6 +10,8 @@ import torch
 
 from accelab.ops import int8_gemm, loader as kernels
 
+pytestmark = pytest.mark.cpu_kind  # its path depends on the CPU (make test-avx2)
+
 KERNELS = {"amx-bf16": int8_gemm.AMX, "avx2-f32": int8_gemm.AVX2}
 
 

@@ -12,6 +12,8 @@ from transformers.activations import ACT2FN
 from accelab.serve.engines import packed_linear
 from accelab.serve.engines.packed_linear import PackedLinears
 
+pytestmark = pytest.mark.cpu_kind  # its path depends on the CPU (make test-avx2)
+
 
 class MLP(torch.nn.Module):
     def __init__(self, act: str):

@@ -16,6 +16,8 @@ from accelab.serve.engines.ragged import RaggedTorchEngine
 from accelab.serve.scheduler import Scheduler, SchedulerConfig
 from accelab.serve.stops import StopRules
 
+pytestmark = pytest.mark.cpu_kind  # its path depends on the CPU (make test-avx2)
+
 VOCAB = 384
 # initializer_range 0.2: peaked logits, so greedy picks are not near-ties that rounding could flip
 COMMON = dict(
