@@ -75,3 +75,24 @@ def test_what_the_operator_does_not_take_is_said(name):
         kernel.linear(torch.randn(2, 64).to(other), kernel.pack(values), kernel.pad(scales))
     with pytest.raises(RuntimeError, match="columns"):
         kernel.linear(torch.randn(2, 32).to(kernel.dtype), kernel.pack(values), kernel.pad(scales))
+
+
+@pytest.mark.parametrize(("high", "kept"), [(0.6, False), (1.9, True), (None, True)])
+def test_the_engine_keeps_the_operator_unless_env_measured_it_slower(monkeypatch, high, kept):
+    """`accelab env`'s probe of the operator (int8-gemm-f32: a decoding step's GEMMs against the
+    float32 ones) decides: measured slow, the engine runs the dequantized weight; not measured
+    (or not trusted), the operator runs."""
+    from types import SimpleNamespace
+
+    from accelab.measure import hardware
+    from accelab.serve.engines import llama_stack
+
+    kernel = _runs(int8_gemm.AVX2)
+    details = {} if high is None else {"int8-gemm-f32": {"factor": high, "low": high - 0.1, "high": high}}
+    monkeypatch.setattr(hardware, "cached_limits", lambda device: SimpleNamespace(probe_details=details))
+    llama_stack._measured_slow.cache_clear()
+    try:
+        assert (llama_stack.int8_operator(torch.float32, 128, 64) is kernel) is kept
+        assert llama_stack.int8_operator(torch.float16, 128, 64) is None
+    finally:
+        llama_stack._measured_slow.cache_clear()

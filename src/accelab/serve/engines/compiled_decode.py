@@ -47,7 +47,7 @@ from accelab.ops import int8_gemm
 from accelab.ops.decode_attention import available as decode_attention_missing, decode_attention
 from accelab.serve.engines.base import SamplingParams, StepInput
 from accelab.serve.engines.kv_cache import PagedKVCache
-from accelab.serve.engines.llama_stack import LlamaStack, decoder_of, int8_rows
+from accelab.serve.engines.llama_stack import LlamaStack, decoder_of, int8_operator, int8_rows
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,10 @@ def why_not(model: Any) -> str | None:
         if any(r is None for r in rows):
             return "some of its weights are int8 and others not in one GEMM"
         dtype = inner.embed_tokens.weight.dtype
-        why = int8_gemm.available(sum(r[0].shape[0] for r in rows if r is not None), modules[0].in_features, dtype)
+        n = sum(r[0].shape[0] for r in rows if r is not None)
+        why = int8_gemm.available(n, modules[0].in_features, dtype)
+        if why is None and int8_operator(dtype, n, modules[0].in_features) is None:
+            why = "`accelab env` measured it slower than the float32 GEMMs here"
         if why is not None:
             return f"its weights are int8 and the int8 GEMM operator does not run them: {why}"
     return None

@@ -17,6 +17,7 @@ model's forward instead when they differ.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from accelab.catalog.facts import text_config
+from accelab.measure.probes import SLOW_BELOW
 from accelab.ops import int8_gemm
 from accelab.serve.engines import packed_linear
 from accelab.serve.engines.kv_cache import PagedKVCache
@@ -205,8 +207,8 @@ def _linear(modules: list[torch.nn.Linear], pack: bool) -> Linear:
         values = torch.cat([rows[0] for rows in int8 if rows is not None])
         scales = torch.cat([rows[1] for rows in int8 if rows is not None])
         bias = _bias(modules, values.shape[0], dtype)
-        kernel = int8_gemm.for_dtype(dtype)
-        if values.device.type == "cpu" and kernel is not None and kernel.available(*values.shape) is None:
+        kernel = int8_operator(dtype, *values.shape) if values.device.type == "cpu" else None
+        if kernel is not None:
             return kernel.bind(values, scales, bias)
         if dtype == torch.bfloat16:
             scales = scales.to(dtype)
@@ -219,6 +221,30 @@ def _linear(modules: list[torch.nn.Linear], pack: bool) -> Linear:
         return lambda x: F.linear(x, weight, bias)
     packed = torch.ops.mkldnn._reorder_linear_weight(weight, packed_linear.BATCH_HINT)
     return lambda x: torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
+
+
+def int8_operator(dtype: torch.dtype, out_features: int, in_features: int) -> int8_gemm.Kernel | None:
+    """The int8 GEMM operator for `dtype` activations where it runs this weight here and `accelab env`
+    did not measure it slower than the float GEMMs it replaces (its probe, when cached), else None:
+    the engine then runs the dequantized weight."""
+    kernel = int8_gemm.for_dtype(dtype)
+    if kernel is None or kernel.available(out_features, in_features) is not None:
+        return None
+    if (why := _measured_slow(f"int8-gemm-{'bf16' if dtype == torch.bfloat16 else 'f32'}")) is not None:
+        log.info("the %s operator is left out: `accelab env` %s", kernel.name, why)
+        return None
+    return kernel
+
+
+@functools.cache
+def _measured_slow(probe: str) -> str | None:
+    from accelab.measure.hardware import cached_limits  # reads the hardware cache once a process
+
+    limits = cached_limits("cpu")
+    detail = limits.probe_details.get(probe) if limits is not None else None
+    if detail is None or not detail.get("trusted", True) or detail.get("high") is None:
+        return None
+    return f"measured it at {detail['factor']:.2f}x the float32 GEMMs" if detail["high"] < SLOW_BELOW else None
 
 
 def _dense(weight: Any) -> torch.Tensor:
