@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import psutil
+from machine import cpu_line, cpu_record
 from rich.console import Console
 from rich.table import Table
 
@@ -340,7 +341,8 @@ def main() -> None:
     console = Console(width=170)
     only = {p.strip() for p in args.plans.split(",")} if args.plans else None
     all_groups = groups(args.min_seconds, args.threads, only)
-    report: dict = {"groups": {}, "targets": [], "fusions": [], "threads": args.threads}
+    console.print(cpu_line(), markup=False, soft_wrap=True)  # one line, however long
+    report: dict = {"cpu": cpu_record(), "groups": {}, "targets": [], "fusions": [], "threads": args.threads}
     for title in [g.strip() for g in args.groups.split(",") if g.strip()]:
         group = all_groups[title]
         rows = run_group(title, group, args.rounds, console, max_foreign=args.max_foreign, wait_s=args.wait_quiet)

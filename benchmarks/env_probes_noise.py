@@ -30,6 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from busy import switching_load
+from machine import cpu_line, cpu_record
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -100,6 +101,7 @@ def main() -> None:
     ).stdout.strip()
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     header = [
+        cpu_line(),
         f"accelab env --refresh, quiet and beside a switching busy loop (tests/busy.py: {args.on:g} s busy / "
         f"{args.off:g} s asleep on core {args.core}), {stamp}, at {commit}",
         f"reproduce: python benchmarks/env_probes_noise.py --on {args.on:g} --off {args.off:g} --core {args.core}",
@@ -120,7 +122,9 @@ def main() -> None:
     print("\n" + summary)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join([*header, *block, "", *block2, "", summary]) + "\n")
-    args.out.with_suffix(".json").write_text(json.dumps({"quiet": quiet, "loaded": loaded}, indent=1, default=str))
+    args.out.with_suffix(".json").write_text(
+        json.dumps({"cpu": cpu_record(), "quiet": quiet, "loaded": loaded}, indent=1, default=str)
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ old=$(mktemp -d)/old
 git -C "$root" worktree add -q "$old" "$base"
 trap 'git -C "$root" worktree remove --force "$old"' EXIT
 models=${ACCELAB_CACHE:-$HOME/.cache/accelab}/models
+PYTHONPATH=$root/src $py "$root/benchmarks/machine.py"  # the CPU line, first: both trees run on this CPU
 for tree in before after; do
   src=$root/src; [ $tree = before ] && src=$old/src
   cache=$(mktemp -d); ln -s "$models" "$cache/models"

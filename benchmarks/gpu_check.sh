@@ -19,6 +19,7 @@ run() {  # a failing step is logged and the check goes on
   timeout "${STEP_TIMEOUT:-240}" "$PY" -m accelab "$@" >>"$OUT/log.txt" 2>&1 || echo "  (exit $?)" | tee -a "$OUT/log.txt"
 }
 
+"$PY" benchmarks/machine.py >>"$OUT/log.txt" 2>&1 || true  # the CPU line, first in the log
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$OUT/nvidia-smi.csv" 2>&1 || true
 run env --json "$OUT/env.json"
 run models fetch vit-base resnet-50 convnext-tiny vit-tiny

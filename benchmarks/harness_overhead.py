@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from machine import cpu_line, cpu_record
 
 
 def plain_loop(model_name: str, batch_size: int, seq_len: int, iters: int, threads: int) -> float:
@@ -73,6 +74,8 @@ def main() -> None:
         print(line, flush=True)
         lines.append(line)
 
+    say(cpu_line())
+
     from multiprocessing import get_context
 
     plain, harness = [], []
@@ -95,6 +98,7 @@ def main() -> None:
     args.out.with_suffix(".json").write_text(
         json.dumps(
             {
+                "cpu": cpu_record(),
                 "model": args.model,
                 "batch_size": args.batch_size,
                 "seq_len": args.seq_len,

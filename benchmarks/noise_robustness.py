@@ -38,6 +38,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from busy import switching_load
+from machine import cpu_line, cpu_record
 
 RESULTS = Path(__file__).parent / "results"
 GENERATE = ["--scenario", "generate", "--new-tokens", "32", "--min-seconds", "2", "--min-iters", "3", "--warmup", "1"]
@@ -121,6 +122,7 @@ def main() -> None:
     opts = parser.parse_args()
     console = Console(width=170, record=True)
     reproduce = shlex.join([sys.executable, *sys.argv])
+    console.print(cpu_line(), markup=False, soft_wrap=True)  # one line, however long
     console.print(f"reproduce: {reproduce}")
     summary: dict[str, dict[str, int]] = {"loaded (accelab now)": {}, "old way, loaded": {}}
     docs: dict[str, Any] = {}
@@ -150,7 +152,7 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "noise_robustness.txt").write_text(console.export_text())
     (RESULTS / "noise_robustness.json").write_text(
-        json.dumps({"reproduce": reproduce, "tables": docs}, indent=1, default=str)
+        json.dumps({"cpu": cpu_record(), "reproduce": reproduce, "tables": docs}, indent=1, default=str)
     )
 
 

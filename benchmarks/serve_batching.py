@@ -44,6 +44,7 @@ from accelab.loadtest.summary import parse_slo
 from accelab.results.store import open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' server harness, one copy
+from machine import cpu_line
 from serving import ServerProcess
 
 SERVERS = {  # label -> batching options; everything else is the same
@@ -384,6 +385,7 @@ def main() -> int:
     )
     opts = parser.parse_args()
     opts.peer_users = [int(u) for u in opts.peer_users.split(",")]
+    print(cpu_line(), flush=True)  # the printout is the result file (benchmarks/results/serve_batching.txt)
     if opts.part == "litserve":
         return 0 if against_litserve(opts) else 1
 

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import llm_servers as S
+from machine import cpu_line, cpu_record
 
 from accelab.catalog.store import model_dir
 
@@ -416,6 +417,7 @@ def pct(value: float | None) -> str:
 
 def report(servers: dict[str, S.Server], extra: dict[str, Any], opts: argparse.Namespace) -> str:
     lines = [
+        cpu_line(),
         f"{opts.model}, closed-loop streaming chat, greedy, max_tokens cycling {','.join(map(str, S.MIX))}; "
         f"{opts.rounds} rounds of {opts.duration:g} s windows per level, servers in turn (A B C ... C B A); "
         f"{os.cpu_count()} CPU cores; every server up throughout",
@@ -613,6 +615,7 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text + "\n")
     payload = {
+        "cpu": cpu_record(),
         "servers": {s.label: {str(u): rows for u, rows in s.windows.items()} for s in servers.values()},
         "commands": {s.label: s.shell() for s in servers.values()},
         **extra,

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import httpx
+from machine import cpu_line, cpu_record
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from serving import ServerProcess
@@ -133,6 +134,7 @@ def main() -> None:
     ]
     command = "python benchmarks/serve_structured.py " + " ".join(sys.argv[1:])
     lines = [
+        cpu_line(),
         f"{MODEL}, {USERS} chat users, temperature 0.7, max_tokens {args.max_tokens}, {args.rounds} rounds each",
         *(
             f"{c:6s}: median {s['median_tok_s']:.1f} tok/s, quietest round {s['quietest_round_tok_s']:.1f} "
@@ -147,7 +149,9 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".txt").write_text("\n".join(lines) + "\n")
     args.out.with_suffix(".json").write_text(
-        json.dumps({"rows": rows, "summary": summary, "ratio": ratio, "command": command}, indent=1)
+        json.dumps(
+            {"cpu": cpu_record(), "rows": rows, "summary": summary, "ratio": ratio, "command": command}, indent=1
+        )
     )
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from machine import cpu_line, cpu_record
 
 from accelab.catalog import inputs
 from accelab.catalog.store import model_dir
@@ -185,6 +186,7 @@ def order(pairs: int) -> list[int]:
 def report(all_servers: list[Server], args: argparse.Namespace, started: float) -> str:
     a, v = all_servers
     lines = [
+        cpu_line(),
         f"accelab serve --plan vllm vs vllm serve · {MODEL} fp32 · {args.users} users closed loop, streaming chat, "
         f"max_tokens mix {MIX} · {args.pairs} pairs of {args.duration:g} s windows · engines {args.mode}",
         "",
@@ -263,6 +265,7 @@ def main() -> int:
     (RESULTS / f"{args.out}.json").write_text(
         json.dumps(
             {
+                "cpu": cpu_record(),
                 "args": vars(args),
                 "servers": [{"label": s.label, "command": s.command, "rounds": s.rounds} for s in all_servers],
             },

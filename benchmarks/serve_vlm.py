@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 import llm_servers as S
+from machine import cpu_line, cpu_record
 
 from accelab.catalog.store import model_dir
 from accelab.loadtest.images import load_images
@@ -207,6 +208,7 @@ def med(rows: list[dict[str, Any]], key: str) -> float | None:
 
 def report(servers: dict[str, S.Server], failed: dict[str, str], opts: argparse.Namespace) -> str:
     lines = [
+        cpu_line(),
         f"serve_vlm: {opts.model}, closed-loop streaming chat (max_tokens {'/'.join(map(str, MIX))}, greedy), "
         f"{opts.duration:.0f} s windows, {opts.rounds} interleaved rounds; medians over rounds (every round below)",
         f"machine: {os.cpu_count()} CPUs; reproduce: python benchmarks/serve_vlm.py {shlex.join(sys.argv[1:])}",
@@ -319,6 +321,7 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text + "\n")
     payload = {
+        "cpu": cpu_record(),
         "servers": {s.label: ROWS.get(s.label, {}) for s in servers.values()},
         "commands": {s.label: s.shell() for s in servers.values()},
         "failed": failed,

@@ -35,6 +35,7 @@ from typing import Any
 
 import httpx
 import llm_servers as S
+from machine import cpu_line
 
 RESULTS = Path(__file__).parent / "results"
 KINDS = {  # kind -> weight
@@ -211,6 +212,7 @@ def main() -> int:
                 S.stop(server)
     samples, tally = result["samples"], result["tally"]
     lines = [
+        cpu_line(),
         f"soak of `accelab serve {opts.model} --plan {opts.plan}`: {opts.minutes:g} min, "
         f"{opts.users} closed-loop users, mixed load {dict(KINDS)}; {os.cpu_count()} CPU cores",
         "",

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import train_peers_report as R
+from machine import cpu_line, cpu_record
 from train_peers_run import Precision, RunSpec, spec_json
 
 from accelab.measure.noise import Meter
@@ -295,12 +296,19 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="train_peers-") as tmp:
         found = {model: measure(model, chosen, opts, Path(tmp)) for model in models} if opts.rounds else {}
         target = time_to_target(opts, Path(tmp))
-    text = R.report(found, target, opts, argv if argv is not None else sys.argv[1:])
+    # the CPU line here, not in R.report: that module is pure (no I/O)
+    text = cpu_line() + "\n" + R.report(found, target, opts, argv if argv is not None else sys.argv[1:])
     text += f"\ntook {(time.monotonic() - started) / 60:.1f} min"
     print("\n" + text)
     opts.out.parent.mkdir(parents=True, exist_ok=True)
     opts.out.write_text(text + "\n")
-    payload = {"models": found, "time_to_target": target, "threads": opts.threads, "rounds": opts.rounds}
+    payload = {
+        "cpu": cpu_record(),
+        "models": found,
+        "time_to_target": target,
+        "threads": opts.threads,
+        "rounds": opts.rounds,
+    }
     opts.out.with_suffix(".json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
     return 0
 

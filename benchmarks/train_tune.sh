@@ -21,6 +21,7 @@ for model in $MODELS; do
        --budget "$BUDGET" --out "$out.yaml" --json "$out.json" --db "$RESULTS/tmp/train_tune.db" --no-progress
        --output-dir "$RESULTS/tmp/train_tune_$model-$(date +%s)")
   {
+    .venv/bin/python benchmarks/machine.py  # the CPU line: figures from different CPUs do not compare
     echo "reproduce: bash benchmarks/train_tune.sh   (${cmd[*]})"
     grep -E "^(steal|cpu)" /proc/stat | head -1
     COLUMNS=200 /usr/bin/time -f "wall %e s" "${cmd[@]}"

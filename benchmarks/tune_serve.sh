@@ -14,6 +14,7 @@ mkdir -p "$RESULTS/tmp"
 cmd=(.venv/bin/accelab tune smollm2-135m --scenario serve --concurrency 1,8,16 --rounds "$ROUNDS" --window "$WINDOW"
      --out "$RESULTS/tune_serve.yaml" --json "$RESULTS/tune_serve.json" --db "$RESULTS/tmp/tune_serve.db" --fresh)
 {
+  .venv/bin/python benchmarks/machine.py  # the CPU line: figures from different CPUs do not compare
   echo "reproduce: bash benchmarks/tune_serve.sh   (${cmd[*]})"
   COLUMNS=200 "${cmd[@]}"
 } 2>&1 | tee "$RESULTS/tune_serve.txt"

@@ -81,7 +81,10 @@ class Kernel:
     def bind(
         self, values: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
     ) -> Callable[[torch.Tensor], torch.Tensor]:
-        """x -> x @ (values * scales[:, None]).T + bias, the weight packed once."""
+        """x -> x @ (values * scales[:, None]).T + bias, the weight packed once (the operator's
+        library loaded first; RuntimeError where it does not run here)."""
+        if (why := self.available(*values.shape)) is not None:
+            raise RuntimeError(f"the {self.name} operator does not run this weight here: {why}")
         packed, row_scales, n = self.pack(values), self.pad(scales.float()), values.shape[0]
         padded_bias = None if bias is None else self.pad(bias.to(self.dtype))
         return lambda x: self.linear(x.contiguous(), packed, row_scales, padded_bias, rows=n)

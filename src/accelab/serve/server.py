@@ -19,6 +19,7 @@ from typing import Any
 
 import uvicorn
 
+from accelab import cpu
 from accelab.serve import allocator
 from accelab.serve.config import ServeConfig
 from accelab.serve.engines import build_engine
@@ -111,7 +112,7 @@ def run_server(
     state.on_load_failure = lambda reason: server.request_stop(exit_code=1)
     say(
         f"accelab serve: {config.model_name} (plan {config.plan_name}) listening on http://{host}:{port} "
-        "(loading; /readyz turns 200 when ready)"
+        f"(loading; /readyz turns 200 when ready); CPU {cpu.described()}"
     )
     try:
         server.run(sockets=[sock])
