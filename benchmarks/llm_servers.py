@@ -98,12 +98,13 @@ def vllm_serve(
     dtype: str = "bfloat16",
     eager: bool = False,
     max_model_len: int | None = None,
+    label: str = "",
 ) -> Server:
     """`vllm serve` from accelab's vLLM venv at its defaults (compiled: torch.compile of the model
     with its CPU attention backend) in `dtype`; vllm_cli.py sets the environment vLLM CPU's docs
     ask for (tcmalloc and Intel OpenMP preloaded, OpenMP threads bound to this machine's cores, a
     2 GiB KV cache). `eager` (--enforce-eager) switches its compilation off: a handicapped peer,
-    labelled so, for reference only."""
+    labelled so, for reference only. `label` names a quantized checkpoint (W8A8)."""
     port = free_port()
     command = [
         str(VLLM_PYTHON), "-P", str(VLLM_CLI), "serve", str(model_path), "--served-model-name", name,
@@ -112,7 +113,8 @@ def vllm_serve(
     if max_model_len:  # a model whose configured context's KV cache would not fit vLLM CPU's 2 GiB
         command += ["--max-model-len", str(max_model_len)]
     short = {"bfloat16": "bf16", "float32": "fp32"}.get(dtype, dtype)
-    label = f"vllm serve (CPU, {short}, its defaults: compiled)"
+    kind = f"{label} checkpoint, {short} activations outside int8" if label else short
+    label = f"vllm serve (CPU, {kind}, its defaults: compiled)"
     if eager:
         command.append("--enforce-eager")
         label = f"vllm serve (CPU, {short}) --enforce-eager [handicapped: compilation off]"

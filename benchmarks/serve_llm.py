@@ -58,18 +58,35 @@ BATCHED_BENCH = S.LLAMA_SERVER.parent / "llama-batched-bench"
 
 
 MODELS = {"smollm2-135m": GGUF, "llama-1b": None}  # model -> its GGUF in the model directory (None: none)
-MAIN = (
+# the default servers per CPU kind: where bf16 is native (AVX512-BF16, AMX) the bf16 plans and peers,
+# where it is emulated (AVX2) their float32 twins (bf16 there serves a fraction of fp32's rate)
+MAIN_BF16 = (
     "torch",
     "torch-bf16",
     "torch-bf16-compiled",
     "torch-int8",
+    "torch-int8-head-compiled",
     "llamacpp-q8_0",
     "ov-int8-bf16",
     "vllm-bf16",
     "vllm-fp32",
+    "vllm-w8a8",
     "llama-server",
 )
-ACCELAB = (
+MAIN_F32 = (
+    "torch",
+    "torch-compiled",
+    "torch-int8f32",
+    "torch-int8f32-compiled",
+    "torch-int8f32-head-compiled",
+    "llamacpp-q8_0",
+    "ov-int8",
+    "vllm-fp32",
+    "vllm-w8a8",
+    "llama-server",
+    "llama-server-q4_0",
+)
+OWN = (  # accelab's own torch engine
     "torch",
     "torch-bf16",
     "torch-bf16-compiled",
@@ -77,16 +94,51 @@ ACCELAB = (
     "torch-int8",
     "torch-int8-compiled",
     "torch-int8-head-compiled",
-    "llamacpp",
-    "llamacpp-q8_0",
-    "ov-int8-bf16",
-    "before",
+    "torch-int8f32",
+    "torch-int8f32-compiled",
+    "torch-int8f32-head-compiled",
 )
+ACCELAB = (*OWN, "llamacpp", "llamacpp-q8_0", "ov-int8-bf16", "ov-int8", "before")
 COMPILED = "bf16[compile=default]"  # bf16 with the decoding steps compiled
 INT8_COMPILED = "int8-bf16[compile=default]"  # int8 weights (the AMX int8 GEMM where it runs), steps compiled
 INT8_HEAD_COMPILED = "int8-bf16[compile=default;quantize_head=true]"  # the output head int8 too
+# int8 weights with float32 activations (the AVX2 int8 GEMM), eager, compiled, and the head int8 too
+INT8F32 = ("int8-weight", "int8-weight[compile=default]", "int8-weight[compile=default;quantize_head=true]")
 OV_PLAN = "openvino-int8-bf16"
-PEERS = ("vllm-bf16", "vllm-fp32", "llama-server")  # their best documented configurations (not the handicapped)
+OV_PLAN_F32 = "openvino-int8"  # int8 weights, f32 inference: where bf16 is emulated
+VLLM = ("vllm-bf16", "vllm-fp32", "vllm-w8a8")  # vLLM at its defaults (compiled) in each precision it serves
+# their best documented configurations (not the handicapped); OpenVINO GenAI's pipeline alone joins them
+# (extra["ov_engine_alone"]: no HTTP, the served load's mix)
+PEERS = (*VLLM, "llama-server", "llama-server-q4_0")
+
+
+def native_bf16() -> bool:
+    from accelab import cpu
+
+    return cpu.native_bf16()
+
+
+def main_servers() -> tuple[str, ...]:
+    return MAIN_BF16 if native_bf16() else MAIN_F32
+
+
+def w8a8_checkpoint(model: str) -> Path:
+    """vLLM CPU's int8 peer: llm-compressor's W8A8 of the model (benchmarks/peers/make_w8a8.sh)."""
+    script = Path(__file__).parent / "peers" / "make_w8a8.sh"
+    done = subprocess.run(["bash", str(script), model], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"make_w8a8.sh {model} failed:\n{done.stderr[-3000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def q4_0_gguf(model: str) -> Path | None:
+    """The model's GGUF requantised to Q4_0, which llama.cpp repacks for AVX2 at load."""
+    gguf = MODELS[model]
+    if gguf is None:
+        return None
+    from accelab.backends.llamacpp import requantized
+
+    return requantized(model_dir(model) / gguf, "q4_0", 2)
 
 
 def q8_0_gguf(model: str) -> Path | None:
@@ -111,6 +163,7 @@ def contenders(opts: argparse.Namespace, before_src: Path | None) -> dict[str, S
     context = 4096 if model == "llama-1b" else None
     if context:
         common += ["--kv-cache-tokens", "32768"]
+    float_dtype = "bfloat16" if native_bf16() else "float32"  # vLLM's W8A8 activations, where int8 does not run
     out = {
         "torch": S.accelab("accelab serve (torch fp32)", model, *common),
         "torch-bf16": S.accelab("accelab serve --plan bf16", model, *common, "--plan", "bf16"),
@@ -126,11 +179,21 @@ def contenders(opts: argparse.Namespace, before_src: Path | None) -> dict[str, S
             f"accelab serve --plan '{INT8_HEAD_COMPILED}'", model, *common, "--plan", INT8_HEAD_COMPILED
         ),
         "ov-int8-bf16": S.accelab(f"accelab serve --plan {OV_PLAN}", model, *common, "--plan", OV_PLAN),
+        "ov-int8": S.accelab(f"accelab serve --plan {OV_PLAN_F32}", model, *common, "--plan", OV_PLAN_F32),
+        **{
+            key: S.accelab(f"accelab serve --plan '{plan}'", model, *common, "--plan", plan)
+            for key, plan in zip(("torch-int8f32", "torch-int8f32-compiled", "torch-int8f32-head-compiled"), INT8F32)
+        },
         "vllm-bf16": S.vllm_serve(path, model, max_num_seqs=seqs, dtype="bfloat16", max_model_len=context),
         "vllm-fp32": S.vllm_serve(path, model, max_num_seqs=seqs, dtype="float32", max_model_len=context),
         "vllm-eager": S.vllm_serve(path, model, max_num_seqs=seqs, dtype="float32", eager=True, max_model_len=context),
         "transformers": S.transformers_serve(path),
     }
+    wanted = opts.only.split(",") if opts.only else list(main_servers())
+    if "vllm-w8a8" in wanted:  # made only when asked for: ~3-5 min the first time
+        out["vllm-w8a8"] = S.vllm_serve(
+            w8a8_checkpoint(model), model, max_num_seqs=seqs, dtype=float_dtype, max_model_len=context, label="W8A8"
+        )
     if MODELS[model] is not None:
         q8 = q8_0_gguf(model)
         assert q8 is not None
@@ -139,6 +202,9 @@ def contenders(opts: argparse.Namespace, before_src: Path | None) -> dict[str, S
             "accelab serve --plan llamacpp[llama_quant=q8_0]", model, *common, "--plan", "llamacpp[llama_quant=q8_0]"
         )
         out["llama-server"] = S.llama_server(q8, model, slots=seqs, threads=opts.llama_threads)
+        q4 = q4_0_gguf(model)
+        assert q4 is not None
+        out["llama-server-q4_0"] = S.llama_server(q4, model, slots=seqs, threads=opts.llama_threads)
     if before_src is not None:
         out["before"] = S.accelab(
             f"accelab serve (torch fp32) at {opts.before}", model, *common, pythonpath=str(before_src)
@@ -154,7 +220,7 @@ def contenders(opts: argparse.Namespace, before_src: Path | None) -> dict[str, S
             COMPILED,
             pythonpath=str(before_src),
         )
-    wanted = opts.only.split(",") if opts.only else [k for k in MAIN if k in out]
+    wanted = [k for k in wanted if k in out or opts.only]  # the default set where this model has them
     if opts.handicapped and "vllm-eager" not in wanted:
         wanted.append("vllm-eager")
     missing = [k for k in wanted if k not in out]
@@ -455,8 +521,8 @@ def report(servers: dict[str, S.Server], extra: dict[str, Any], opts: argparse.N
         found = extra["ov_engine_alone"]
         for kind, what in (("lockstep", "64 greedy tokens in lockstep"), ("closed_loop", "the served load's mix")):
             lines.append(
-                f"OpenVINO GenAI's pipeline alone ({OV_PLAN}'s settings, no accelab, no HTTP), {what}, tok/s: "
-                + ", ".join(f"{rate:.1f} at {size}" for size, rate in found[kind].items())
+                f"OpenVINO GenAI's pipeline alone ({extra.get('ov_plan')}'s settings, no accelab, no HTTP), {what}, "
+                "tok/s: " + ", ".join(f"{rate:.1f} at {size}" for size, rate in found[kind].items())
             )
     if extra.get("batched_bench"):
         rates = extra["batched_bench"]
@@ -531,8 +597,21 @@ def verdicts(servers: dict[str, S.Server], opts: argparse.Namespace, extra: dict
             )
 
     for users in (8, 16):
-        mine, theirs = best(servers, ACCELAB, users), best(servers, PEERS, users)
-        ratio_line(mine, theirs, users, 1.5, f"{users} users, accelab's best over the best peer, tokens/s")
+        mine, theirs = best(servers, OWN, users), best(servers, VLLM, users)
+        ratio_line(mine, theirs, users, 1.5, f"{users} users, accelab's own engine at its best over vLLM at its best")
+        ratio_line(
+            mine, best(servers, ("llama-server", "llama-server-q4_0"), users), users, 1.0,
+            f"{users} users, accelab's own engine at its best over llama-server at its best",
+        )  # fmt: skip
+        alone = (extra.get("ov_engine_alone") or {}).get("closed_loop") or {}
+        if mine and users in alone:
+            served = S.median([r["tokens_per_s"] for r in servers[mine].windows[users]]) or 0.0
+            check(
+                f"{users} users, {servers[mine].label} at {served:.1f} tok/s over OpenVINO GenAI's pipeline alone "
+                f"({extra.get('ov_plan')}, no HTTP, the same load's mix) at {alone[users]:.1f}: "
+                f"{served / alone[users]:.2f}x (target >= 1.0x)",
+                served >= alone[users],
+            )
         if mine and theirs:
             a, b = S.median_row(servers[mine].windows[users]), S.median_row(servers[theirs].windows[users])
             check(
@@ -540,17 +619,24 @@ def verdicts(servers: dict[str, S.Server], opts: argparse.Namespace, extra: dict
                 f"{fmt(b['ttft_p99_ms'])} ms ({servers[theirs].label}) (median rounds; target: no worse)",
                 (a["ttft_p99_ms"] or 0) <= (b["ttft_p99_ms"] or 0),
             )
+    for users in (8, 16):
+        ratio_line(
+            best(servers, ("torch-int8f32", "torch-int8f32-compiled", "torch-int8f32-head-compiled"), users),
+            best(servers, ("torch", "torch-compiled"), users), users, 1.3,
+            f"{users} users, accelab's int8 (f32 activations) over its fp32, eager or compiled",
+        )  # fmt: skip
     ratio_line("torch-bf16", "torch", 8, 1.6, "8 users, --plan bf16 over the fp32 baseline, tokens/s")
     ratio_line("torch-bf16-compiled", "torch", 8, 1.6, f"8 users, --plan '{COMPILED}' over the fp32 baseline, tokens/s")
     ratio_line(best(servers, ACCELAB, 1), "vllm-bf16", 1, 1.0, "1 user, accelab's best over vLLM bf16, tokens/s")
     alone = extra.get("ov_engine_alone") or {}
-    if alone and "ov-int8-bf16" in servers and 8 in servers["ov-int8-bf16"].windows:
-        served = S.median([r["tokens_per_s"] for r in servers["ov-int8-bf16"].windows[8]]) or 0.0
+    ov_key = "ov-int8-bf16" if extra.get("ov_plan") == OV_PLAN else "ov-int8"
+    if alone and ov_key in servers and 8 in servers[ov_key].windows:
+        served = S.median([r["tokens_per_s"] for r in servers[ov_key].windows[8]]) or 0.0
         for kind, what in (("closed_loop", "under the same load"), ("lockstep", "in lockstep, 64 tokens each")):
             rate = alone[kind][8]
             check(
-                f"8 users, accelab serve --plan {OV_PLAN} at {served:.1f} tok/s over its pipeline alone at 8 "
-                f"sequences {what}, {rate:.1f} tok/s: {served / rate:.2f}x (target >= 0.95x)",
+                f"8 users, accelab serve --plan {extra.get('ov_plan')} at {served:.1f} tok/s over its pipeline alone "
+                f"at 8 sequences {what}, {rate:.1f} tok/s: {served / rate:.2f}x (target >= 0.95x)",
                 served >= 0.95 * rate,
             )
     return out
@@ -565,7 +651,8 @@ def main() -> int:
     parser.add_argument(
         "--only",
         default="",
-        help=f"servers, comma-separated (default: {','.join(MAIN)}; also llamacpp, before, transformers, vllm-eager)",
+        help=f"servers, comma-separated (default where bf16 is native: {','.join(MAIN_BF16)}; else "
+        f"{','.join(MAIN_F32)}; also llamacpp, before, transformers, vllm-eager)",
     )
     parser.add_argument("--handicapped", action="store_true", help="also vLLM with --enforce-eager, labelled so")
     parser.add_argument("--before", default=BEFORE, help="the earlier commit for --only ...,before")
@@ -597,15 +684,17 @@ def main() -> int:
                 extra["guidellm"] = {
                     s.label: guidellm(s, 8, 40, Path(tmp), opts.model)
                     for k, s in servers.items()
-                    if k in ("torch-bf16-compiled", "llamacpp-q8_0", "vllm-bf16")
+                    if k in ("torch-bf16-compiled", "torch-int8f32-head-compiled", "llamacpp-q8_0", "vllm-bf16")
                 }
         finally:
             for server in servers.values():
                 S.stop(server)
-        if "ov-int8-bf16" in servers:
-            extra["ov_engine_alone"] = ov_engine_alone(opts.model, Path(tmp))
+        ov = next((plan for key, plan in (("ov-int8-bf16", OV_PLAN), ("ov-int8", OV_PLAN_F32)) if key in servers), None)
+        if ov is not None:
+            extra["ov_plan"] = ov
+            extra["ov_engine_alone"] = ov_engine_alone(opts.model, Path(tmp), ov)
         if not opts.no_extras:
-            plans = ["baseline", "bf16", COMPILED, "int8-bf16"]
+            plans = ["baseline", "bf16", COMPILED, "int8-bf16"] if native_bf16() else ["baseline", *INT8F32]
             plans += ["llamacpp[llama_quant=q8_0]"] if MODELS[opts.model] else []
             extra["engine_alone"] = {plan: engine_alone(opts.model, plan) for plan in plans}
             extra["batched_bench"] = batched_bench(q8_0_gguf(opts.model), opts.llama_threads)
