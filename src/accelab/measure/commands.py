@@ -124,6 +124,7 @@ def _machine_rows(env: dict[str, Any]) -> list[tuple[str, str]]:
             f"{env['physical_cores']} physical, {env['logical_cores']} logical, {env['available_cores']} available",
         ),
         ("cpu flags", " ".join(isa) or "unknown"),
+        ("cpu level", cpu.get("level", "unknown")),  # the kind of CPU accelab's paths take (ACCELAB_CPU_ISA caps it)
         (
             "torch cpu",
             f"{cpu['torch_capability']}; native bf16: {cpu['native_bf16']}, native fp16: {cpu['native_fp16']}",
