@@ -6,22 +6,33 @@ public host); hosts that resolve to a private, loopback, link-local or reserved 
 unless `--allow-private-images` (a server must not be a way into its own network), and each redirect
 is checked again the same way; a timeout and a byte cap per image; a cap on pixels per image and on
 images per request. A refused or failed fetch is a 400 that names the image; a cap passed, a 413.
-Known limit: the address is checked when resolved here, and the HTTP client resolves it again to
-connect (a DNS answer that changes in between is not caught).
+
+Each hop's host is resolved once, here, and the connection goes to an address that was checked
+(OWASP's SSRF advice), never to a name the HTTP client resolves again: a DNS answer that changes
+after the check (DNS rebinding) is not used. The request keeps the URL's name in its Host header,
+and TLS sends it as the server name and verifies the certificate against it (httpx's documented
+`sni_hostname` request extension).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import io
 import ipaddress
 import socket
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
 
 from PIL import Image, ImageDraw, UnidentifiedImageError
+
+if TYPE_CHECKING:
+    import ssl
+
+    import httpx
 
 MAX_PIXELS = 40_000_000  # a decompression bomb guard: 40 MP is more than any model here takes
 MAX_REDIRECTS = 3
@@ -114,15 +125,23 @@ def _open(raw: bytes, where: str, max_pixels: int) -> Image.Image:
 
 
 # -- fetching ------------------------------------------------------------------------------------
-def fetch_image(url: str, policy: ImagePolicy, *, where: str = "image") -> bytes:
-    """The bytes at `url`, following up to MAX_REDIRECTS redirects, each checked by `policy`."""
+def fetch_image(url: str, policy: ImagePolicy, *, where: str = "image", tls: ssl.SSLContext | None = None) -> bytes:
+    """The bytes at `url`, following up to MAX_REDIRECTS redirects, each checked by `policy` and
+    fetched from an address `check_url` checked. `tls`: the certificate authorities https servers
+    are verified with (default: certifi's, as httpx's own default; a private CA, or a test's)."""
     import httpx
 
-    with httpx.Client(timeout=policy.timeout_s, follow_redirects=False, trust_env=False) as client:
+    # no connection kept between hops: two names on one address must each get their own TLS
+    # handshake, verified for their own name, not the connection the first one opened
+    limits = httpx.Limits(max_keepalive_connections=0)
+    verify: ssl.SSLContext | bool = tls if tls is not None else True
+    with httpx.Client(
+        timeout=policy.timeout_s, follow_redirects=False, trust_env=False, verify=verify, limits=limits
+    ) as client:
         for _ in range(MAX_REDIRECTS + 1):
-            check_url(url, policy, where=where)
+            addresses = check_url(url, policy, where=where)
             try:
-                with client.stream("GET", url) as response:
+                with _get_pinned(client, url, addresses) as response:
                     if response.is_redirect and "location" in response.headers:
                         url = urljoin(url, response.headers["location"])
                         continue
@@ -134,6 +153,31 @@ def fetch_image(url: str, policy: ImagePolicy, *, where: str = "image") -> bytes
             except httpx.HTTPError as err:
                 raise ImageRefused(f"{where}: could not fetch {url}: {err}") from None
     raise ImageRefused(f"{where}: more than {MAX_REDIRECTS} redirects from {url}")
+
+
+@contextlib.contextmanager
+def _get_pinned(client: httpx.Client, url: str, addresses: tuple[str, ...]) -> Iterator[httpx.Response]:
+    """GET `url` over a connection to one of `addresses` (the first that takes one, in the
+    resolver's order, as `socket.create_connection` tries a name's): the request line and Host
+    header name the URL's host, and TLS verifies that name, whatever address it connects to."""
+    import httpx
+
+    target = httpx.URL(url)
+    for tried, address in enumerate(addresses, start=1):
+        # built for the URL, so its Host header names the URL's host; then sent to the address
+        request = client.build_request("GET", target, extensions={"sni_hostname": target.raw_host.decode("ascii")})
+        request.url = target.copy_with(host=address)
+        try:
+            response = client.send(request, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout):
+            if tried == len(addresses):
+                raise
+            continue
+        try:
+            yield response
+        finally:
+            response.close()
+        return
 
 
 def _read_capped(response: object, cap: int, where: str, url: str) -> bytes:
@@ -151,9 +195,10 @@ def _read_capped(response: object, cap: int, where: str, url: str) -> bytes:
     return bytes(data)
 
 
-def check_url(url: str, policy: ImagePolicy, *, where: str = "image") -> None:
-    """ImageRefused unless `url` is http(s), on an allowed domain, and its host resolves to public
-    addresses only (or the policy allows private ones)."""
+def check_url(url: str, policy: ImagePolicy, *, where: str = "image") -> tuple[str, ...]:
+    """The addresses `url`'s host resolves to, the one lookup a fetch makes for it; ImageRefused
+    unless `url` is http(s), on an allowed domain, and every address is public (or the policy
+    allows private ones). Connect to these, never to the name again: its next answer is unchecked."""
     parts = urlsplit(url)
     host = (parts.hostname or "").lower().rstrip(".")
     if parts.scheme not in ("http", "https") or not host:
@@ -163,20 +208,23 @@ def check_url(url: str, policy: ImagePolicy, *, where: str = "image") -> None:
             f"{where}: {host} is not among the domains this server fetches images from "
             f"({', '.join(policy.domains)}; --image-domains)"
         )
-    if policy.allow_private:
-        return
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
-        addresses = {str(info[4][0]) for info in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)}
+        infos = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)
     except (OSError, ValueError) as err:
         raise ImageRefused(f"{where}: cannot resolve {host}: {err}") from None
-    for address in sorted(addresses):
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
-        if not ip.is_global:
-            raise ImageRefused(
-                f"{where}: {host} resolves to {ip}, a private, loopback or reserved address, which this server "
-                "does not fetch from (--allow-private-images to allow it)"
-            )
+    addresses = tuple(dict.fromkeys(str(info[4][0]) for info in infos))  # the resolver's order, once each
+    if not addresses:
+        raise ImageRefused(f"{where}: cannot resolve {host}: no address")
+    if not policy.allow_private:
+        for address in addresses:
+            ip = ipaddress.ip_address(address.split("%", 1)[0])
+            if not ip.is_global:
+                raise ImageRefused(
+                    f"{where}: {host} resolves to {ip}, a private, loopback or reserved address, which this "
+                    "server does not fetch from (--allow-private-images to allow it)"
+                )
+    return addresses
 
 
 def encode_png(image: Image.Image) -> str:
