@@ -10,7 +10,11 @@ Three CPU choices decide whether a fusion pays (measured on MiniLM-L6, seq 128, 
   the probabilities x V products on them then take the slow microcode path. The masked Softmax
   went from 1.0 to 7.5 ms per forward, and the fused Attention op (softmax and that product
   inside) from 10.4 to 15-20 ms, more than the fusion saves: on real inputs the fused plan ran
-  slower than the unfused one. Flushing only changes values below 1.2e-38.
+  slower than the unfused one. Flushing only changes values below 1.2e-38. ORT sets the flush
+  (MXCSR's FTZ and DAZ bits) on its own threads and, when the session is made, on the calling one:
+  that thread's setting is put back after (`_caller_fp_env_kept`), or it would stay for whatever
+  runs there next (OpenVINO's CPU plugin, in the same process, then failed to infer a shape on an
+  AVX2 EPYC: "Broadcast node ... Value -1 not in range").
 - No SkipLayerNormalization on CPU: ORT's CPU kernel of it is a scalar loop per row, 2.4-3x
   slower than the Add, Add and LayerNormalization it replaces (172 vs 72 us per [1,128,384],
   5.3 vs 1.8 ms per [32,128,384], 2 threads), so neither the Python optimizer nor the session's
@@ -255,4 +259,28 @@ def make_session(graph: Graph, options: OrtOptions, provider: str, threads: int)
     if provider == "CPUExecutionProvider":  # why: the module's docstring
         so.add_session_config_entry("session.set_denormal_as_zero", "1")
         disabled = CPU_DISABLED_OPTIMIZERS
-    return ort.InferenceSession(str(graph.path), sess_options=so, providers=[provider], disabled_optimizers=disabled)
+    with _caller_fp_env_kept():
+        return ort.InferenceSession(
+            str(graph.path), sess_options=so, providers=[provider], disabled_optimizers=disabled
+        )
+
+
+@contextlib.contextmanager
+def _caller_fp_env_kept() -> Iterator[None]:
+    """This thread's floating-point environment (x86's MXCSR: flush-to-zero, denormals-are-zero)
+    as it was before the block, through glibc's fegetenv / fesetenv; elsewhere a no-op."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("m")
+    libm = ctypes.CDLL(name) if name else None
+    if libm is None or not hasattr(libm, "fegetenv"):
+        yield
+        return
+    env = ctypes.create_string_buffer(64)  # fenv_t: 32 bytes on x86-64 glibc, the rest spare
+    saved = libm.fegetenv(env) == 0
+    try:
+        yield
+    finally:
+        if saved:
+            libm.fesetenv(env)
