@@ -53,7 +53,7 @@ def test_short_digits_run_learns_and_saves_a_model_the_catalog_resolves(cache, t
         "--dataset",
         "digits",
         "--max-steps",
-        "180",
+        "270",  # three epochs: after two, one AVX2 EPYC's kernels had 0.49 (others > 0.5), after three 0.73
         "--batch-size",
         "16",
         "--threads",
@@ -71,9 +71,9 @@ def test_short_digits_run_learns_and_saves_a_model_the_catalog_resolves(cache, t
     )
     metrics = result_json(out)["metrics"]
     losses = metrics["losses"]
-    assert len(losses) == 180
+    assert len(losses) == 270
     assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10 - 0.5  # the loss goes down
-    assert metrics["final_accuracy"] > 0.5  # well above chance (10 %) after two epochs
+    assert metrics["final_accuracy"] > 0.5  # well above chance (10 %) after three epochs
     assert metrics["evals"][-1]["samples"] == 360  # the whole digits test split, each sample once
 
     spec = resolve("digits-vit-test")

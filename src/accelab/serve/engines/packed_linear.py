@@ -40,6 +40,8 @@ from typing import Any, TypeGuard
 import torch
 import torch.nn.functional as F
 
+from accelab import cpu
+
 log = logging.getLogger(__name__)
 
 BATCH_HINT = 16  # rows oneDNN picks the weight layout for (1 to 64 rows all ran fastest with it)
@@ -50,12 +52,16 @@ GELUS = {"GELUActivation": "none", "GELUTanh": "tanh", "PytorchGELUTanh": "tanh"
 
 def available(device: torch.device, dtype: torch.dtype) -> bool:
     """oneDNN packs float32 weights on any x86 CPU, and bfloat16 ones where the CPU computes
-    bf16 natively (AVX512-BF16 or AMX: `torch.ops.mkldnn._is_mkldnn_bf16_supported`)."""
+    bf16 natively (AVX512-BF16 or AMX: `torch.ops.mkldnn._is_mkldnn_bf16_supported`, and
+    `accelab.cpu`'s flags, which ACCELAB_CPU_ISA may cap)."""
     if device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return False
     if not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         return False
-    return dtype == torch.float32 or (dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()))
+    if dtype == torch.float32:
+        return True
+    capped = not cpu.host_flags() or cpu.native_bf16()  # no /proc/cpuinfo: torch's probe alone
+    return dtype == torch.bfloat16 and capped and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class PackedLinears:
