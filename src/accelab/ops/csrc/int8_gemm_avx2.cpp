@@ -9,9 +9,10 @@
 // step reads 16 weights of one column. A panel's int8 values are widened to float32 in registers
 // (sign-extend, convert) and multiplied by broadcast activations in FMA: the arithmetic of the
 // dequantized weight, from int8 in memory. Register blocks of up to 6 activation rows x 16 outputs
-// (12 accumulators, as BLIS's Haswell kernel). With more rows than one block, a panel is widened
-// once into a float32 buffer the blocks share (it stays in L2), instead of once per block.
-// Panels are spread over torch's threads.
+// (12 accumulators, as BLIS's Haswell kernel); each block widens the panel again, from L1 after the
+// first (widening a panel once into a float32 buffer the blocks share ran slower at every row count
+// measured, 8 to 128: 140-160 against 160-170 GFLOP/s on an AVX2 EPYC, where oneDNN's float32 GEMM
+// ran 100-140). Panels are spread over torch's threads.
 //
 // Built only where the target has AVX2 and FMA (kernels.Library `needs`); elsewhere the operator
 // says so.
@@ -19,7 +20,6 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <cstdint>
-#include <vector>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define ACCELAB_AVX2 1
@@ -29,17 +29,15 @@ namespace {
 
 constexpr int64_t NR = 16;  // output rows a panel
 constexpr int64_t MR = 6;   // activation rows a register block
-constexpr int64_t WIDEN_FROM = 24;  // from this many rows a panel is widened once into a float32 buffer
 
 #ifdef ACCELAB_AVX2
 inline __m256 widen8(const int8_t* w) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w))));
 }
 
-// ROWS activation rows (x, row stride ldx) times one panel of K steps: int8 values widened here
-// (WIDE false) or float32 ones widened before (WIDE true); out row stride ldo.
-template <int ROWS, bool WIDE>
-void block(const float* x, int64_t ldx, const void* panel, int64_t k, float* out, int64_t ldo, const float* scales,
+// ROWS activation rows (x, row stride ldx) times one panel of K steps of int8 values; out row stride ldo.
+template <int ROWS>
+void block(const float* x, int64_t ldx, const int8_t* panel, int64_t k, float* out, int64_t ldo, const float* scales,
            const float* bias) {
   // one flat array, every index a constant after unrolling: GCC keeps it in 2 x ROWS registers (a
   // two-dimensional one it kept in memory too, a store after every FMA: 6 rows ran at 1/4 the speed)
@@ -47,16 +45,8 @@ void block(const float* x, int64_t ldx, const void* panel, int64_t k, float* out
 #pragma GCC unroll 12
   for (int r = 0; r < 2 * ROWS; ++r) acc[r] = _mm256_setzero_ps();
   for (int64_t i = 0; i < k; ++i) {
-    __m256 w0, w1;
-    if constexpr (WIDE) {
-      const float* f = static_cast<const float*>(panel) + i * NR;
-      w0 = _mm256_loadu_ps(f);
-      w1 = _mm256_loadu_ps(f + 8);
-    } else {
-      const int8_t* b = static_cast<const int8_t*>(panel) + i * NR;
-      w0 = widen8(b);
-      w1 = widen8(b + 8);
-    }
+    const int8_t* b = panel + i * NR;
+    const __m256 w0 = widen8(b), w1 = widen8(b + 8);
 #pragma GCC unroll 6
     for (int r = 0; r < ROWS; ++r) {
       const __m256 v = _mm256_broadcast_ss(x + r * ldx + i);
@@ -74,29 +64,27 @@ void block(const float* x, int64_t ldx, const void* panel, int64_t k, float* out
   }
 }
 
-template <bool WIDE>
-void rows_block(int64_t rows, const float* x, int64_t k, const void* panel, float* out, int64_t ldo, const float* scales,
-                const float* bias) {
+void rows_block(int64_t rows, const float* x, int64_t k, const int8_t* panel, float* out, int64_t ldo,
+                const float* scales, const float* bias) {
   switch (rows) {
-    case 6: block<6, WIDE>(x, k, panel, k, out, ldo, scales, bias); break;
-    case 5: block<5, WIDE>(x, k, panel, k, out, ldo, scales, bias); break;
-    case 4: block<4, WIDE>(x, k, panel, k, out, ldo, scales, bias); break;
-    case 3: block<3, WIDE>(x, k, panel, k, out, ldo, scales, bias); break;
-    case 2: block<2, WIDE>(x, k, panel, k, out, ldo, scales, bias); break;
-    case 1: block<1, WIDE>(x, k, panel, k, out, ldo, scales, bias); break;
+    case 6: block<6>(x, k, panel, k, out, ldo, scales, bias); break;
+    case 5: block<5>(x, k, panel, k, out, ldo, scales, bias); break;
+    case 4: block<4>(x, k, panel, k, out, ldo, scales, bias); break;
+    case 3: block<3>(x, k, panel, k, out, ldo, scales, bias); break;
+    case 2: block<2>(x, k, panel, k, out, ldo, scales, bias); break;
+    case 1: block<1>(x, k, panel, k, out, ldo, scales, bias); break;
     default: break;
   }
 }
 
 // every row of x times one panel, in blocks of at most MR rows as even as they go (8 rows: 4 + 4,
 // not 6 + 2: a block of two rows has too few accumulators to hide the FMAs' latency)
-template <bool WIDE>
-void panel_rows(const float* x, int64_t m, int64_t k, const void* panel, float* out, int64_t ldo, const float* scales,
-                const float* bias) {
+void panel_rows(const float* x, int64_t m, int64_t k, const int8_t* panel, float* out, int64_t ldo,
+                const float* scales, const float* bias) {
   const int64_t blocks = (m + MR - 1) / MR;
   for (int64_t b = 0, r = 0; b < blocks; ++b) {
     const int64_t rows = (m - r) / (blocks - b) + ((m - r) % (blocks - b) != 0);
-    rows_block<WIDE>(rows, x + r * k, k, panel, out + r * ldo, ldo, scales, bias);
+    rows_block(rows, x + r * k, k, panel, out + r * ldo, ldo, scales, bias);
     r += rows;
   }
 }
@@ -106,7 +94,7 @@ at::Tensor int8_linear_f32(const at::Tensor& x, const at::Tensor& packed, const 
                            const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat, "int8_linear_f32: x [M, K] float32");
   TORCH_CHECK(packed.dim() == 3 && packed.size(2) == NR && packed.scalar_type() == at::kChar && packed.is_contiguous(),
-              "int8_linear_f32: weights from int8_gemm.pack_panels ([N/16, K, 16] int8)");
+              "int8_linear_f32: weights from int8_gemm.AVX2.pack ([N/16, K, 16] int8)");
   const int64_t m = x.size(0), k = x.size(1), panels = packed.size(0), n = panels * NR;
   TORCH_CHECK(packed.size(1) == k, "int8_linear_f32: x has ", k, " columns, the weights ", packed.size(1));
   TORCH_CHECK(scales.numel() == n && scales.scalar_type() == at::kFloat && scales.is_contiguous(),
@@ -124,17 +112,8 @@ at::Tensor int8_linear_f32(const at::Tensor& x, const at::Tensor& packed, const 
   float* os = out.data_ptr<float>();
   if (m == 0) return out;
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> wide(m >= WIDEN_FROM ? k * NR : 0);
-    for (int64_t p = begin; p < end; ++p) {
-      const int8_t* w = ws + p * k * NR;
-      const float* bias_p = bs != nullptr ? bs + p * NR : nullptr;
-      if (m < WIDEN_FROM) {
-        panel_rows<false>(xs, m, k, w, os + p * NR, n, sc + p * NR, bias_p);
-        continue;
-      }
-      for (int64_t i = 0; i < k * NR; i += 8) _mm256_storeu_ps(wide.data() + i, widen8(w + i));
-      panel_rows<true>(xs, m, k, wide.data(), os + p * NR, n, sc + p * NR, bias_p);
-    }
+    for (int64_t p = begin; p < end; ++p)
+      panel_rows(xs, m, k, ws + p * k * NR, os + p * NR, n, sc + p * NR, bs != nullptr ? bs + p * NR : nullptr);
   });
   return out;
 #else
