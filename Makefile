@@ -128,10 +128,11 @@ lint: install
 
 # lint first: a finding fails in a minute, before the models, the other venvs and the tests. The
 # fuzz tests' seed comes from the commit (tests/fuzzing.py): worked out once, printed ("fuzz seed:
-# N"), and handed to every worker; ACCELAB_FUZZ_SEED=N make test reruns a log's seed.
+# N"), and handed to every worker; ACCELAB_FUZZ_SEED=N make test reruns a log's seed. The 25
+# slowest tests are printed at the end (tools/suite_times.py holds them to each CPU kind's budget).
 test: lint models browser vllm openvino monitoring guidellm
 	seed=$$($(BIN)/python tests/fuzzing.py) && \
-	  ACCELAB_FUZZ_SEED=$$seed $(BIN)/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	  ACCELAB_FUZZ_SEED=$$seed $(BIN)/python -m pytest $(PYTEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 
 # the tests whose path depends on the CPU's kind (`-m cpu_kind`), on the paths of an AVX2-only CPU
 # whatever this one is: ACCELAB_CPU_ISA=avx2 caps accelab's own choice and build of kernels, oneDNN's

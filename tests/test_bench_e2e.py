@@ -95,8 +95,6 @@ def test_compare_tiny_model_rows_and_verdicts(tmp_path):
         "--plans",
         "baseline,fp16-autocast,bf16-autocast,channels-last,baseline[threads=1]",
         *QUICK,
-        "--samples",
-        "8",
         "--json",
         str(out),
         "--markdown",
@@ -109,8 +107,11 @@ def test_compare_tiny_model_rows_and_verdicts(tmp_path):
     assert rows["fp16-autocast"]["status"] == "unsupported" and "no-op on CPU" in rows["fp16-autocast"]["notes"]
     assert rows["fp16-autocast"]["speedup"] is None  # never a "1.0x" for a technique that did nothing
     bf16 = rows["bf16-autocast"]
-    assert bf16["status"] == "ok" and bf16["quality"] == "pass", bf16  # 8 images: bf16 keeps every top-1
-    assert bf16["quality_metrics"]["top1_agreement"] == 1.0
+    # the default 128 images: bf16 flipped 1 top-1 here, and 127 of 128 still show top-1 >= 0.957
+    assert bf16["status"] == "ok" and bf16["quality"] == "pass", bf16
+    assert bf16["quality_metrics"]["top1_agreement"] >= 127 / 128
+    low, high = bf16["quality_intervals"]["top1_agreement"]
+    assert 0.95 <= low < bf16["quality_metrics"]["top1_agreement"] <= high <= 1
     assert rows["channels-last"]["status"] == "unsupported"  # a ViT has one convolution
     assert rows["baseline[threads=1]"]["status"] == "ok"
     assert "| baseline |" in md.read_text()
@@ -155,8 +156,11 @@ def test_verify_a_convnet_against_its_reference(tmp_path):
         "--no-store",
     )
     result = json.loads(out.read_text())
-    assert result["status"] == "ok" and result["quality"]["verdict"] == "pass"
-    assert result["quality"]["metrics"]["top1_agreement"] == 1.0
+    assert result["status"] == "ok" and result["quality"]["metrics"]["top1_agreement"] == 1.0
+    # 4 of 4 images agreeing only show top-1 >= 0.51: no verdict yet, and 73 images would give one
+    quality = result["quality"]
+    assert quality["verdict"] == "cannot tell" and quality["possible"] == ["pass", "warn", "fail"]
+    assert quality["samples_needed"] == 73
 
 
 def fault_env(fault: str) -> dict[str, str]:

@@ -53,8 +53,6 @@ def test_compare_runs_the_custom_convnet_and_says_what_needs_transformers(tmp_pa
         "--batch-size",
         "4",
         *QUICK,
-        "--samples",
-        "8",
         "--db",
         db,
         "--json",
@@ -86,10 +84,9 @@ def test_compare_runs_the_custom_convnet_and_says_what_needs_transformers(tmp_pa
 
 @pytest.mark.slow
 def test_verify_passes_a_sound_plan_and_fails_a_corrupted_one():
-    # --batch-size 4 --samples 8: the quality config of the compare above, so its cached reference serves
-    run = accelab(
-        "verify", "custom_models:build", "--plan", "channels-last", "--samples", "8", "--batch-size", "4", "--no-store"
-    )
+    # --batch-size 4 and the default 128 images: the quality config of the compare above, so its cached
+    # reference serves (128 agreeing images show top-1 >= 0.97: fewer could not pass)
+    run = accelab("verify", "custom_models:build", "--plan", "channels-last", "--batch-size", "4", "--no-store")
     assert run.returncode == 0, run.stderr[-3000:]
     assert "pass" in run.stdout
     faults = str(TESTS / "faults")
@@ -102,8 +99,6 @@ def test_verify_passes_a_sound_plan_and_fails_a_corrupted_one():
         "custom_models:build",
         "--plan",
         "channels-last",
-        "--samples",
-        "8",
         "--batch-size",
         "4",
         "--no-store",

@@ -76,9 +76,14 @@ def servers(tiny_llama):
 
 
 @pytest.mark.parametrize("plan", PLANS)
-def test_the_plan_serves_continuously_on_avx2(servers, plan):
+def test_the_plan_serves_continuously_on_avx2(servers, tiny_llama, plan):
     server = servers[plan]
-    body = {"model": "m", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4, "temperature": 0}
+    body = {
+        "model": str(tiny_llama),
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": 4,
+        "temperature": 0,
+    }
     answer = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=120)
     assert answer.status_code == 200, answer.text
     assert answer.json()["usage"]["completion_tokens"] == 4

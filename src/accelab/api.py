@@ -72,7 +72,7 @@ def bench(
     spec = model_spec(model, inputs=inputs, task=task, processor=processor)
     plan_obj = _plan(plan)
     work = _workload(spec, workload, plan_obj)
-    qconfig = quality_config_for(work, 8, 8) if quality else None
+    qconfig = quality_config_for(spec.task, work, None, 8) if quality else None
     result = run_bench(
         spec, plan_obj, work, device=device, timeout_s=timeout_s, tag=tag, quality=qconfig, tolerance=tolerance
     )
@@ -90,7 +90,7 @@ def compare(
     processor: Any = None,
     device: str | None = None,
     quality: bool = True,
-    samples: int = 8,
+    samples: int | None = None,
     tolerance: str = "balanced",
     timeout_s: float = 1800.0,
     max_seconds_per_plan: float | None = None,
@@ -114,7 +114,7 @@ def compare(
     spec = model_spec(model, inputs=inputs, task=task, processor=processor)
     plan_objs = [_plan(p) for p in plans]
     work = _workload(spec, workload, None)
-    qconfig = quality_config_for(work, samples, 8) if quality else None
+    qconfig = quality_config_for(spec.task, work, samples, 8) if quality else None
     results = run_compare(
         spec,
         plan_objs,
@@ -150,7 +150,7 @@ def verify(
     inputs: Any = None,
     task: str | None = None,
     processor: Any = None,
-    samples: int = 16,
+    samples: int | None = None,
     new_tokens: int = 16,
     batch_size: int = 8,
     tolerance: str = "balanced",
@@ -161,14 +161,15 @@ def verify(
     tag: str | None = None,
 ) -> Result:
     """A plan's outputs against the fp32 eager reference on the same inputs; the verdict
-    (pass / warn / fail) and its metrics are in `result.quality`."""
-    from accelab.quality.collect import QualityConfig
+    (pass / warn / fail / cannot tell), its figures with their 95% intervals and the rules are
+    in `result.quality`. `samples` None: the task's default (`quality.collect.DEFAULT_SAMPLES`)."""
+    from accelab.quality.collect import config_for
     from accelab.quality.verdict import rules_for
     from accelab.quality.verify import verify as run_verify
 
     spec = model_spec(model, inputs=inputs, task=task, processor=processor)
     rules_for(spec.task, tolerance)  # a bad tolerance fails before any process starts
-    config = QualityConfig(samples=samples, new_tokens=new_tokens, batch_size=batch_size)
+    config = config_for(spec.task, samples, new_tokens=new_tokens, batch_size=batch_size)
     result = run_verify(spec, _plan(plan), config, tolerance=tolerance, device=device, timeout_s=timeout_s, tag=tag)
     _keep([result], store, db)
     return result

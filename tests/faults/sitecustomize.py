@@ -6,6 +6,10 @@ gets the faults it names, comma-separated:
   floating-point weights of every model accelab loads for a plan, i.e. a deliberately broken
   plan. The fp32 reference the quality guard compares against is left alone; the Result's notes
   say the fault was injected. Used by tests/test_quality_e2e.py and tests/test_bench_e2e.py.
+- rmsnorm-scale:<factor>: every RMSNorm weight of a model accelab loads for a plan (torch plans;
+  the fp32 reference is left alone) is multiplied by <factor>: a small, systematic fault (1.05 moves
+  SmolLM2's next-token distributions by a mean KL of ~0.03) that the teacher-forced quality
+  verdict must fail with its interval clear of the line (tests/test_quality_e2e.py).
 - serve-errors:<flag file>: while the flag file exists, every forward of the loaded model raises
   (an error burst for a running server; tests/test_monitoring.py).
 - slow-serve:<plan>:<ms>: an `accelab serve --plan <plan>` process sleeps <ms> more in every
@@ -24,7 +28,16 @@ gets the faults it names, comma-separated:
 import os
 
 FAULT = os.environ.get("ACCELAB_TEST_FAULT")
-KINDS = ("perturb-weights", "serve-errors", "fake-gpu", "slow-serve", "ballast-serve", "train-lr", "slow-train")
+KINDS = (
+    "perturb-weights",
+    "rmsnorm-scale",
+    "serve-errors",
+    "fake-gpu",
+    "slow-serve",
+    "ballast-serve",
+    "train-lr",
+    "slow-train",
+)
 
 
 def _perturb_weights(size: str) -> None:
@@ -47,6 +60,29 @@ def _perturb_weights(size: str) -> None:
                     noise = torch.randn(param.shape, generator=generator).to(param.device, param.dtype)
                     param.add_(noise * param.float().std().nan_to_num(0).to(param.dtype) * scale)
         runnable.notes.append(f"FAULT INJECTED for testing: perturb-weights:{size}")
+        return runnable
+
+    runtimes.load_runnable = faulty_load_runnable
+
+
+def _rmsnorm_scale(factor: str) -> None:
+    import torch
+
+    import accelab.runtimes as runtimes
+    from accelab.quality.verify import REFERENCE_PLAN
+
+    scale = float(factor or 1.05)
+    original = runtimes.load_runnable
+
+    def faulty_load_runnable(spec, plan, device):
+        runnable = original(spec, plan, device)
+        if plan.name == REFERENCE_PLAN.name:
+            return runnable  # the reference is never the thing under test
+        norms = [m for m in runnable.model.modules() if type(m).__name__.endswith("RMSNorm")]
+        with torch.no_grad():
+            for norm in norms:
+                norm.weight.mul_(scale)
+        runnable.notes.append(f"FAULT INJECTED for testing: rmsnorm-scale:{factor} ({len(norms)} RMSNorm weights)")
         return runnable
 
     runtimes.load_runnable = faulty_load_runnable
@@ -180,6 +216,7 @@ if FAULT:
             raise ValueError(f"ACCELAB_TEST_FAULT={FAULT!r}: {kind!r} is not one of {', '.join(KINDS)}")
         {
             "perturb-weights": _perturb_weights,
+            "rmsnorm-scale": _rmsnorm_scale,
             "serve-errors": _serve_errors,
             "fake-gpu": _fake_gpu,
             "slow-serve": _slow_serve,

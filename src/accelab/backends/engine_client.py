@@ -78,12 +78,17 @@ class EngineClient:
     # -- blocking helpers ------------------------------------------------------------------------
     def score(self, prompt_ids: list[int], timeout_s: float = 600) -> list[float]:
         """log p(token i | tokens < i) for i >= 1, computed by the engine."""
+        return self.score_top(prompt_ids, 0, timeout_s).logprobs
+
+    def score_top(self, prompt_ids: list[int], top_k: int, timeout_s: float = 600) -> W.Scored:
+        """The engine's Scored answer: the log-probabilities of the prompt's tokens, and its top_k
+        ids and log-probabilities at each of those positions."""
         box: queue.Queue = queue.Queue()
-        self.submit(W.Score(id=self.new_id(), prompt_ids=prompt_ids), box.put)
+        self.submit(W.Score(id=self.new_id(), prompt_ids=prompt_ids, top_k=top_k), box.put)
         answer = box.get(timeout=timeout_s)
         if isinstance(answer, W.Failed):
             raise RuntimeError(f"the {self.name} could not score the text: {answer.error}")
-        return answer.logprobs
+        return answer
 
     # -- the reader thread ------------------------------------------------------------------------
     def _read(self) -> None:

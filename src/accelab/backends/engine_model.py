@@ -4,9 +4,9 @@ A batch of B prompts is B requests submitted together (the engine schedules them
 steps); a "step" is complete when every unfinished row has its next token, and only then are the
 stopping criteria called, once, as transformers calls them (the bench's TokenClock times TTFT,
 TPOT, ITL). Greedy decoding is the engine's argmax; `min_new_tokens` is its min_tokens (no end of
-sequence before it), so min == max decodes exactly that many tokens. `summed_nll` is the
-negative log-likelihood the engine computes in the plan's precision (the quality guard's
-perplexity), not torch's.
+sequence before it), so min == max decodes exactly that many tokens. `score_top` (and
+`summed_nll`) are the log-probabilities the engine computes in the plan's precision (the quality
+guard's teacher-forced scores), not torch's.
 """
 
 from __future__ import annotations
@@ -100,6 +100,17 @@ class EngineModel:
     def summed_nll(self, ids: torch.Tensor) -> float:
         """The negative log-likelihood of ids[1:] given what precedes each token, summed (ids: [S])."""
         return -sum(self.client.score([int(t) for t in ids]))
+
+    def score_top(self, ids: list[int], top_k: int) -> W.Scored:
+        """The engine's log-probabilities of ids[1:], and its top_k at each of those positions (the
+        quality guard's teacher-forced windows, `quality.windows`)."""
+        scored = self.client.score_top(ids, top_k)
+        if len(scored.top_ids) != len(ids) - 1:
+            raise RuntimeError(
+                f"the {self.backend} engine returned top log-probabilities for {len(scored.top_ids)} positions of "
+                f"{len(ids) - 1}: an engine process older than this accelab? (restart it)"
+            )
+        return scored
 
     def generate(
         self,

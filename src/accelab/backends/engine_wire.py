@@ -89,10 +89,13 @@ class Abort:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Score:
-    """The log-probability of every prompt token after the first (perplexity); answered by Scored."""
+    """The log-probability of every prompt token after the first (perplexity), and with top_k > 0
+    also the engine's top_k log-probabilities at each of those positions (the quality guard's KL
+    divergence); answered by Scored."""
 
     id: str
     prompt_ids: list[int]
+    top_k: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -134,6 +137,10 @@ class Tokens:
 class Scored:
     id: str
     logprobs: list[float]  # [len(prompt) - 1]: log p(token i | tokens < i), i >= 1
+    # Score.top_k > 0: per position i >= 1, the most likely ids (first the likeliest) and their
+    # log-probabilities, as many as the engine gives (vLLM: up to its max_logprobs)
+    top_ids: list[list[int]] = field(default_factory=list)
+    top_logprobs: list[list[float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

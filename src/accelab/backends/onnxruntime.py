@@ -27,6 +27,8 @@ Three CPU choices decide whether a fusion pays (measured on MiniLM-L6, seq 128, 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import json
 import logging
 from collections.abc import Iterator
@@ -269,8 +271,6 @@ def make_session(graph: Graph, options: OrtOptions, provider: str, threads: int)
 def _caller_fp_env_kept() -> Iterator[None]:
     """This thread's floating-point environment (x86's MXCSR: flush-to-zero, denormals-are-zero)
     as it was before the block, through glibc's fegetenv / fesetenv; elsewhere a no-op."""
-    import ctypes
-    import ctypes.util
 
     name = ctypes.util.find_library("m")
     libm = ctypes.CDLL(name) if name else None

@@ -240,9 +240,10 @@ class Engine:
             connection.send(message)
 
     # -- scoring, on a reader thread ---------------------------------------------------------------
-    def score(self, prompt_ids: list[int]) -> list[float]:
+    def score(self, prompt_ids: list[int], top_k: int = 0) -> tuple[list[float], list[list[int]], list[list[float]]]:
         """log p(token i | tokens < i), i >= 1, from the exported graph's logits at the pipeline's
-        precision (the weights are the same file)."""
+        precision (the weights are the same file); with top_k > 0 also the top_k ids and
+        log-probabilities at each of those positions (from the full logits: any k)."""
         import numpy as np
 
         with self._score_lock:
@@ -267,7 +268,13 @@ class Engine:
             logits = np.asarray(request.infer(feeds)["logits"][0], dtype=np.float64)  # [S, V]
         peak = logits.max(-1, keepdims=True)
         logprobs = logits - peak - np.log(np.exp(logits - peak).sum(-1, keepdims=True))
-        return [float(logprobs[i, t]) for i, t in enumerate(prompt_ids[1:])]
+        targets = [float(logprobs[i, t]) for i, t in enumerate(prompt_ids[1:])]
+        if top_k <= 0:
+            return targets, [], []
+        rows = logprobs[: len(prompt_ids) - 1]  # position i predicts token i + 1
+        top = np.argpartition(-rows, top_k - 1, axis=-1)[:, :top_k]
+        top = np.take_along_axis(top, np.argsort(-np.take_along_axis(rows, top, -1), axis=-1), -1)  # likeliest first
+        return targets, top.tolist(), np.take_along_axis(rows, top, -1).tolist()
 
 
 # -- the socket ------------------------------------------------------------------------------------
@@ -316,7 +323,8 @@ class Connection:
 
     def _score(self, message: Any) -> None:
         try:
-            self.send(W.Scored(id=message.id, logprobs=self.engine.score(message.prompt_ids)))
+            targets, top_ids, top_logprobs = self.engine.score(message.prompt_ids, getattr(message, "top_k", 0))
+            self.send(W.Scored(id=message.id, logprobs=targets, top_ids=top_ids, top_logprobs=top_logprobs))
         except Exception as err:  # noqa: BLE001 - the client's call fails, the engine serves on
             self.send(W.Failed(id=message.id, error=f"{type(err).__name__}: {err}"))
 

@@ -10,8 +10,9 @@ vLLM through the same scenarios as every other runtime:
   criteria called, once, as transformers calls them (the bench's TokenClock times TTFT, TPOT, ITL);
 - greedy decoding is vLLM's argmax; `min_new_tokens` is vLLM's min_tokens (no end of sequence
   before it), so min == max decodes exactly that many tokens;
-- `model.summed_nll(ids)` is the negative log-likelihood from vLLM's prompt logprobs (the quality
-  guard's perplexity), computed by vLLM in the plan's dtype, not by torch.
+- `model.score_top(ids, k)` is vLLM's prompt logprobs: the text's own tokens and vLLM's top-k
+  (at most its max_logprobs, 20) at every position, the quality guard's teacher-forced scores,
+  computed by vLLM in the plan's dtype, not by torch.
 
 The options are `Plan.backend_options` vllm_* (`accelab.plan.backend_options.VllmOptions`).
 """

@@ -43,6 +43,7 @@ def _load_wire() -> Any:
 
 
 W = _load_wire()
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs: a Score asking for more gets this many per position
 
 
 # -- the engine ----------------------------------------------------------------------------------
@@ -206,8 +207,9 @@ class Connection:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
+        top_k = min(getattr(msg, "top_k", 0), MAX_LOGPROBS)
         params = SamplingParams(
-            max_tokens=1, prompt_logprobs=0, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY
+            max_tokens=1, prompt_logprobs=top_k, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY
         )
         try:
             final = None
@@ -216,9 +218,17 @@ class Connection:
             ):
                 final = out
             rows = (final.prompt_logprobs or [])[1:] if final is not None else []
-            # each row holds the prompt's own token (and the top-0 others: none)
+            # each row holds the prompt's own token and the top_k most likely (each with its rank)
             values = [row[token].logprob for token, row in zip(msg.prompt_ids[1:], rows)]
-            self.send(W.Scored(id=msg.id, logprobs=values))
+            top = [sorted((lp.rank, t, lp.logprob) for t, lp in row.items() if lp.rank <= top_k) for row in rows]
+            self.send(
+                W.Scored(
+                    id=msg.id,
+                    logprobs=values,
+                    top_ids=[[t for _, t, _ in r] for r in top] if top_k else [],
+                    top_logprobs=[[lp for _, _, lp in r] for r in top] if top_k else [],
+                )
+            )
         except Exception as err:  # noqa: BLE001 - the client's call fails, the engine serves on
             self.send(W.Failed(id=msg.id, error=f"{type(err).__name__}: {err}"))
 

@@ -12,15 +12,16 @@ from accelab.benchmark.rounds import RoundsConfig, measure_plans, with_rows
 from accelab.catalog.spec import ModelSpec
 from accelab.measure.budget import PlanBudget
 from accelab.plan.plan import Plan
-from accelab.quality.collect import QualityConfig
+from accelab.quality.collect import QualityConfig, config_for
 from accelab.results.result import Result, new_run_id
 from accelab.scenarios.workload import Workload
 
 log = logging.getLogger(__name__)
 
 
-def quality_config_for(workload: Workload, samples: int, batch_size: int) -> QualityConfig:
-    return QualityConfig(samples=samples, new_tokens=min(workload.new_tokens, 16), batch_size=batch_size)
+def quality_config_for(task: str, workload: Workload, samples: int | None, batch_size: int) -> QualityConfig:
+    """The quality guard of a compare or bench row; `samples` None: verify's default for the task."""
+    return config_for(task, samples, new_tokens=min(workload.new_tokens, 16), batch_size=batch_size)
 
 
 def run_compare(

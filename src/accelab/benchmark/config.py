@@ -51,7 +51,13 @@ class CompareRun:
         default=True,
         metadata=option("Verify every row against the fp32 eager reference.", "--quality/--no-quality"),
     )
-    samples: int = field(default=8, metadata=option("Inputs compared by the quality guard."))
+    samples: int | None = field(
+        default=None,
+        metadata=option(
+            "Inputs compared by the quality guard (generation: also 2 text windows each). Default per task, as "
+            "verify's: 128 images, 32 sentences, 16 prompts."
+        ),
+    )
     tolerance: str = field(
         default="balanced", metadata=option("strict | balanced | loose, optionally with metric=value overrides.")
     )

@@ -1,5 +1,6 @@
-"""Real sample inputs, offline: texts written for this project (in `data/`), real photos from
-scikit-learn and scikit-image, and scikit-learn's labelled 8x8 digits.
+"""Real sample inputs, offline: texts written for this project (in `data/`) and Python's own
+language reference (the quality guard's evaluation text), real photos from scikit-learn and
+scikit-image, and scikit-learn's labelled 8x8 digits.
 
 Every function is deterministic: the same call gives the same items on every machine.
 """
@@ -7,10 +8,12 @@ Every function is deterministic: the same call gives the same items on every mac
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from pydoc_data.topics import topics  # ~5 ms: the language reference's text, in every CPython
 from typing import Literal, TypeVar
 
 import numpy as np
@@ -80,6 +83,33 @@ def sentences(n: int, offset: int = 0) -> list[str]:
 def heldout_text() -> str:
     """An essay of ~3,700 words on the history of computing (perplexity, small LM fine-tuning)."""
     return (DATA / "heldout.txt").read_text()
+
+
+@functools.cache
+def evaluation_text() -> str:
+    """The text the quality guard scores teacher-forced (~64k SmolLM2 tokens): the held-out essay,
+    then the prose of Python's own language reference as every CPython ships it
+    (`pydoc_data.topics`, the text of `help()`), its topics in sorted order.
+
+    Why this text: it is real English written by people, it installs with Python (no download,
+    no data file to license), and it is long enough for a few hundred windows of 128 tokens,
+    where the 5k tokens of the essay alone give forty. Indented lines (code examples, grammar
+    rules) and the heading underlines are dropped: what is scored is prose. The topics change a
+    little between Python releases; `evaluation_digest` names the text a reference was made on."""
+    parts = [heldout_text().strip()]
+    for name in sorted(topics):
+        lines = [line for line in topics[name].splitlines() if _prose(line)]
+        parts.append("\n".join(lines).strip())
+    return "\n\n".join(part for part in parts if part)
+
+
+def _prose(line: str) -> bool:
+    return bool(line.strip()) and not line.startswith((" ", "\t")) and not set(line.strip()) <= set("*=-~^")
+
+
+def evaluation_digest() -> str:
+    """A short digest of `evaluation_text`: references cached on another text are not reused."""
+    return hashlib.sha256(evaluation_text().encode()).hexdigest()[:16]
 
 
 # Photos

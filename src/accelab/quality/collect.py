@@ -16,20 +16,64 @@ import torch
 
 from accelab.catalog import inputs
 from accelab.catalog.embedding import embed
-from accelab.catalog.facts import max_sequence_length
 from accelab.catalog.store import read_meta
 from accelab.plan.runtime import Runnable, input_device, to_device
 from accelab.plan.techniques.memory_format import prepare_batch
+from accelab.quality import windows
 
 log = logging.getLogger(__name__)
 
 
+# inputs compared by default per task: enough for an interval that can clear the lines (a
+# classifier's 16 of 16 agreeing images only show top-1 >= 0.81; 128 of 128 show >= 0.97)
+DEFAULT_SAMPLES = {
+    "image-classification": 128,
+    "feature-extraction": 32,
+    "text-generation": 16,
+    "image-text-to-text": 16,
+}
+# a tune checks every candidate: generation at 8 samples (16 windows, 2,048 tokens, no greedy
+# continuations) keeps that check no longer than it was (8 prompts and 2,048 perplexity tokens);
+# its intervals are ~1.4x verify's; the other tasks as verify
+TUNE_SAMPLES = {**DEFAULT_SAMPLES, "text-generation": 8, "image-text-to-text": 8}
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class QualityConfig:
-    samples: int = 16  # inputs compared: images, sentences or prompts
-    new_tokens: int = 16  # greedy tokens per prompt (generation)
+    samples: int = 16  # inputs compared: images, sentences or prompts (see DEFAULT_SAMPLES)
+    new_tokens: int = 16  # greedy tokens per prompt (generation; reported, not judged); 0 skips them
     batch_size: int = 8
-    perplexity_tokens: int = 2048  # held-out tokens scored for perplexity (generation); 0 skips it
+    # generation: windows of the evaluation text scored teacher-forced (quality.windows); 2 per
+    # sample, so --samples 16 forwards 32 windows of 128 tokens (4,096 tokens, 3,072 scored; the
+    # greedy-era verify scored 2,048 for its perplexity): SmolLM2's bf16 verify took 1.5x its
+    # earlier time, and its mean-KL interval there is +-4% of the estimate
+    windows_per_sample: int = 2
+    window_tokens: int = 128
+    context_tokens: int = 32  # the first tokens of a window are context only, not scored
+    top_k: int = 64  # log-probabilities kept per scored position (the KL's buckets; 64: ~85% of the full KL)
+
+    def __post_init__(self) -> None:
+        for name in ("samples", "batch_size", "windows_per_sample", "top_k"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"QualityConfig {name}={getattr(self, name)} must be 1 or more")
+        if self.new_tokens < 0:
+            raise ValueError(f"QualityConfig new_tokens={self.new_tokens} must be 0 (no greedy continuations) or more")
+        if not 1 <= self.context_tokens < self.window_tokens:
+            raise ValueError(
+                f"QualityConfig context_tokens={self.context_tokens} must be 1 to window_tokens - 1 "
+                f"({self.window_tokens - 1}): a window needs positions to score"
+            )
+
+    @property
+    def windows(self) -> int:
+        return self.samples * self.windows_per_sample
+
+
+def config_for(task: str, samples: int | None = None, *, tune: bool = False, **fields: Any) -> QualityConfig:
+    """The quality guard's configuration for a task: `samples` None takes DEFAULT_SAMPLES (a
+    tune's check: TUNE_SAMPLES)."""
+    defaults = TUNE_SAMPLES if tune else DEFAULT_SAMPLES
+    return QualityConfig(samples=samples or defaults.get(task, 16), **fields)
 
 
 def collect(runnable: Runnable, config: QualityConfig) -> dict[str, Any]:
@@ -98,42 +142,36 @@ def _custom_embeddings(runnable: Runnable, config: QualityConfig) -> dict[str, A
 
 
 def _generation(runnable: Runnable, config: QualityConfig) -> dict[str, Any]:
+    """Greedy continuations of the prompts (reported), and the teacher-forced scores of the
+    evaluation text's windows (judged: `quality.windows`, `metrics.generation`)."""
     from accelab.scenarios.generate import generate_once
 
     loaded = inputs_view(runnable)
     rows = []
-    for idx in _batches(config.samples, config.batch_size):
+    for idx in _batches(config.samples if config.new_tokens else 0, config.batch_size):
         batch = inputs.generate_batch(loaded, len(idx), offset=idx.start)
         batch = to_device(batch, _device(runnable))
         output, _, _ = generate_once(runnable, batch, config.new_tokens)
         rows.append(output[:, batch["input_ids"].shape[1] :].cpu().numpy())
-    out: dict[str, Any] = {"tokens": np.concatenate(rows)}
-    if runnable.task == "text-generation" and config.perplexity_tokens:
-        out["nll"], out["nll_tokens"] = _heldout_nll(runnable, config.perplexity_tokens)
-    return out
-
-
-def _heldout_nll(runnable: Runnable, max_tokens: int) -> tuple[float, int]:
-    """Mean negative log-likelihood per token of the held-out text, in non-overlapping windows."""
-    tokenizer = runnable.processor
-    ids = tokenizer(inputs.heldout_text(), return_tensors="pt").input_ids[0][:max_tokens]
-    window = min(512, max_sequence_length(runnable.model) or 512)
-    total, count = 0.0, 0
-    summed_nll = getattr(runnable.model, "summed_nll", None)  # runtimes that score without logits (vLLM)
-    for start in range(0, len(ids) - 1, window):
-        chunk = ids[start : start + window].unsqueeze(0).to(_device(runnable))
-        if chunk.shape[1] < 2:
-            break
-        if summed_nll is not None:
-            total += float(summed_nll(chunk[0]))
-            count += chunk.shape[1] - 1
-            continue
-        with torch.inference_mode(), runnable.context():
-            logits = runnable.model(input_ids=chunk).logits.float()
-        loss = torch.nn.functional.cross_entropy(logits[0, :-1], chunk[0, 1:], reduction="sum")
-        total += float(loss)
-        count += chunk.shape[1] - 1
-    return total / count, count
+    tokenizer = getattr(runnable.processor, "tokenizer", runnable.processor)  # a VLM's processor holds one
+    chosen = windows.text_windows(tokenizer, config.windows, config.window_tokens)
+    scores = windows.score_windows(
+        runnable, chosen, context_tokens=config.context_tokens, top_k=config.top_k, batch_size=config.batch_size
+    )
+    greedy = {"tokens": np.concatenate(rows)} if rows else {}
+    return {
+        **greedy,
+        "top_ids": scores["top_ids"],
+        "top_logprobs": scores["top_logprobs"],
+        "target_logprobs": scores["target_logprobs"],
+        "windows_digest": windows.digest(chosen, config.context_tokens),
+        "scoring": {
+            "window_tokens": config.window_tokens,
+            "context_tokens": config.context_tokens,
+            "windows_per_sample": config.windows_per_sample,
+            "candidate_topk": scores["candidate_topk"],
+        },
+    }
 
 
 def _layout(batch: dict[str, Any], runnable: Runnable) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """`accelab verify`: a plan's outputs against the fp32 eager reference, each in its own process.
 
-The reference outputs are cached per (model files, task, quality config, accelab version), so a
-compare of five plans runs the reference once.
+The reference outputs are cached per (model files, task, quality config, accelab version, the
+evaluation text), so a compare of five plans, and every later verify, runs the reference once.
+For generation the cache holds the reference's top-k log-probabilities per scored position of
+the evaluation text's windows (`quality.windows`), never its full logits.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from typing import Any, Literal
 import torch
 
 from accelab import runtimes  # looked up per call: tests/faults replaces runtimes.load_runnable
+from accelab.catalog import inputs
 from accelab.catalog.custom import files_of
+from accelab.catalog.facts import GENERATE_TASKS
 from accelab.catalog.spec import ModelSpec
 from accelab.measure.environment import environment, fingerprint
 from accelab.measure.runner import ChildJob, run_isolated
@@ -28,13 +32,14 @@ from accelab.plan.runtime import Unsupported
 from accelab.plan.techniques import attention
 from accelab.quality.collect import QualityConfig, collect
 from accelab.quality.metrics import compare
-from accelab.quality.verdict import judge
+from accelab.quality.verdict import SOURCES, judge
 from accelab.results.result import Result, command_line
 from accelab.version import __version__
 
 log = logging.getLogger(__name__)
 
 REFERENCE_PLAN = Plan(name="reference-fp32-eager", attention="eager")
+FORMAT = 2  # of the cached outputs: 2 holds the windows' top-k log-probabilities, not full logits
 
 
 def reference_plan(spec: ModelSpec) -> Plan:
@@ -78,7 +83,10 @@ def _reference_key(spec: ModelSpec, config: QualityConfig, device: str | None) -
     else:
         files = [p for p in Path(spec.source).glob("*") if p.is_file()]
     stamps = sorted((p.name, p.stat().st_size, int(p.stat().st_mtime)) for p in files)
-    blob = json.dumps([spec.to_dict(), asdict(config), device, __version__, stamps], sort_keys=True, default=str)
+    text = inputs.evaluation_digest() if spec.task in GENERATE_TASKS else None  # pydoc's topics differ by Python
+    blob = json.dumps(
+        [spec.to_dict(), asdict(config), device, __version__, stamps, text, FORMAT], sort_keys=True, default=str
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
@@ -109,9 +117,15 @@ def reference_outputs(
 
 
 def judge_outputs(task: str, reference: dict[str, Any], candidate: dict[str, Any], tolerance: str) -> dict[str, Any]:
-    metrics = compare(task, reference, candidate)
-    verdict, lines = judge(task, metrics, tolerance)
-    return {"verdict": verdict, "tolerance": tolerance, "metrics": metrics, "rules": lines}
+    """Result.quality: the verdict and the figures it came from.
+
+    {"verdict": pass | warn | fail | cannot tell, "possible": the outcomes left, "tolerance",
+    "metrics": {name: value}, "intervals": {name: [low, high]} (95%), "sample": {unit, n,
+    per_sample, method, ...}, "rules": one line per rule, "samples_needed": --samples that would
+    tell (cannot tell only), "source": where the lines come from}"""
+    figures = compare(task, reference, candidate)
+    judgement = judge(task, figures, tolerance)
+    return {"tolerance": tolerance, **figures, **judgement.to_dict(), "source": SOURCES[task]}
 
 
 def verify(

@@ -37,7 +37,7 @@ FIELDS = [
     "fingerprint",
 ]
 STATUS_COLOURS = {"ok": "green", "unsupported": "yellow"}
-QUALITY_COLOURS = {"pass": "green", "warn": "yellow", "fail": "red"}
+QUALITY_COLOURS = {"pass": "green", "warn": "yellow", "fail": "red", "cannot tell": "cyan"}
 
 
 def parse_since(text: str, now: dt.datetime | None = None) -> str:

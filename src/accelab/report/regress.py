@@ -60,7 +60,8 @@ from accelab.results import contract as K
 from accelab.results.result import Result
 
 Verdict = Literal["ok", "improved", "noise", "unreliable", "REGRESSION", "-"]
-QUALITY_RANK = {"pass": 0, "warn": 1, "fail": 2}
+# "cannot tell" ranks with warn: from pass it is a regression (the check no longer shows a pass)
+QUALITY_RANK = {"pass": 0, "warn": 1, "cannot tell": 1, "fail": 2}
 MIN_CALLS = 5  # fewer timed calls than this: the spread itself is a guess
 
 

@@ -12,12 +12,13 @@ from accelab.report import metrics as M, series as S
 from accelab.report.document import Section, Table, Tone, cell
 from accelab.results import contract as K
 from accelab.results.result import Result
-from accelab.results.table import fmt, noise_line, speedup_text
+from accelab.results.table import figure_text, fmt, noise_line, speedup_text, verdict_label
 
 VERDICT_TONES: dict[str, Tone] = {
     "pass": "good",
     "warn": "warn",
     "fail": "bad",
+    "cannot tell": "warn",
     "ok": "good",
     "improved": "good",
     "noise": "muted",
@@ -149,13 +150,11 @@ def quality_table(results: list[Result]) -> Table | None:
     rows = []
     for r in judged:
         q = r.quality or {}
-        figures = ", ".join(
-            f"{k}={fmt(v, 4) if isinstance(v, float) else v}" for k, v in (q.get("metrics") or {}).items()
-        )
+        figures = ", ".join(f"{k}={figure_text(q, k)}" for k in (q.get("metrics") or {}))
         rows.append(
             [
                 cell(f"{M.model_name(r)} · {labels[r.run_id]}"),
-                cell(q.get("verdict"), VERDICT_TONES.get(q.get("verdict") or "", "")),
+                cell(verdict_label(q), VERDICT_TONES.get(q.get("verdict") or "", "")),
                 cell(figures or "-"),
                 cell("; ".join(q.get("rules") or []) or "-", "muted"),
             ]
@@ -163,7 +162,8 @@ def quality_table(results: list[Result]) -> Table | None:
     return Table(
         columns=["plan", "verdict", "fidelity against fp32 eager", "rules"],
         rows=rows,
-        caption="Quality: outputs of each plan against the fp32 eager reference on the same real inputs",
+        caption="Quality: outputs of each plan against the fp32 eager reference on the same real inputs "
+        "(figures with their 95% intervals)",
     )
 
 

@@ -11,13 +11,15 @@ from rich.markup import escape
 from rich.table import Table
 
 from accelab.results.result import Result
-from accelab.results.table import fmt, make_console, noise_line, speedup_text
-
-
-def _quality_cell(result: Result) -> str:
-    if result.quality is None:
-        return "-"
-    return result.quality["verdict"]
+from accelab.results.table import (
+    VERDICT_COLOURS,
+    fmt,
+    make_console,
+    noise_line,
+    quality_headline,
+    speedup_text,
+    verdict_label,
+)
 
 
 def _status_note(result: Result, speedup: dict[str, Any], noise: dict[str, Any]) -> str:
@@ -27,6 +29,13 @@ def _status_note(result: Result, speedup: dict[str, Any], noise: dict[str, Any])
         reason = (result.reason or "").splitlines()[0][:160] if result.reason else ""
         return reason if reason.startswith(f"{result.status}:") else f"{result.status}: {reason}"
     notes = list(result.notes)
+    if result.quality and result.quality.get("verdict") == "cannot tell":
+        needed = result.quality.get("samples_needed")
+        notes.insert(
+            0,
+            f"quality {verdict_label(result.quality)} at this sample size; "
+            + (f"about --samples {needed} would tell" if needed else "an estimate sits on a line"),
+        )
     if noise and noise.get("level") != "quiet":
         notes.insert(0, noise_line(noise, "row"))
     if speedup.get("verdict") in ("unreliable", "no measurable difference"):
@@ -75,6 +84,8 @@ def rows(results: list[Result]) -> list[dict[str, Any]]:
             "noise_reason": noise_line(noise, "row") if noise and noise.get("level") != "quiet" else None,
             "memory_saving": 1 - m["peak_memory_mb"] / base_mem if base_mem and m.get("peak_memory_mb") else None,
             "quality": r.quality["verdict"] if r.quality else None,
+            "quality_label": verdict_label(r.quality),
+            "quality_figure": quality_headline(r.quality) if r.quality else None,
             "notes": _status_note(r, speedup, noise),
             "run_id": r.run_id,
         }
@@ -89,6 +100,7 @@ def rows(results: list[Result]) -> list[dict[str, Any]]:
             row["mfu"] = m["mfu"]
         if r.quality:
             row["quality_metrics"] = r.quality.get("metrics")
+            row["quality_intervals"] = r.quality.get("intervals")
         table.append(row)
     return table
 
@@ -117,7 +129,6 @@ def render(results: list[Result], title: str, console: Console | None = None) ->
     columns += ["peak MB", "speed-up", "mem saved", "quality", "noise", "notes"]
     for name in columns:
         table.add_column(name, overflow="fold", no_wrap=name != "notes")
-    colours = {"pass": "green", "warn": "yellow", "fail": "red"}
     footnotes: list[str] = []
     for row in data:
         cells = [
@@ -140,7 +151,7 @@ def render(results: list[Result], title: str, console: Console | None = None) ->
             fmt(row["peak_memory_mb"]),
             _speedup_cell(row),
             _pct(row["memory_saving"]),
-            f"[{colours.get(quality, 'white')}]{quality}[/]",
+            f"[{VERDICT_COLOURS.get(quality, 'white')}]{escape(row.get('quality_figure') or quality)}[/]",
             f"[{NOISE_COLOURS.get(noise, 'white')}]{noise}[/]",
             _footnote(row, footnotes),
         ]
@@ -176,6 +187,7 @@ CSV_FIELDS = [
     "speedup_verdict",
     "memory_saving",
     "quality",
+    "quality_figure",
     "noise",
     "notes",
     "run_id",
@@ -198,7 +210,8 @@ def to_markdown(results: list[Result]) -> str:
         lines.append(
             f"| {row['plan']} | {fmt(row['latency_p50_ms'])} | {fmt(row['latency_p99_ms'])} | "
             f"{fmt(row['throughput'])} {unit} | {fmt(row['peak_memory_mb'])} | {_speedup_cell(row)} | "
-            f"{_pct(row['memory_saving'])} | {row['quality'] or '-'} | {row.get('noise') or '-'} | "
+            f"{_pct(row['memory_saving'])} | {row.get('quality_figure') or row['quality'] or '-'} | "
+            f"{row.get('noise') or '-'} | "
             f"{row['notes'].replace('|', '/')} |"
         )
     return "\n".join(lines) + "\n"

@@ -245,7 +245,7 @@ tune_candidate  -  the candidate measured: '<preset>@<batch>'
 tune_phase      -  screen | grow | final (accelab.tuner.search.Phase); later phases measure longer
 tune_seq        -  the measurement's place in the tune, 0-based
 tune_cost_s     s  wall time the measurement cost, child start included
-tune_quality    -  the verdict of the candidate's technique: pass | warn | fail | None (not checked)
+tune_quality    -  the verdict label of the candidate's technique: pass | warn | fail | cannot tell (...) | None
 """)
 TUNE_FORWARD: Final = FORWARD.extended("accelab.tuner.measure.BenchMeasurer on a forward workload", *_TUNE)
 TUNE_GENERATE: Final = GENERATE.extended("accelab.tuner.measure.BenchMeasurer on a generate workload", *_TUNE)

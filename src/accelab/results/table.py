@@ -173,6 +173,62 @@ def print_bench(result: Result, console: Console | None = None) -> None:
     console.print(table)
 
 
+VERDICT_COLOURS = {"pass": "green", "warn": "yellow", "fail": "red", "cannot tell": "cyan"}
+# the figure each task's quality cell shows beside its verdict (the first of these measured)
+HEADLINE = ("mean_kl", "top1_agreement", "cosine_mean")
+
+
+def figure_text(quality: dict[str, Any], name: str, digits: int = 4) -> str:
+    """A figure with its 95% interval: "0.0031 (0.0024-0.0040)"; the bare value where it has none."""
+    value = (quality.get("metrics") or {}).get(name)
+    interval = (quality.get("intervals") or {}).get(name)
+
+    def show(x: float | None) -> str:  # a ratio near 1 keeps its decimals: 1.0031, not 1
+        return "?" if x is None else f"{x:.4f}" if name.endswith("_ratio") else fmt(x, digits)
+
+    if value is None or not interval:
+        return show(value) if isinstance(value, float) else fmt(value, digits)
+    return f"{show(value)} ({show(interval[0])}-{show(interval[1])})"
+
+
+def quality_headline(quality: dict[str, Any] | None) -> str:
+    """The verdict and its deciding figure, compactly: "pass · mean_kl 0.0031 (0.0024-0.0040)"."""
+    if not quality:
+        return "-"
+    name = next((n for n in HEADLINE if n in (quality.get("intervals") or {})), None)
+    word = verdict_label(quality) or "-"
+    return word if name is None else f"{word} · {name} {figure_text(quality, name, 2)}"
+
+
+def verdict_label(quality: dict[str, Any] | None) -> str | None:
+    """The verdict in a few words: "pass", "cannot tell (pass or warn)" (`quality.verdict.label`,
+    stored with the Result); None: not checked."""
+    if not quality:
+        return None
+    return quality.get("label") or quality.get("verdict")
+
+
+def verdict_line(quality: dict[str, Any]) -> str:
+    verdict = quality["verdict"]
+    colour = VERDICT_COLOURS.get(verdict, "white")
+    text = f"[bold {colour}]{escape(verdict_label(quality) or verdict)}[/] ({quality['tolerance']})"
+    if quality.get("samples_needed"):
+        text += f"; about --samples {quality['samples_needed']} would tell"
+    elif verdict == "cannot tell":
+        text += "; an estimate sits on a line: no sample size tells"
+    return text
+
+
+def sample_line(quality: dict[str, Any]) -> str | None:
+    sample = quality.get("sample") or {}
+    if not sample.get("n"):
+        return None
+    text = f"{sample['n']} {sample.get('unit', 'samples')}"
+    if sample.get("window"):
+        text += f" of the evaluation text ({sample['window']}: {sample.get('positions', 0):,} positions)"
+    return text + (f"; 95% intervals: {sample['method']}" if sample.get("method") else "")
+
+
 def print_verify(result: Result, console: Console | None = None) -> None:
     console = console or make_console()
     table = Table(title=f"accelab verify · run {result.run_id}", show_header=False, title_justify="left")
@@ -182,15 +238,22 @@ def print_verify(result: Result, console: Console | None = None) -> None:
     table.add_row("plan", escape(str(result.plan.get("name"))))
     table.add_row("reference", "fp32 eager, same real inputs, own process")
     table.add_row("samples", str(result.workload.get("samples")))
-    if result.quality is None:
+    quality = result.quality
+    if quality is None:
         table.add_row("status", f"{result.status}: {result.reason}")
     else:
-        colour = {"pass": "green", "warn": "yellow", "fail": "red"}[result.quality["verdict"]]
-        table.add_row("verdict", f"[bold {colour}]{result.quality['verdict']}[/] ({result.quality['tolerance']})")
-        for key, value in result.quality["metrics"].items():
-            table.add_row(key, fmt(value, 4))
-        for line in result.quality["rules"]:
+        table.add_row("verdict", verdict_line(quality))
+        sample = sample_line(quality)
+        if sample:
+            table.add_row("scored", escape(sample))
+        if (quality.get("sample") or {}).get("kl_over"):
+            table.add_row("KL over", escape(quality["sample"]["kl_over"]))
+        for key in quality["metrics"]:
+            table.add_row(key, figure_text(quality, key))
+        for line in quality["rules"]:
             table.add_row("rule", escape(line))
+        if quality.get("source"):
+            table.add_row("lines from", escape(quality["source"]))
     for note in result.notes:
         table.add_row("note", escape(note))
     console.print(table)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from accelab.measure.hardware import cached_limits
 from accelab.serve.engines.base import StepCost
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,6 @@ def _warn_once(value: float) -> None:
 def for_device(device: str, path: str) -> MachineBound | None:
     """The bound from the cached limits of `device` for compute path `path`; None (and a log
     line saying how to get them) where this machine has not been measured."""
-    from accelab.measure.hardware import cached_limits
 
     limits = cached_limits(device)
     if limits is None:

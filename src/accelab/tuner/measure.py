@@ -16,6 +16,7 @@ from accelab.benchmark.rounds import measure_plans
 from accelab.catalog.spec import ModelSpec
 from accelab.plan.presets import PRESETS
 from accelab.quality.collect import QualityConfig
+from accelab.quality.verdict import label
 from accelab.results import contract as K
 from accelab.results.result import Result
 from accelab.results.store import Store
@@ -90,7 +91,7 @@ class BenchMeasurer:
         )
         cost = time.perf_counter() - t0
         if check_quality and result.ok:
-            self._quality_by_variant[candidate.variant] = (result.quality or {}).get("verdict")
+            self._quality_by_variant[candidate.variant] = label(result.quality)
         m = self._keep(result, candidate, phase, cost)
         summary = (
             f"{m.throughput:.4g} {result.metrics.get(K.THROUGHPUT_UNIT, '')}"
@@ -139,7 +140,7 @@ class BenchMeasurer:
         out = []
         for candidate, result in zip(candidates, results):
             if check_quality and result.ok and result.quality is not None:
-                self._quality_by_variant.setdefault(candidate.variant, result.quality.get("verdict"))
+                self._quality_by_variant.setdefault(candidate.variant, label(result.quality))
             out.append(self._keep(result, candidate, phase, cost))
         return out
 

@@ -18,7 +18,7 @@ from accelab.catalog.spec import ModelSpec
 from accelab.measure import noise
 from accelab.plan.plan import Plan
 from accelab.plan.presets import PRESETS
-from accelab.quality.collect import QualityConfig
+from accelab.quality.collect import config_for
 from accelab.quality.verdict import LEVELS, rules_for
 from accelab.results.store import Store, open_store
 from accelab.results.table import make_console
@@ -193,12 +193,14 @@ def run_tune(
     device: str | None,
     fresh: bool,
     console: Console,
-    quality_samples: int = 8,
+    quality_samples: int | None = None,
 ) -> tuple[SearchLog, BenchMeasurer, str]:
     group = tune_id(setup)
     quality = None
     if setup.constraints.quality != "off":
-        quality = QualityConfig(samples=quality_samples, new_tokens=min(setup.workload.new_tokens, 16), batch_size=8)
+        # a tune's sample per task (an interval that can clear the lines), without the greedy
+        # continuations: they are reported, never judged, and a tune only needs the verdict
+        quality = config_for(setup.spec.task, quality_samples, tune=True, new_tokens=0, batch_size=8)
     measurer = BenchMeasurer(
         spec=setup.spec,
         workload=setup.workload,

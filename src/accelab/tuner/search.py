@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from accelab.measure.paired import Ratio, check_overlap, paired_ratio
+from accelab.quality.verdict import tune_exclusion
 
 Phase = Literal["screen", "grow", "final"]
 # Later phases measure longer: a candidate's figure is its latest-phase run. "confirm" is
@@ -55,7 +56,7 @@ class Measurement:
     p50_ms: float | None = None
     p99_ms: float | None = None
     memory_mb: float | None = None
-    quality: str | None = None  # pass | warn | fail | None (not checked)
+    quality: str | None = None  # verdict label: pass | warn | fail | cannot tell (...) | None (not checked)
     cv: float = 0.0  # coefficient of variation of the per-call latency
     seconds: float = 0.0  # what the measurement cost, wall time
     reason: str | None = None
@@ -82,11 +83,7 @@ class Constraints:
             return f"memory {m.memory_mb:.0f} MB > limit {self.max_memory_mb:.0f} MB"
         if self.p99_ms is not None and m.p99_ms is not None and m.p99_ms > self.p99_ms:
             return f"p99 {m.p99_ms:.1f} ms > SLA {self.p99_ms:.1f} ms"
-        if self.quality != "off" and m.quality == "fail":
-            return "quality failed"
-        if self.quality == "strict" and m.quality == "warn":
-            return "quality warned (strict)"
-        return None
+        return tune_exclusion(m.quality, self.quality)
 
     def limit_kind(self, m: Measurement) -> str | None:
         """Which limit a violation hit: memory, sla, quality, unsupported, error."""

@@ -19,7 +19,7 @@ class Candidate:
     key: str
     plan: Plan
     server: CandidateServer | None = None
-    quality: str | None = None  # pass | warn | fail | None (not checked)
+    quality: str | None = None  # verify's verdict label: pass | warn | fail | cannot tell (...) | None (not checked)
     quality_detail: str = ""
     windows: dict[int, dict[int, dict[str, Any]]] = field(default_factory=dict)  # users -> round -> its row
     excluded: str | None = None  # why it cannot win, whatever it measured

@@ -31,7 +31,8 @@ from accelab.measure.capabilities import bf16_outruns_fp32
 from accelab.plan.apply import resolve_device
 from accelab.plan.plan import Plan, load_plan
 from accelab.plan.runtime import Unsupported
-from accelab.quality.collect import QualityConfig
+from accelab.quality.collect import config_for
+from accelab.quality.verdict import label, tune_exclusion
 from accelab.quality.verify import verify
 from accelab.results import contract as K
 from accelab.results.store import Store, open_store
@@ -169,7 +170,8 @@ def check_quality(candidate: Candidate, request: ServeTuneRequest, store: Store 
     if earlier and earlier[0].quality is not None:
         result = earlier[0]
     else:
-        config = QualityConfig(samples=8, new_tokens=16, batch_size=8)
+        # a tune's sample; no greedy continuations (reported, never judged: the verdict is all a tune needs)
+        config = config_for(request.spec.task, tune=True, new_tokens=0, batch_size=8)
         result = verify(request.spec, candidate.plan, config, tolerance=request.quality, device=request.device)
         result.tag, result.group_id = tag, group
         if store is not None:
@@ -177,7 +179,7 @@ def check_quality(candidate: Candidate, request: ServeTuneRequest, store: Store 
     if result.quality is None:
         candidate.quality, candidate.quality_detail = "fail", f"verify could not run it: {result.reason}"
         return
-    candidate.quality = result.quality["verdict"]
+    candidate.quality = label(result.quality)
     candidate.quality_detail = "; ".join(result.quality.get("rules", []))
 
 
@@ -268,10 +270,12 @@ def _take_stored(
 
 
 def _screen_quality(candidate: Candidate, tune: _Tune) -> None:
-    """Excluded when verify fails its plan (or warns, under --quality strict)."""
+    """Excluded when verify fails its plan or cannot rule a failure out (or a warning, under
+    --quality strict): `quality.verdict.tune_exclusion`."""
     check_quality(candidate, tune.request, tune.store, tune.group)
-    if candidate.quality == "fail" or (candidate.quality == "warn" and tune.request.quality == "strict"):
-        candidate.excluded = f"quality {candidate.quality} ({tune.request.quality}): {candidate.quality_detail}"
+    why = tune_exclusion(candidate.quality, tune.request.quality)
+    if why is not None:
+        candidate.excluded = f"{why}: {candidate.quality_detail}"
 
 
 def _memory_excess(candidate: Candidate, tune: _Tune) -> str | None:

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from accelab.catalog.facts import text_config
+from accelab.measure.hardware import cached_limits
 from accelab.measure.probes import SLOW_BELOW
 from accelab.ops import int8_gemm
 from accelab.serve.engines import packed_linear
@@ -238,7 +239,6 @@ def int8_operator(dtype: torch.dtype, out_features: int, in_features: int) -> in
 
 @functools.cache
 def _measured_slow(probe: str) -> str | None:
-    from accelab.measure.hardware import cached_limits  # reads the hardware cache once a process
 
     limits = cached_limits("cpu")
     detail = limits.probe_details.get(probe) if limits is not None else None
