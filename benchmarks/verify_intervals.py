@@ -10,7 +10,7 @@ so it sits near zero KL), a Q4_0 requantization, OpenVINO int8; and a deliberate
 of the warn line. Quality is not timed, so the machine's noise does not move these figures; each
 verify is a fresh process (the fp32 reference's top-k is cached per model and sample).
 
-    python benchmarks/verify_intervals.py                       # 8 plans x 3 sizes (~30 min, 2 cores)
+    python benchmarks/verify_intervals.py                       # 8 plans x 3 sizes (~1 h on 2 AVX2 cores)
     python benchmarks/verify_intervals.py --plans bf16 --sizes 16,48
 
 Writes benchmarks/results/verify_intervals.{txt,json}.
@@ -46,7 +46,7 @@ PLANS = (
 FIGURES = ("mean_kl", "p99_kl", "top1_agreement", "perplexity_ratio")
 
 
-def verify(plan: str, samples: int, out: Path) -> dict:
+def verify(plan: str, samples: int, out: Path, new_tokens: int) -> dict:
     env = dict(os.environ)
     name = plan
     if plan == FAULTY:
@@ -55,7 +55,7 @@ def verify(plan: str, samples: int, out: Path) -> dict:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAULTS), env.get("PYTHONPATH")]))
     command = [
         sys.executable, "-m", "accelab", "verify", "smollm2-135m", "--plan", name,
-        "--samples", str(samples), "--json", str(out), "--no-store",
+        "--samples", str(samples), "--new-tokens", str(new_tokens), "--json", str(out), "--no-store",
     ]  # fmt: skip
     start = time.perf_counter()
     proc = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
@@ -95,37 +95,53 @@ def figure(row: dict, name: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--plans", default=",".join(PLANS), help="comma-separated")
-    parser.add_argument("--sizes", default="16,48,128", help="--samples values (2 windows each)")
+    parser.add_argument("--sizes", default="16,32,64", help="--samples values (2 windows each)")
+    parser.add_argument(
+        "--new-tokens", type=int, default=0, help="greedy continuations (reported, not judged; 0: none, the default)"
+    )
     parser.add_argument("--name", default="verify_intervals")
+    parser.add_argument(
+        "--append", action="store_true", help="keep the plans already in the result file (another run's), add these"
+    )
     args = parser.parse_args()
     plans, sizes = args.plans.split(","), [int(s) for s in args.sizes.split(",")]
-    reproduce = f"python benchmarks/verify_intervals.py --plans {args.plans} --sizes {args.sizes}"
-    lines = [cpu_line(), f"reproduce: {reproduce}", ""]
-    table = ["| plan | samples (windows) | verdict | mean KL | p99 KL | top-1 agreement | perplexity ratio | s |"]
-    table.append("|---|---|---|---|---|---|---|---|")
-    results: dict[str, list[dict]] = {}
+    options = f"--plans '{args.plans}' --sizes {args.sizes} --new-tokens {args.new_tokens}"
+    json_path = RESULTS / f"{args.name}.json"
+    earlier = json.loads(json_path.read_text()) if args.append and json_path.exists() else {}
+    results: dict[str, list[dict]] = dict(earlier.get("results", {}))
+    runs = [*earlier.get("reproduce", []), f"python benchmarks/verify_intervals.py {options}"]
     with tempfile.TemporaryDirectory() as tmp:
         for plan in plans:
             rows = []
             for samples in sizes:
-                row = verify(plan, samples, Path(tmp) / f"{len(results)}-{samples}.json")
+                row = verify(plan, samples, Path(tmp) / f"{len(results)}-{samples}.json", args.new_tokens)
                 rows.append(row)
-                if "error" in row:
-                    table.append(f"| {plan} | {samples} | error: {row['error'].splitlines()[-1][:120]} | | | | | |")
-                    continue
-                cells = " | ".join(figure(row, name) for name in FIGURES)
-                size = f"{samples} ({row['windows']})"
-                table.append(f"| {plan} | {size} | {row['verdict']} | {cells} | {row['seconds']} |")
-                print(table[-1], flush=True)
+                print(row_line(row), flush=True)
             results[plan] = rows
+            write(args.name, results, runs)  # after each plan: an interrupted run keeps what it measured
+    print((RESULTS / f"{args.name}.txt").read_text())
+
+
+def row_line(row: dict) -> str:
+    if "error" in row:
+        return f"| {row['plan']} | {row['samples']} | error: {row['error'].splitlines()[-1][:120]} | | | | | |"
+    cells = " | ".join(figure(row, name) for name in FIGURES)
+    size = f"{row['samples']} ({row['windows']})"
+    return f"| {row['plan']} | {size} | {row['verdict']} | {cells} | {row['seconds']} |"
+
+
+def write(name: str, results: dict[str, list[dict]], runs: list[str]) -> None:
+    lines = [cpu_line(), *(f"reproduce: {run}" for run in runs), ""]
+    lines.append("| plan | samples (windows) | verdict | mean KL | p99 KL | top-1 agreement | perplexity ratio | s |")
+    lines.append("|---|---|---|---|---|---|---|---|")
+    lines += [row_line(row) for rows in results.values() for row in rows]
     checks = {plan: consistent(rows) for plan, rows in results.items()}
-    lines += table + ["", "consistency across sizes (no pass at one size and warn / fail at another):"]
+    lines += ["", "consistency across sizes (no pass at one size and warn / fail at another):"]
     lines += [f"- {plan}: {verdict}" for plan, verdict in checks.items()]
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}.txt").write_text("\n".join(lines) + "\n")
-    payload = {"cpu": cpu_record(), "reproduce": reproduce, "results": results, "consistency": checks}
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(payload, indent=1) + "\n")
-    print("\n".join(lines))
+    (RESULTS / f"{name}.txt").write_text("\n".join(lines) + "\n")
+    payload = {"cpu": cpu_record(), "reproduce": runs, "results": results, "consistency": checks}
+    (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from accelab.measure.hardware import cached_limits
+from accelab.measure import hardware
 from accelab.serve.engines.base import StepCost
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def for_device(device: str, path: str) -> MachineBound | None:
     """The bound from the cached limits of `device` for compute path `path`; None (and a log
     line saying how to get them) where this machine has not been measured."""
 
-    limits = cached_limits(device)
+    limits = hardware.cached_limits(device)
     if limits is None:
         log.info(
             "no measured limits for this machine: run `accelab env` once and /metrics reports each step's "

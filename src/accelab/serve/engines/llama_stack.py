@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from accelab.catalog.facts import text_config
-from accelab.measure.hardware import cached_limits
+from accelab.measure import hardware
 from accelab.measure.probes import SLOW_BELOW
 from accelab.ops import int8_gemm
 from accelab.serve.engines import packed_linear
@@ -240,7 +240,7 @@ def int8_operator(dtype: torch.dtype, out_features: int, in_features: int) -> in
 @functools.cache
 def _measured_slow(probe: str) -> str | None:
 
-    limits = cached_limits("cpu")
+    limits = hardware.cached_limits("cpu")
     detail = limits.probe_details.get(probe) if limits is not None else None
     if detail is None or not detail.get("trusted", True) or detail.get("high") is None:
         return None
