@@ -13,6 +13,7 @@ import pytest
 from engines import own_runtime_dir
 
 from accelab import cpu
+from accelab.catalog import inputs
 from accelab.catalog.fetch import is_fetched
 
 pytestmark = [
@@ -96,8 +97,10 @@ def test_tune_for_serving_measures_the_openvino_server_with_its_engine_memory(tm
     its quality with verify's rules."""
     plan = "openvino-int8-bf16" if cpu.native_bf16() else "openvino-int8"
     report = tmp_path / "tune.json"
+    prompts = tmp_path / "prompts.txt"  # six prompts: the warm-up sends each once (52 by default)
+    prompts.write_text("\n".join(inputs.prompts(6)))
     accelab(
-        "tune", "smollm2-135m", "--scenario", "serve", "--include", f"baseline,{plan}",
+        "tune", "smollm2-135m", "--scenario", "serve", "--include", f"baseline,{plan}", "--prompt-file", str(prompts),
         "--concurrency", "2", "--rounds", "1", "--window", "3", "--slo", "ttft_p99=30s",
         "--out", str(tmp_path / "serve.yaml"), "--json", str(report), "--db", str(tmp_path / "r.db"),
     )  # fmt: skip

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from accelab import cpu
+from accelab.catalog import inputs
 from accelab.catalog.fetch import is_fetched
 from accelab.loadtest.summary import SLO
 from accelab.plan.plan import Plan, load_plan
@@ -119,9 +120,11 @@ def test_tune_ranks_a_slowed_candidate_last_leaves_out_one_over_memory_and_resum
         "ACCELAB_TEST_FAULT": f"slow-serve:{slowed}:100,ballast-serve:{heavy}:3072",
     }
     out, report, db = tmp_path / "serve.yaml", tmp_path / "tune.json", tmp_path / "results.db"
+    prompts = tmp_path / "prompts.txt"  # six prompts: the warm-up sends each once (52 by default)
+    prompts.write_text("\n".join(inputs.prompts(6)))
     command = [
         sys.executable, "-m", "accelab", "tune", MODEL, "--scenario", "serve",
-        "--include", f"baseline,{slowed},{heavy}",
+        "--include", f"baseline,{slowed},{heavy}", "--prompt-file", str(prompts),
         "--concurrency", "2", "--rounds", "2", "--window", "3", "--max-memory", "2500MiB", "--slo", "ttft_p99=30s",
         "--out", str(out), "--json", str(report), "--db", str(db),
     ]  # fmt: skip
