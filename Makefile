@@ -9,8 +9,14 @@ PYTEST_ARGS ?=
 # two pytest-xdist workers: the suite waits on child processes and servers much of the time, and
 # on 2 cores the second worker cut its wall time from 31 to 22 min (README, Development); the
 # files of one group run on one worker (tests/conftest.py)
+# the targets that install Debian packages take turns (make -j runs them side by side; dpkg has one lock)
+APT_GET := $(if $(shell command -v flock),flock /tmp/.accelab-apt.lock )apt-get
+# the install targets `make test` and `make demo` need, built side by side: llama.cpp compiles while
+# the other venvs unpack (CI pays these on every fresh machine)
+DEPS_JOBS ?= 4
 PYTEST_WORKERS ?= -n 2 --dist loadgroup --no-loadscope-reorder
-LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8
+# LLAVA_BUILD=OFF: accelab loads no multimodal projector through llama.cpp (its mtmd library is ~1/8 of the build)
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8
 LLAMA_SPEC ?= llama-cpp-python>=0.3.36,<0.4
 # The llama-cpp-python wheel, built for this CPU, is kept per CPU and build options (the folder is
 # named by a hash of /proc/cpuinfo's flags, the cmake arguments and the version range): a fresh
@@ -34,21 +40,28 @@ VLLM_DROP ?= torchvision torchaudio torchcodec
 OPENVINO_VENV ?= .venv-openvino
 OPENVINO_SPEC ?= openvino-genai==2026.4.1.0 optimum-intel[openvino]==2.2.0
 
-.PHONY: install models browser monitoring demo test test-avx2 test-unit lint clean vllm guidellm openvino
+.PHONY: deps install models browser monitoring demo test test-avx2 test-unit lint clean vllm guidellm openvino
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
+$(VENV)/.torch: | $(BIN)/python
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	# llama-cpp-python compiles llama.cpp for this CPU (~6 min on 2 cores) into LLAMA_WHEELS, never
-	# from pip's wheel cache: pip's cache does not know which CPU a wheel was built for. No AMX: on
-	# the VMs seen here ggml's AMX kernels die with SIGILL (tilezero) in its worker threads.
+	touch $@
+
+# llama-cpp-python compiles llama.cpp for this CPU (~6 min on 2 cores) into LLAMA_WHEELS, never
+# from pip's wheel cache: pip's cache does not know which CPU a wheel was built for. No AMX: on
+# the VMs seen here ggml's AMX kernels die with SIGILL (tilezero) in its worker threads. It needs
+# the venv's pip, not its torch, so `make -j` compiles it while the venvs install.
+$(LLAMA_WHEELS)/.built: | $(BIN)/python
 	@ls $(LLAMA_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || { \
 	  rm -rf $(LLAMA_WHEELS).part && \
 	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip wheel --quiet --no-deps --no-cache-dir -w $(LLAMA_WHEELS).part "$(LLAMA_SPEC)" && \
 	  mkdir -p $(LLAMA_WHEELS) && mv $(LLAMA_WHEELS).part/llama_cpp_python-*.whl $(LLAMA_WHEELS)/ && rm -rf $(LLAMA_WHEELS).part; }
+	touch $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.torch $(LLAMA_WHEELS)/.built
 	$(BIN)/pip install --quiet $(LLAMA_WHEELS)/llama_cpp_python-*.whl
 	$(BIN)/pip install --quiet -e ".[test,llamacpp,ray]"
 	@# the serving engines' C++ operators (decoding attention, int8 GEMM), built for this machine (~40 s) now,
@@ -70,7 +83,7 @@ $(VLLM_VENV)/.installed:
 	$(VLLM_VENV)/bin/pip install --quiet "$(VLLM_SPEC)"
 	$(if $(VLLM_DROP),$(VLLM_VENV)/bin/pip uninstall --quiet -y $(VLLM_DROP))
 	@ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 >/dev/null 2>&1 || \
-	  (apt-get install -y -qq libtcmalloc-minimal4 >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4)) || \
+	  ($(APT_GET) install -y -qq libtcmalloc-minimal4 >/dev/null 2>&1 || ($(APT_GET) update -qq && $(APT_GET) install -y -qq libtcmalloc-minimal4)) || \
 	  echo "note: could not install libtcmalloc-minimal4 (apt-get install -y libtcmalloc-minimal4, as root): vLLM CPU runs slower without it"
 	$(VLLM_VENV)/bin/python -c "import vllm"
 	touch $@
@@ -100,22 +113,23 @@ $(GUIDELLM_VENV)/.installed:
 
 guidellm: $(GUIDELLM_VENV)/.installed
 
-demo: models vllm openvino
+demo:
+	$(MAKE) --no-print-directory -j$(DEPS_JOBS) --output-sync=target models vllm openvino
 	$(BIN)/accelab env
 	PATH=$(abspath $(BIN)):$$PATH bash examples/demo.sh
 
 # the report's screenshot test renders pages in headless Chromium: Debian's package, when missing
 browser:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
-	  (apt-get install -y -qq chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium)) || \
+	  ($(APT_GET) install -y -qq chromium >/dev/null 2>&1 || ($(APT_GET) update -qq && $(APT_GET) install -y -qq chromium)) || \
 	  echo "note: could not install chromium (apt-get install -y chromium, as root): the screenshot test will fail"
 
 # the monitoring tests run a real Prometheus (Debian's package, with promtool) against `accelab serve`
 # and drive `accelab top` in tmux: Debian's packages, when missing (no recommends: no node exporter)
 monitoring:
 	@(command -v prometheus && command -v promtool && command -v tmux) >/dev/null 2>&1 || \
-	  (apt-get install -y -qq --no-install-recommends prometheus tmux >/dev/null 2>&1 || \
-	   (apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus tmux)) || \
+	  ($(APT_GET) install -y -qq --no-install-recommends prometheus tmux >/dev/null 2>&1 || \
+	   ($(APT_GET) update -qq && $(APT_GET) install -y -qq --no-install-recommends prometheus tmux)) || \
 	  echo "note: could not install prometheus and tmux (apt-get install -y prometheus tmux, as root): the monitoring tests will fail"
 
 # ruff (lint and format) and mypy (types), configured in pyproject.toml; tests/test_import_graph.py
@@ -126,11 +140,16 @@ lint: install
 	$(BIN)/ruff format --check $(LINT_PATHS)
 	$(BIN)/mypy
 
-# lint first: a finding fails in a minute, before the models, the other venvs and the tests. The
-# fuzz tests' seed comes from the commit (tests/fuzzing.py): worked out once, printed ("fuzz seed:
-# N"), and handed to every worker; ACCELAB_FUZZ_SEED=N make test reruns a log's seed. The 25
-# slowest tests are printed at the end (tools/suite_times.py holds them to each CPU kind's budget).
-test: lint models browser vllm openvino monitoring guidellm
+# everything `make test` needs, side by side (DEPS_JOBS): the lint waits for the main venv, the
+# other venvs and Debian's packages install while llama.cpp compiles for it
+deps:
+	$(MAKE) --no-print-directory -j$(DEPS_JOBS) --output-sync=target lint models browser vllm openvino monitoring guidellm
+
+# the lint runs before any test, and a finding fails the run there. The fuzz tests' seed comes
+# from the commit (tests/fuzzing.py): worked out once, printed ("fuzz seed: N"), and handed to
+# every worker; ACCELAB_FUZZ_SEED=N make test reruns a log's seed. The 25 slowest tests are
+# printed at the end (tools/suite_times.py holds them to each CPU kind's budget).
+test: deps
 	seed=$$($(BIN)/python tests/fuzzing.py) && \
 	  ACCELAB_FUZZ_SEED=$$seed $(BIN)/python -m pytest $(PYTEST_WORKERS) --durations=25 $(PYTEST_ARGS)
 

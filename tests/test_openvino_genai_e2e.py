@@ -18,7 +18,6 @@ from accelab.catalog.fetch import is_fetched
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.alone,  # it measures speed: see tests/conftest.py
     pytest.mark.skipif(not is_fetched("smollm2-135m"), reason="run `accelab models fetch smollm2-135m` first"),
 ]
 
@@ -43,6 +42,7 @@ def engine_env():
         ENV.clear()
 
 
+@pytest.mark.alone  # it measures speed: see tests/conftest.py
 def test_compare_gives_rows_with_verdicts(tmp_path):
     out = tmp_path / "c.json"
     args = ["compare", "smollm2-135m", "--scenario", "generate", "--plans", "baseline,openvino,openvino-int8"]
@@ -91,6 +91,7 @@ def test_an_export_happens_once_per_model_and_weight_format(tmp_path, monkeypatc
     assert not [p for p in first.parent.iterdir() if p.name.startswith(".tmp-")]  # no half export left
 
 
+@pytest.mark.alone  # it measures speed: see tests/conftest.py
 def test_tune_for_serving_measures_the_openvino_server_with_its_engine_memory(tmp_path):
     """`tune --scenario serve` starts `accelab serve --plan openvino-int8-bf16` (openvino-int8 where
     bf16 is not native) beside the baseline, counts the engine process in its memory, and judges

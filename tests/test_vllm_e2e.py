@@ -44,7 +44,8 @@ def engine_env():
         ENV.clear()
 
 
-def test_compare_baseline_llamacpp_vllm_gives_three_rows_with_verdicts(tmp_path):
+def test_compare_baseline_vllm_gives_rows_with_verdicts(tmp_path):
+    """(compare runs llama.cpp beside the baseline in tests/test_backends.py)"""
     out = tmp_path / "c.json"
     accelab(
         "compare",
@@ -52,7 +53,7 @@ def test_compare_baseline_llamacpp_vllm_gives_three_rows_with_verdicts(tmp_path)
         "--scenario",
         "generate",
         "--plans",
-        "baseline,llamacpp,vllm",
+        "baseline,vllm",
         "--new-tokens",
         "8",
         "--samples",
@@ -65,7 +66,7 @@ def test_compare_baseline_llamacpp_vllm_gives_three_rows_with_verdicts(tmp_path)
         "--no-store",
     )
     rows = {r["plan"]: r for r in json.loads(out.read_text())["rows"]}
-    assert list(rows) == ["baseline", "llamacpp", "vllm"]
+    assert list(rows) == ["baseline", "vllm"]
     verdicts = ("pass", "warn", "fail", "cannot tell")
     assert all(r["status"] == "ok" and r["quality"] in verdicts for r in rows.values()), rows
     vllm = rows["vllm"]
@@ -136,7 +137,7 @@ def test_tune_measures_vllm_plans_and_says_why_each_lost_or_won(tmp_path):
         "--include",
         "baseline,vllm",
         "--max-batch",
-        "2",
+        "1",  # one batch size a plan: what is asserted is each plan's reason, not the batch search
         "--new-tokens",
         "8",
         "--min-seconds",

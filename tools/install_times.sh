@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# The wall time of each install step of `make test` (its make targets, in its order), one
-# `target seconds` line each into OUT: run it in a fresh clone to see what CI pays before the
-# tests. `python tools/suite_times.py` turns it into the README's table.
-#   bash tools/install_times.sh OUT
+# The wall time of the install step of `make test` (`make deps`: its targets side by side), one
+# `make-arguments seconds` line into OUT: run it in a fresh clone to see what CI pays before the
+# tests. With --each, each target alone in `make test`'s order instead (what each one costs).
+# `python tools/suite_times.py` turns OUT into the README's table.
+#   bash tools/install_times.sh OUT [--each]
 set -euo pipefail
-out=${1:?usage: install_times.sh OUT}
+out=${1:?usage: install_times.sh OUT [--each]}
 cd "$(dirname "$0")/.."
 : > "$out"
-for target in install lint models browser vllm monitoring guidellm; do
+timed() {
+  local start
   start=$(date +%s.%N)
-  make "$target" > /dev/null
-  echo "$target $(python3 -c "import time; print(round(time.time() - $start, 1))")" >> "$out"
-done
+  make --no-print-directory "$@" > /dev/null
+  echo "$* $(python3 -c "import time; print(round(time.time() - $start, 1))")" >> "$out"
+}
+if [ "${2:-}" = "--each" ]; then
+  for target in lint models browser vllm openvino monitoring guidellm; do timed "$target"; done
+else
+  timed deps
+fi
 cat "$out"

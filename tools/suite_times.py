@@ -121,8 +121,8 @@ def read_installs(path: Path) -> list[tuple[str, float]]:
     rows = []
     for line in path.read_text().splitlines():
         if line.strip():
-            target, seconds = line.split()[:2]
-            rows.append((target, float(seconds)))
+            *target, seconds = line.split()  # `make` arguments, then seconds
+            rows.append((" ".join(target), float(seconds)))
     return rows
 
 
