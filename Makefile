@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
 # two pytest-xdist workers: the suite waits on child processes and servers much of the time, and
-# on 2 cores the second worker cut its wall time from 31 to 22 min (README, Development); the
+# on 2 cores the second worker cut its wall time from 31 to 22 min (docs/development.md); the
 # files of one group run on one worker (tests/conftest.py)
 # the targets that install Debian packages take turns (make -j runs them side by side; dpkg has one lock)
 APT_GET := $(if $(shell command -v flock),flock /tmp/.accelab-apt.lock )apt-get
@@ -61,13 +61,19 @@ $(LLAMA_WHEELS)/.built: | $(BIN)/python
 	  mkdir -p $(LLAMA_WHEELS) && mv $(LLAMA_WHEELS).part/llama_cpp_python-*.whl $(LLAMA_WHEELS)/ && rm -rf $(LLAMA_WHEELS).part; }
 	touch $@
 
-$(VENV)/.installed: pyproject.toml $(VENV)/.torch $(LLAMA_WHEELS)/.built
-	$(BIN)/pip install --quiet $(LLAMA_WHEELS)/llama_cpp_python-*.whl
-	$(BIN)/pip install --quiet -e ".[test,llamacpp,ray]"
+# accelab and every dependency but llama.cpp's, installed while llama.cpp compiles (~3 min of
+# downloads and unpacking on a fresh machine, off the compile's path)
+$(VENV)/.deps: pyproject.toml $(VENV)/.torch
+	$(BIN)/pip install --quiet -e ".[test,ray]"
 	@# the serving engines' C++ operators (decoding attention, int8 GEMM), built for this machine (~40 s) now,
 	@# not in the first server
 	$(BIN)/python -m accelab.ops.build \
 	  || echo "note: the serving kernels did not build (needs g++): servers use tensor operations instead"
+	touch $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.deps $(LLAMA_WHEELS)/.built
+	$(BIN)/pip install --quiet $(LLAMA_WHEELS)/llama_cpp_python-*.whl
+	$(BIN)/pip install --quiet -e ".[test,llamacpp,ray]"
 	touch $@
 
 install: $(VENV)/.installed

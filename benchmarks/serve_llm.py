@@ -131,24 +131,31 @@ def w8a8_checkpoint(model: str) -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
-def q4_0_gguf(model: str) -> Path | None:
+def source_gguf(model: str) -> Path:
+    """The GGUF llama-server's peers are requantised from: the one the model directory ships, else
+    one made by llama.cpp's own converter (benchmarks/peers/convert_gguf.sh: bf16, ~1-2 min once)."""
+    gguf = MODELS[model]
+    if gguf is not None:
+        return model_dir(model) / gguf
+    script = Path(__file__).parent / "peers" / "convert_gguf.sh"
+    done = subprocess.run(["bash", str(script), model], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"convert_gguf.sh {model} failed:\n{done.stderr[-3000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def q4_0_gguf(model: str) -> Path:
     """The model's GGUF requantised to Q4_0, which llama.cpp repacks for AVX2 at load."""
-    gguf = MODELS[model]
-    if gguf is None:
-        return None
     from accelab.backends.llamacpp import requantized
 
-    return requantized(model_dir(model) / gguf, "q4_0", 2)
+    return requantized(source_gguf(model), "q4_0", 2)
 
 
-def q8_0_gguf(model: str) -> Path | None:
+def q8_0_gguf(model: str) -> Path:
     """The model's GGUF requantised to Q8_0 by llama.cpp (what accelab's llamacpp[llama_quant=q8_0] serves)."""
-    gguf = MODELS[model]
-    if gguf is None:
-        return None
     from accelab.backends.llamacpp import requantized
 
-    return requantized(model_dir(model) / gguf, "q8_0", 2)
+    return requantized(source_gguf(model), "q8_0", 2)
 
 
 def contenders(opts: argparse.Namespace, before_src: Path | None) -> dict[str, S.Server]:
@@ -194,17 +201,16 @@ def contenders(opts: argparse.Namespace, before_src: Path | None) -> dict[str, S
         out["vllm-w8a8"] = S.vllm_serve(
             w8a8_checkpoint(model), model, max_num_seqs=seqs, dtype=float_dtype, max_model_len=context, label="W8A8"
         )
-    if MODELS[model] is not None:
-        q8 = q8_0_gguf(model)
-        assert q8 is not None
+    if MODELS[model] is not None:  # accelab's llama.cpp plans serve the GGUF the model directory ships
         out["llamacpp"] = S.accelab("accelab serve --plan llamacpp (Q4_1)", model, *common, "--plan", "llamacpp")
         out["llamacpp-q8_0"] = S.accelab(
             "accelab serve --plan llamacpp[llama_quant=q8_0]", model, *common, "--plan", "llamacpp[llama_quant=q8_0]"
         )
-        out["llama-server"] = S.llama_server(q8, model, slots=seqs, threads=opts.llama_threads)
-        q4 = q4_0_gguf(model)
-        assert q4 is not None
-        out["llama-server-q4_0"] = S.llama_server(q4, model, slots=seqs, threads=opts.llama_threads)
+    if any(k.startswith("llama-server") for k in wanted):  # the peer: any model, converted where it has no GGUF
+        if not S.LLAMA_SERVER.exists():
+            raise SystemExit(f"no {S.LLAMA_SERVER}: run `bash benchmarks/peers/build_llama_server.sh` (10-25 min)")
+        out["llama-server"] = S.llama_server(q8_0_gguf(model), model, slots=seqs, threads=opts.llama_threads)
+        out["llama-server-q4_0"] = S.llama_server(q4_0_gguf(model), model, slots=seqs, threads=opts.llama_threads)
     if before_src is not None:
         out["before"] = S.accelab(
             f"accelab serve (torch fp32) at {opts.before}", model, *common, pythonpath=str(before_src)
@@ -226,8 +232,6 @@ def contenders(opts: argparse.Namespace, before_src: Path | None) -> dict[str, S
     missing = [k for k in wanted if k not in out]
     if missing:
         raise SystemExit(f"--only names {missing}; for {model} choose from {sorted(out)}")
-    if "llama-server" in wanted and not S.LLAMA_SERVER.exists():
-        raise SystemExit(f"no {S.LLAMA_SERVER}: run `bash benchmarks/peers/build_llama_server.sh` (10-25 min)")
     if any(k.startswith("vllm") for k in wanted) and not S.VLLM_PYTHON.exists():
         raise SystemExit("no .venv-vllm: run `make vllm`")
     return {k: out[k] for k in wanted}

@@ -1,5 +1,6 @@
-"""The README's commands: set-up is `make demo` + `make test`, every accelab command it shows
-parses with today's options, and the quick ones run for real."""
+"""The README and the manual's pages (docs/): set-up is `make demo` + `make test`, every accelab
+command they show parses with today's options, the quick ones run for real, and the README stays
+a front page that links every page."""
 
 import json
 import os
@@ -15,6 +16,7 @@ import typer
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+PAGES = {path.name: path.read_text() for path in sorted((ROOT / "docs").glob("*.md"))}
 
 
 def code_blocks(text, languages=("", "bash", "console", "sh")):
@@ -22,10 +24,10 @@ def code_blocks(text, languages=("", "bash", "console", "sh")):
     return [body for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.S | re.M) if lang in languages]
 
 
-def readme_commands():
-    """`accelab ...` lines of the README (a leading `$ ` is a prompt; `\\` joins lines)."""
+def readme_commands(text=README):
+    """`accelab ...` lines of a page (a leading `$ ` is a prompt; `\\` joins lines)."""
     commands = []
-    for block in code_blocks(README):
+    for block in code_blocks(text):
         joined = block.replace("\\\n", " ")
         for raw in joined.splitlines():
             line = raw.strip().removeprefix("$ ").split(" #")[0].strip()
@@ -49,20 +51,33 @@ def test_setup_is_two_make_commands():
     assert "make test" in (ROOT / ".ci" / "run").read_text()
 
 
-def test_every_readme_command_parses():
+def test_the_readme_is_a_front_page_that_links_every_page_of_the_manual():
+    lines = README.count("\n")
+    assert lines <= 400, f"README.md has {lines} lines: the manual's text goes in docs/"
+    assert set(PAGES) >= {"serving.md", "training.md", "runtimes.md", "measurement.md", "development.md"}
+    for name in PAGES:
+        assert f"(docs/{name})" in README, f"README does not link docs/{name}"
+    assert "Where the time goes" not in README  # the suite's time lives in docs/development.md alone
+
+
+@pytest.mark.parametrize("page", ["README.md", *(f"docs/{name}" for name in PAGES)])
+def test_every_command_of_the_readme_and_the_manual_parses(page):
     from accelab.cli import app
 
     command = typer.main.get_command(app)
-    commands = readme_commands()
-    assert len(commands) >= 10, "the tour shows the main commands"
+    commands = readme_commands(README if page == "README.md" else PAGES[page.removeprefix("docs/")])
+    if page == "README.md":
+        assert len(commands) >= 10, "the tour shows the main commands"
+    elif page in ("docs/serving.md", "docs/measurement.md", "docs/training.md"):
+        assert len(commands) >= 5, f"{page} shows its commands"
     root = click.Context(command)
     for args in commands:
         group = command.get_command(root, args[0])
-        assert group is not None, f"README shows unknown command: accelab {' '.join(args)}"
+        assert group is not None, f"{page} shows an unknown command: accelab {' '.join(args)}"
         rest = list(args[1:])
         if isinstance(group, click.Group):  # e.g. `models list`
             leaf = group.get_command(click.Context(group, parent=root), rest[0])
-            assert leaf is not None, f"unknown subcommand in README: accelab {' '.join(args)}"
+            assert leaf is not None, f"unknown subcommand in {page}: accelab {' '.join(args)}"
             group, rest = leaf, rest[1:]
         group.make_context(args[0], rest)  # raises on an unknown option or a bad value
 

@@ -1,6 +1,6 @@
-"""Every own-engine plan the serving tune can pick, and every one the README's serving tables show,
+"""Every own-engine plan the serving tune can pick, and every one the README's and docs/serving.md's tables show,
 starts and answers a chat on an AVX2-only CPU's paths (ACCELAB_CPU_ISA=avx2, whatever this CPU is),
-with continuous batching on: the README's best plan on AMX, int8-bf16 compiled with an int8 head,
+with continuous batching on: the best plan on AMX, int8-bf16 compiled with an int8 head,
 once crashed an AVX2 server at start-up after turning continuous batching off. A compiled plan
 whose operator this CPU lacks steps eager and says why; the float32 int8 plans run the AVX2 int8
 operator, compiled where the plan compiles.

@@ -6,7 +6,7 @@ and between its files (cycles).
 Packages: every `import` counts, at module level, inside a function (a lazy import is still a
 dependency) or under `if TYPE_CHECKING:`. A package is a first-level name under accelab
 (accelab.plan, accelab.serve, ...; a top-level module such as accelab/runtimes.py is its own).
-The layers, lowest first, follow the data flow (README, Concepts: a ModelSpec and a Plan make a
+The layers, lowest first, follow the data flow (docs/measurement.md, Concepts: a ModelSpec and a Plan make a
 Runnable, measured under a Workload into a Result): a package may import those below it;
 an import of one above is an upward arrow, and a cycle is a strongly connected set of two or
 more packages.

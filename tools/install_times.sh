@@ -2,7 +2,7 @@
 # The wall time of the install step of `make test` (`make deps`: its targets side by side), one
 # `make-arguments seconds` line into OUT: run it in a fresh clone to see what CI pays before the
 # tests. With --each, each target alone in `make test`'s order instead (what each one costs).
-# `python tools/suite_times.py` turns OUT into the README's table.
+# `python tools/suite_times.py` turns OUT into the table in docs/development.md.
 #   bash tools/install_times.sh OUT [--each]
 set -euo pipefail
 out=${1:?usage: install_times.sh OUT [--each]}

@@ -1,6 +1,6 @@
 """Where the test suite's time goes: the slowest tests and files of a pytest run, the tests over
 their time budget for the CPU kind the run was on, and the wall time of each install step of
-`make test`, as the Markdown tables of the README's Development section.
+`make test`, as the Markdown tables of docs/development.md.
 
     python tools/suite_times.py JUNIT_XML [--installs TIMES] [--top 25] [--cpu avx2|avx512|avx512_bf16|amx]
 
@@ -12,7 +12,7 @@ was on when reading another's file).
 
 JUNIT_XML is a pytest run's `--junitxml` file (each test's time is its set-up, call and
 tear-down together); TIMES has one `target seconds` line per make target, as
-`tools/install_times.sh` writes it. The README's tables came from
+`tools/install_times.sh` writes it. docs/development.md's tables came from
 
     bash tools/install_times.sh /tmp/installs.txt   # in a fresh clone: each make target, timed
     make test PYTEST_ARGS="--junitxml=/tmp/suite.xml"
@@ -33,7 +33,7 @@ from accelab import cpu
 @dataclass(frozen=True, slots=True)
 class Budget:
     test_s: float  # the most one test may take
-    suite_min: float  # pytest's wall time on two workers (the README's ~25 minutes; CI's limit is 90 with installs)
+    suite_min: float  # pytest's wall time on two workers (CI's limit is 90 minutes with the installs)
 
 
 # An AVX2-only CPU emulates bf16 and compiles slower: its tests get more time each, the suite the same

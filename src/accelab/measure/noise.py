@@ -14,7 +14,7 @@ timed window records what else happened while it ran:
 - **load**: the 1-minute load average, for the record;
 - the measurement's own **spread** (coefficient of variation of its calls), added by the caller.
 
-Thresholds (documented in the README's "Noise" section; a window past a NOISY figure is noted,
+Thresholds (documented in docs/measurement.md, "How accelab measures"; a window past a NOISY figure is noted,
 past an UNRELIABLE one its figures are not trusted: compare drops its rounds, the probes do not
 cache a verdict measured in it):
 

@@ -198,7 +198,7 @@ class VllmOptions:
 
     dtype: VllmDtype = "float32"  # the baseline's precision; vLLM's "auto" would follow the checkpoint
     # eager by default: ready in about half the time (52 s against 98 s here), and compiled's decode
-    # gain did not stand out of the noise of this shared machine (README, vLLM runtime); tune tries both
+    # gain did not stand out of the noise of this shared machine (docs/runtimes.md, vLLM as a runtime); tune tries both
     mode: VllmMode = "eager"
     max_num_seqs: int | None = None  # sequences scheduled at once (serve: --max-batch-size when unset)
     max_num_batched_tokens: int | None = None  # tokens per engine step (prefill chunks + decodes)

@@ -43,7 +43,7 @@ _PRESETS = [
     Plan(name="openvino", backend="openvino"),
     Plan(name="openvino-bf16", backend="openvino", backend_options=(("ov_precision", "bf16"),)),
     # text generation on OpenVINO GenAI with NNCF-compressed weights (the fastest engine measured
-    # on this project's CPU at int8 + bf16: README, OpenVINO GenAI runtime)
+    # on this project's CPU at int8 + bf16: docs/runtimes.md, OpenVINO GenAI as a runtime)
     Plan(name="openvino-int8", backend="openvino", backend_options=(("ov_weights", "int8"),)),
     Plan(
         name="openvino-int8-bf16",

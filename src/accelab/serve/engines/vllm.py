@@ -6,7 +6,7 @@ prepared by `HFGenerationEngine` (chat template, tokenizer, context check) in th
 tokens are made by vLLM's AsyncLLM in accelab's vLLM engine process, which schedules them itself
 (`VllmWorker` replaces the continuous worker). Why not front `vllm serve`: its OpenAI layer would
 tokenise, detokenise and validate a second time, and accelab's admission control, deadlines and
-metrics would sit outside the engine's queue instead of beside it (see README, vLLM runtime).
+metrics would sit outside the engine's queue instead of beside it (see docs/runtimes.md, vLLM as a runtime).
 
 The engine process belongs to this server (keep 0): it leaves when the server does. Both engines
 speak `engine_wire`; OpenVINO GenAI's sampler has no logit_bias, so that field is a 400 there.
