@@ -22,9 +22,8 @@ from fakes_serve import POISON, FakeGenerationEngine, FakeStepEngine, word_id
 from accelab.serve.batcher import QueueFull
 from accelab.serve.continuous import ContinuousWorker
 from accelab.serve.engines.base import GenUnit, PayloadTooLarge, Prompt, SamplingParams, StepInput
-from accelab.serve.jobs import JobRun
+from accelab.serve.jobs import Job, JobOutcome, JobRun, ShuttingDown
 from accelab.serve.scheduler import SchedulerConfig
-from accelab.serve.worker import Job, JobOutcome, ShuttingDown
 
 GUARD_S = 30.0  # real seconds a wait on the worker thread may take before the test fails
 

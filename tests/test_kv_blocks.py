@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 from fake_clock import FakeClock
 
+from accelab.serve.batcher import QueueFull
 from accelab.serve.kv_blocks import BlockPool, CopyBlock, PoolFull
-from accelab.serve.scheduler import QueueFull, Scheduler, SchedulerConfig
+from accelab.serve.scheduler import Scheduler, SchedulerConfig
 from accelab.serve.stops import StopRules
 
 

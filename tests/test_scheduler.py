@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from fake_clock import FakeClock
 
-from accelab.serve.scheduler import NeverFits, QueueFull, Scheduler, SchedulerConfig
+from accelab.serve.batcher import QueueFull
+from accelab.serve.scheduler import NeverFits, Scheduler, SchedulerConfig
 from accelab.serve.stops import StopRules
 
 

@@ -113,8 +113,8 @@ def test_packed_steps_give_the_models_own_logits(smollm2):
 
 def test_continuous_worker_answers_like_one_generate_call_each(smollm2):
     from accelab.serve.continuous import ContinuousWorker
+    from accelab.serve.jobs import Job
     from accelab.serve.scheduler import SchedulerConfig
-    from accelab.serve.worker import Job
 
     questions = ["What is the capital of France?", "Who wrote Hamlet?", "List three fruits."]
     alone = [smollm2.generate([chat(smollm2, q)])[0].text for q in questions]
@@ -267,8 +267,8 @@ def test_bf16_plan_serves_through_the_packed_bf16_steps_and_reports_each_steps_f
 def test_llamacpp_sequences_reuse_their_slots_and_match_the_engine_alone():
     pytest.importorskip("llama_cpp")
     from accelab.serve.continuous import ContinuousWorker
+    from accelab.serve.jobs import Job
     from accelab.serve.scheduler import SchedulerConfig
-    from accelab.serve.worker import Job
 
     engine = generation_engine("smollm2-135m", "llamacpp")
     limits = SchedulerConfig(max_running=2, max_step_tokens=64, kv_blocks=64, block_size=16)

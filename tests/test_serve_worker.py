@@ -10,7 +10,8 @@ import pytest
 from fakes_serve import FakeEmbeddingEngine, FakeModelError
 
 from accelab.serve.batcher import BatchPolicy
-from accelab.serve.worker import Job, JobOutcome, Worker, WorkerHooks
+from accelab.serve.jobs import Job, JobOutcome
+from accelab.serve.worker import Worker, WorkerHooks
 
 
 class Collector:

@@ -10,10 +10,10 @@ import pytest
 from test_vllm_units import FakeClient
 
 from accelab.backends import engine_wire as W
+from accelab.serve.batcher import QueueFull
 from accelab.serve.engines.base import GenUnit, PayloadTooLarge, Prompt, SamplingParams
 from accelab.serve.engines.vllm_worker import VllmWorker
-from accelab.serve.scheduler import QueueFull
-from accelab.serve.worker import Job, ShuttingDown
+from accelab.serve.jobs import Job, ShuttingDown
 
 EOS = 2
 WORDS = {10: "a", 11: " b", 12: " c", 13: " STOP", 14: " d"}

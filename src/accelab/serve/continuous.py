@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence as Seq
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from accelab.serve.batcher import QueueFull
 from accelab.serve.engines.base import (
     Completion,
     ContinuousHooks,
@@ -62,7 +63,7 @@ from accelab.serve.jobs import (
     error_kind,
     is_out_of_memory,
 )
-from accelab.serve.scheduler import NeverFits, QueueFull, Scheduler, SchedulerConfig
+from accelab.serve.scheduler import NeverFits, Scheduler, SchedulerConfig
 from accelab.serve.sequences import Chunk, Sequence, Step
 from accelab.serve.stops import FinishReason, StopRules
 from accelab.serve.textstream import TextStream, stream_for

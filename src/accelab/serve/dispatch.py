@@ -12,11 +12,12 @@ from typing import Any, TypeVar
 
 from starlette.types import Receive
 
+from accelab.serve.batcher import QueueFull
 from accelab.serve.engines.base import ContextTooLong, FieldNotSupported, PayloadTooLarge
 from accelab.serve.errors import ApiError
 from accelab.serve.images import ImageRefused, ImageTooLarge
+from accelab.serve.jobs import Job, JobOutcome, ShuttingDown
 from accelab.serve.state import ServerState
-from accelab.serve.worker import Job, JobOutcome, QueueFull, ShuttingDown
 
 R = TypeVar("R")
 

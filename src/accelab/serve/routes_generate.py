@@ -23,10 +23,10 @@ from accelab.serve.engines.base import Completion, GenerationEngine, GenUnit
 from accelab.serve.engines.sampling import describe
 from accelab.serve.errors import MODEL_ROUTE_ERRORS, ApiError
 from accelab.serve.images import fetch_remote, is_url
+from accelab.serve.jobs import JobOutcome
 from accelab.serve.request_rules import chat_grammar, fit, make_units, refuse_unsupported, sampling_params
 from accelab.serve.schemas import ChatRequest, CompletionRequest, _Sampling
 from accelab.serve.state import ServerState
-from accelab.serve.worker import JobOutcome
 
 log = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ from accelab.serve.stops import FinishReason, StopRules
 
 T = TypeVar("T")
 
-__all__ = ["NeverFits", "QueueFull", "Scheduler", "SchedulerConfig"]
+__all__ = ["NeverFits", "Scheduler", "SchedulerConfig"]
 
 
 class NeverFits(ValueError):

@@ -29,10 +29,11 @@ from accelab.serve.engines.base import (
     generates,
 )
 from accelab.serve.errors import ApiError
+from accelab.serve.jobs import Executor, GenerationWorker
 from accelab.serve.machine_bound import MachineBound
 from accelab.serve.metrics import ServeMetrics
 from accelab.serve.scheduler import SchedulerConfig
-from accelab.serve.worker import Executor, GenerationWorker, Worker, WorkerHooks
+from accelab.serve.worker import Worker, WorkerHooks
 
 log = logging.getLogger(__name__)
 

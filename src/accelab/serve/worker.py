@@ -17,16 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from accelab.serve.batcher import Batch, Batcher, BatchPolicy, Pending, QueueFull
+from accelab.serve.batcher import Batch, Batcher, BatchPolicy, Pending
 from accelab.serve.jobs import (
-    DeadlineExceeded,
     ErrorKind,
-    Executor,
-    GenerationWorker,
     Job,
     JobOutcome,
-    SelfSchedulingWorker,
-    ShuttingDown,
     WorkerThread,
     call_safely,
     deadline_error,
@@ -34,21 +29,6 @@ from accelab.serve.jobs import (
 )
 
 log = logging.getLogger(__name__)
-
-__all__ = [
-    "DeadlineExceeded",
-    "ErrorKind",
-    "Executor",
-    "GenerationWorker",
-    "Job",
-    "JobOutcome",
-    "QueueFull",
-    "SelfSchedulingWorker",
-    "ShuttingDown",
-    "Worker",
-    "WorkerHooks",
-    "is_out_of_memory",
-]
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,8 @@ from accelab.catalog.facts import GENERATE_TASKS
 
 if TYPE_CHECKING:
     from accelab.serve.config import ServeConfig
+    from accelab.serve.jobs import SelfSchedulingWorker
     from accelab.serve.scheduler import SchedulerConfig
-    from accelab.serve.worker import SelfSchedulingWorker
 
 Route = Literal["chat", "completions", "embeddings", "classify"]
 
