@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 APT_GET := $(if $(shell command -v flock),flock /tmp/.accelab-apt.lock )apt-get
 # the install targets `make test` and `make demo` need, built side by side: llama.cpp compiles while
 # the other venvs unpack (CI pays these on every fresh machine)
-DEPS_JOBS ?= 4
+DEPS_JOBS ?= 8
 PYTEST_WORKERS ?= -n 2 --dist loadgroup --no-loadscope-reorder
 # LLAVA_BUILD=OFF: accelab loads no multimodal projector through llama.cpp (its mtmd library is ~1/8 of the build)
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8
@@ -71,14 +71,15 @@ $(VENV)/.deps: pyproject.toml $(VENV)/.torch
 	  || echo "note: the serving kernels did not build (needs g++): servers use tensor operations instead"
 	touch $@
 
-$(VENV)/.installed: pyproject.toml $(VENV)/.deps $(LLAMA_WHEELS)/.built
+# the llamacpp extra: the wheel built for this CPU and its dependencies (accelab itself is in already)
+$(VENV)/.installed: pyproject.toml $(LLAMA_WHEELS)/.built $(VENV)/.deps
 	$(BIN)/pip install --quiet $(LLAMA_WHEELS)/llama_cpp_python-*.whl
-	$(BIN)/pip install --quiet -e ".[test,llamacpp,ray]"
 	touch $@
 
 install: $(VENV)/.installed
 
-models: install
+# the catalog needs accelab, not llama.cpp (its GGUF is read by transformers): fetched while llama.cpp compiles
+models: $(VENV)/.deps
 	$(BIN)/accelab models fetch --all
 
 # vLLM's own venv (~3-5 min, downloads only); tcmalloc is Debian's (vLLM CPU preloads it)
@@ -120,7 +121,7 @@ $(GUIDELLM_VENV)/.installed:
 guidellm: $(GUIDELLM_VENV)/.installed
 
 demo:
-	$(MAKE) --no-print-directory -j$(DEPS_JOBS) --output-sync=target models vllm openvino
+	$(MAKE) --no-print-directory -j$(DEPS_JOBS) --output-sync=target install models vllm openvino
 	$(BIN)/accelab env
 	PATH=$(abspath $(BIN)):$$PATH bash examples/demo.sh
 
@@ -141,7 +142,7 @@ monitoring:
 # ruff (lint and format) and mypy (types), configured in pyproject.toml; tests/test_import_graph.py
 # (run by pytest) checks the import graph
 LINT_PATHS := src tools tests benchmarks
-lint: install
+lint: $(VENV)/.deps
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/ruff format --check $(LINT_PATHS)
 	$(BIN)/mypy
@@ -149,7 +150,7 @@ lint: install
 # everything `make test` needs, side by side (DEPS_JOBS): the lint waits for the main venv, the
 # other venvs and Debian's packages install while llama.cpp compiles for it
 deps:
-	$(MAKE) --no-print-directory -j$(DEPS_JOBS) --output-sync=target lint models browser vllm openvino monitoring guidellm
+	$(MAKE) --no-print-directory -j$(DEPS_JOBS) --output-sync=target install lint models browser vllm openvino monitoring guidellm
 
 # the lint runs before any test, and a finding fails the run there. The fuzz tests' seed comes
 # from the commit (tests/fuzzing.py): worked out once, printed ("fuzz seed: N"), and handed to
