@@ -13,7 +13,8 @@ gets the faults it names, comma-separated:
 - serve-errors:<flag file>: while the flag file exists, every forward of the loaded model raises
   (an error burst for a running server; tests/test_monitoring.py).
 - slow-serve:<plan>:<ms>: an `accelab serve --plan <plan>` process sleeps <ms> more in every
-  continuous-batching step: a deliberately slow candidate (tests/test_tune_serve.py).
+  continuous-batching step, and twice the step's own time more (at least 3x slower however busy
+  the machine): a deliberately slow candidate (tests/test_tune_serve.py).
 - ballast-serve:<plan>:<MiB>: an `accelab serve --plan <plan>` process holds <MiB> of touched
   memory: a candidate over a memory limit (tests/test_tune_serve.py).
 - fake-gpu:<bytes>: FAKE GPU memory readings for the server's GPU gauges (this machine has no
@@ -156,8 +157,12 @@ def _slow_serve(arg: str) -> None:
     original = ContinuousWorker._compute
 
     def slow_compute(self, chunks):
-        time.sleep(float(ms) / 1000)
-        return original(self, chunks)
+        # <ms> more, and twice the step's own time more: slower than its rivals on a busy machine
+        # too, where a fixed sleep drowns in a neighbour's load (a 3 s window saw 3-4 tokens/s)
+        started = time.perf_counter()
+        out = original(self, chunks)
+        time.sleep(float(ms) / 1000 + 2 * (time.perf_counter() - started))
+        return out
 
     ContinuousWorker._compute = slow_compute
 
