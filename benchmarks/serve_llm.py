@@ -124,10 +124,16 @@ def main_servers() -> tuple[str, ...]:
 
 def w8a8_checkpoint(model: str) -> Path:
     """vLLM CPU's int8 peer: llm-compressor's W8A8 of the model (benchmarks/peers/make_w8a8.sh)."""
-    script = Path(__file__).parent / "peers" / "make_w8a8.sh"
-    done = subprocess.run(["bash", str(script), model], capture_output=True, text=True, check=False)
+    return peer_file("make_w8a8.sh", model)
+
+
+def peer_file(script: str, model: str) -> Path:
+    """The file a benchmarks/peers script makes for `model` (made once, cached; its last line names it)."""
+    done = subprocess.run(
+        ["bash", str(Path(__file__).parent / "peers" / script), model], capture_output=True, text=True, check=False
+    )
     if done.returncode != 0:
-        raise SystemExit(f"make_w8a8.sh {model} failed:\n{done.stderr[-3000:]}")
+        raise SystemExit(f"{script} {model} failed:\n{done.stderr[-3000:]}")
     return Path(done.stdout.strip().splitlines()[-1])
 
 
@@ -137,11 +143,7 @@ def source_gguf(model: str) -> Path:
     gguf = MODELS[model]
     if gguf is not None:
         return model_dir(model) / gguf
-    script = Path(__file__).parent / "peers" / "convert_gguf.sh"
-    done = subprocess.run(["bash", str(script), model], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"convert_gguf.sh {model} failed:\n{done.stderr[-3000:]}")
-    return Path(done.stdout.strip().splitlines()[-1])
+    return peer_file("convert_gguf.sh", model)
 
 
 def q4_0_gguf(model: str) -> Path:
