@@ -6,6 +6,9 @@ BIN := $(VENV)/bin
 # torch is installed first and pinned: a plain `torch` would pull a multi-GB CUDA build here.
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
+# no byte-compiling of every installed file (pip's default: 26 of torch's 37 s to install here, x4
+# venvs): Python writes the .pyc of what is imported, when it is first imported
+PIP_FLAGS := --quiet --no-compile
 # two pytest-xdist workers: the suite waits on child processes and servers much of the time, and
 # on 2 cores the second worker cut its wall time from 31 to 22 min (docs/development.md); the
 # files of one group run on one worker (tests/conftest.py)
@@ -44,10 +47,10 @@ OPENVINO_SPEC ?= openvino-genai==2026.4.1.0 optimum-intel[openvino]==2.2.0
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install $(PIP_FLAGS) --upgrade pip
 
 $(VENV)/.torch: | $(BIN)/python
-	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/pip install $(PIP_FLAGS) "$(TORCH_SPEC)"
 	touch $@
 
 # llama-cpp-python compiles llama.cpp for this CPU (~6 min on 2 cores) into LLAMA_WHEELS, never
@@ -64,7 +67,7 @@ $(LLAMA_WHEELS)/.built: | $(BIN)/python
 # accelab and every dependency but llama.cpp's, installed while llama.cpp compiles (~3 min of
 # downloads and unpacking on a fresh machine, off the compile's path)
 $(VENV)/.deps: pyproject.toml $(VENV)/.torch
-	$(BIN)/pip install --quiet -e ".[test,ray]"
+	$(BIN)/pip install $(PIP_FLAGS) -e ".[test,ray]"
 	@# the serving engines' C++ operators (decoding attention, int8 GEMM), built for this machine (~40 s) now,
 	@# not in the first server
 	$(BIN)/python -m accelab.ops.build \
@@ -73,7 +76,7 @@ $(VENV)/.deps: pyproject.toml $(VENV)/.torch
 
 # the llamacpp extra: the wheel built for this CPU and its dependencies (accelab itself is in already)
 $(VENV)/.installed: pyproject.toml $(LLAMA_WHEELS)/.built $(VENV)/.deps
-	$(BIN)/pip install --quiet $(LLAMA_WHEELS)/llama_cpp_python-*.whl
+	$(BIN)/pip install $(PIP_FLAGS) $(LLAMA_WHEELS)/llama_cpp_python-*.whl
 	touch $@
 
 install: $(VENV)/.installed
@@ -85,9 +88,9 @@ models: $(VENV)/.deps
 # vLLM's own venv (~3-5 min, downloads only); tcmalloc is Debian's (vLLM CPU preloads it)
 $(VLLM_VENV)/.installed:
 	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
-	$(if $(VLLM_TORCH_SPEC),$(VLLM_VENV)/bin/pip install --quiet "$(VLLM_TORCH_SPEC)")
-	$(VLLM_VENV)/bin/pip install --quiet "$(VLLM_SPEC)"
+	$(VLLM_VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
+	$(if $(VLLM_TORCH_SPEC),$(VLLM_VENV)/bin/pip install $(PIP_FLAGS) "$(VLLM_TORCH_SPEC)")
+	$(VLLM_VENV)/bin/pip install $(PIP_FLAGS) "$(VLLM_SPEC)"
 	$(if $(VLLM_DROP),$(VLLM_VENV)/bin/pip uninstall --quiet -y $(VLLM_DROP))
 	@ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 >/dev/null 2>&1 || \
 	  ($(APT_GET) install -y -qq libtcmalloc-minimal4 >/dev/null 2>&1 || ($(APT_GET) update -qq && $(APT_GET) install -y -qq libtcmalloc-minimal4)) || \
@@ -99,9 +102,9 @@ vllm: $(VLLM_VENV)/.installed
 
 $(OPENVINO_VENV)/.installed:
 	$(PYTHON) -m venv $(OPENVINO_VENV)
-	$(OPENVINO_VENV)/bin/pip install --quiet --upgrade pip
-	$(OPENVINO_VENV)/bin/pip install --quiet "$(TORCH_SPEC)"
-	$(OPENVINO_VENV)/bin/pip install --quiet "$(TORCH_SPEC)" $(foreach p,$(OPENVINO_SPEC),"$(p)")
+	$(OPENVINO_VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
+	$(OPENVINO_VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_SPEC)"
+	$(OPENVINO_VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_SPEC)" $(foreach p,$(OPENVINO_SPEC),"$(p)")
 	$(OPENVINO_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 	$(OPENVINO_VENV)/bin/python -c "import openvino_genai, optimum.intel"
 	touch $@
@@ -113,9 +116,9 @@ openvino: $(OPENVINO_VENV)/.installed
 GUIDELLM_VENV ?= .venv-guidellm
 $(GUIDELLM_VENV)/.installed:
 	$(PYTHON) -m venv $(GUIDELLM_VENV)
-	$(GUIDELLM_VENV)/bin/pip install --quiet --upgrade pip
-	$(GUIDELLM_VENV)/bin/pip install --quiet "$(TORCH_SPEC)"
-	$(GUIDELLM_VENV)/bin/pip install --quiet "guidellm[perf]==0.8.1"
+	$(GUIDELLM_VENV)/bin/pip install $(PIP_FLAGS) --upgrade pip
+	$(GUIDELLM_VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_SPEC)"
+	$(GUIDELLM_VENV)/bin/pip install $(PIP_FLAGS) "guidellm[perf]==0.8.1"
 	touch $@
 
 guidellm: $(GUIDELLM_VENV)/.installed

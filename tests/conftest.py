@@ -7,6 +7,7 @@ import contextlib
 import fcntl
 import functools
 import os
+import resource
 import tempfile
 from collections.abc import Iterator
 
@@ -102,7 +103,26 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     which made `tune` 4x slower beside it). An alone test followed by another keeps the lock for it."""
     alone = _alone(item)
     with _alone_or_shared(alone, keep=alone and nextitem is not None and _alone(nextitem)):
+        item.stash[_CPU_AT_START] = _cpu_s()
         return (yield)
+
+
+# The CPU a test used, its own process's and its ended children's (a module's servers count in the
+# test whose tear-down stops them), as the junit property `cpu_s`: on 2 cores the suite is bound
+# by CPU, not by waiting, and tools/suite_times.py sums it per file to show what to cut.
+_CPU_AT_START = pytest.StashKey[float]()
+
+
+def _cpu_s() -> float:
+    mine, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return mine.ru_utime + mine.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    if call.when == "teardown" and _CPU_AT_START in item.stash:  # the last report: junit reads its properties
+        item.user_properties.append(("cpu_s", round(_cpu_s() - item.stash[_CPU_AT_START], 1)))
+    return (yield)
 
 
 class _Lock:

@@ -12,11 +12,10 @@ for the model (the paths are the same at any size; compiling 30 layers would tak
 
 from __future__ import annotations
 
-import shutil
-
 import httpx
 import pytest
 from serving import ServerProcess
+from tiny_models import tiny_smollm2
 
 from accelab.catalog.fetch import is_fetched
 from accelab.catalog.store import model_dir
@@ -28,7 +27,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.cpu_kind]
 # the README's serving tables name these besides the tune's candidates
 README_PLANS = ("bf16[compile=default]", "int8-bf16[compile=default;quantize_head=true]", "int8-bf16")
 PLANS = sorted({k for k in (*SERVE_CANDIDATES, *README_PLANS) if load_plan(k).backend == "torch"})
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 
 
 @pytest.fixture(scope="module")
@@ -36,24 +34,7 @@ def tiny_llama(tmp_path_factory):
     """SmolLM2's architecture at two layers of 64, random weights, its own tokenizer and template."""
     if not is_fetched("smollm2-135m"):
         pytest.skip("run `accelab models fetch smollm2-135m` first (make test does)")
-    import torch
-    from transformers import AutoConfig, LlamaForCausalLM
-
-    source = model_dir("smollm2-135m")
-    config = AutoConfig.from_pretrained(source)
-    for name, value in dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
-    ).items():
-        setattr(config, name, value)
-    config.head_dim = 16
-    config.tie_word_embeddings = False  # an output layer of its own: quantize_head quantizes it
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("tiny-smollm2")
-    LlamaForCausalLM(config).save_pretrained(out)
-    for name in TOKENIZER_FILES:
-        if (source / name).exists():
-            shutil.copy(source / name, out / name)
-    return out
+    return tiny_smollm2(tmp_path_factory.mktemp("tiny-smollm2"), model_dir("smollm2-135m"))
 
 
 @pytest.fixture(scope="module")

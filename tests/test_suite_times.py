@@ -32,3 +32,21 @@ def test_the_tests_over_the_budget_of_the_runs_cpu_kind(tmp_path):
     assert "1 tests over 150 s on avx2:\n- 200.0 s `tests/test_b.py::test_slow`" in text
     assert "suite: 25.0 min on two workers, within its 30 min on avx2" in text
     assert "OVER its 28 min on amx" in suite_times.tables(tests, [], 2, "amx", 29.0)
+
+
+def test_the_cpu_each_test_used_is_summed_per_file_from_its_junit_property(tmp_path):
+    path = tmp_path / "suite.xml"
+    path.write_text(
+        JUNIT.replace(
+            'name="test_slow" time="200.0"/>',
+            'name="test_slow" time="200.0"><properties><property name="cpu_s" value="350.5"/></properties></testcase>',
+        ).replace(
+            'name="test_fast" time="3.0"/>',
+            'name="test_fast" time="3.0"><properties><property name="cpu_s" value="1.5"/></properties></testcase>',
+        )
+    )
+    tests = suite_times.read_junit(path)
+    assert [t.cpu_s for t in tests] == [1.5, None, 350.5]  # test_slowish has none: counted as 0
+    text = suite_times.tables(tests, [], 5)
+    assert "5.9 CPU-minutes in all" in text
+    assert text.index("| 350 | `tests/test_b.py` |") < text.index("| 2 | `tests/test_a.py` |")

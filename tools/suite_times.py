@@ -51,13 +51,15 @@ class TestTime:
     file: str
     name: str
     seconds: float
+    cpu_s: float | None = None  # its process's and its ended children's CPU (tests/conftest.py)
 
 
 def read_junit(path: Path) -> list[TestTime]:
     tests = []
     for case in ET.parse(path).getroot().iter("testcase"):
         module = case.get("classname", "").split(".")[-1]
-        tests.append(TestTime(f"tests/{module}.py", case.get("name", ""), float(case.get("time", 0.0))))
+        cpu_s = next((float(p.get("value", 0)) for p in case.iter("property") if p.get("name") == "cpu_s"), None)
+        tests.append(TestTime(f"tests/{module}.py", case.get("name", ""), float(case.get("time", 0.0)), cpu_s))
     return tests
 
 
@@ -96,11 +98,17 @@ def tables(
     for t in sorted(tests, key=lambda t: -t.seconds)[:top]:
         lines.append(f"| {t.seconds:.1f} | `{t.file}::{t.name}` |")
     per_file: defaultdict[str, float] = defaultdict(float)
+    cpu_file: defaultdict[str, float] = defaultdict(float)
     for t in tests:
         per_file[t.file] += t.seconds
+        cpu_file[t.file] += t.cpu_s or 0.0
     lines += ["", "| seconds | slowest files |", "|---:|---|"]
     slowest = sorted(per_file.items(), key=lambda kv: -kv[1])[:10]
     lines += [f"| {s:.1f} | `{f}` |" for f, s in slowest]
+    if any(t.cpu_s is not None for t in tests):  # on 2 cores the suite is bound by CPU: what to cut first
+        lines += ["", f"{sum(cpu_file.values()) / 60:.1f} CPU-minutes in all (the tests' and their ended children's)"]
+        lines += ["", "| CPU seconds | files using the most CPU |", "|---:|---|"]
+        lines += [f"| {s:.0f} | `{f}` |" for f, s in sorted(cpu_file.items(), key=lambda kv: -kv[1])[:top]]
     if kind is not None:
         lines += budget_lines(tests, kind, wall_min)
     if installs:
