@@ -33,6 +33,7 @@ class FakeModelError(RuntimeError):
 
 class _FakeBase:
     device = "n/a"  # no model runs
+    worker = "batches"  # who schedules its jobs (a real engine's serve path says)
 
     def __init__(self, *, name: str, delay_s: float = 0.0, oom_above: int | None = None):
         self.name = name
@@ -101,6 +102,7 @@ class FakeGenerationEngine(_FakeBase):
     tokens. Honours max_tokens (the real StopRules) and stop strings (the real TextStream)."""
 
     task = "text-generation"
+    worker = "continuous"  # its FakeStepEngine steps sequences; the static worker when --scheduler static
     eos_ids: tuple[int, ...] = ()
     max_context: int | None = None
     vocab_size: int | None = None

@@ -45,6 +45,8 @@ __all__ = [
 Check = Callable[[ModelSpec, Plan, torch.device], None]
 Load = Callable[[ModelSpec, Plan, torch.device], Runnable]
 StepKind = Literal["torch", "llamacpp"]
+# who schedules a served model's jobs: its engine process, accelab's continuous worker, or its batch worker
+WorkerKind = Literal["engine", "continuous", "batches"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -74,7 +76,7 @@ class ServePath:
     """How `accelab serve` runs a model under a plan."""
 
     engine: Literal["engine-process", "generation", "embedding", "classification"]
-    worker: Literal["engine", "continuous", "batches"]  # who schedules: the engine process, or accelab's workers
+    worker: WorkerKind  # who schedules: the engine process, or accelab's workers (accelab.serve.state starts it)
     steps: StepKind | None = None  # the continuous worker's step engine; None: generation runs per batch
 
 

@@ -96,12 +96,20 @@ class ServerState:
             self.on_load_failure(self.load_error)
 
     def _start_continuous(self, engine: Engine) -> GenerationWorker | None:
-        """The continuous worker for a generation engine that can step sequences, else None
-        (the static worker runs its batches); the log says which and why."""
+        """The generation worker the engine's serve path names (`Engine.worker`), else None (the
+        batch worker runs its jobs); the log says which and why."""
         if not generates(engine):
             return None
         name = self.config.model_name
-        if isinstance(engine, SchedulesItself):  # vLLM, OpenVINO GenAI
+        if engine.worker == "batches":
+            log.info(
+                "generation: per-batch worker for %s (its runtime has no step engine): one generate call per batch",
+                name,
+            )
+            return None
+        if engine.worker == "engine":  # vLLM, OpenVINO GenAI
+            if not isinstance(engine, SchedulesItself):
+                raise TypeError(f"{type(engine).__name__} names the engine's own worker but brings none")
             engine.warmup()  # through the engine's own client, before its worker shares it
             return self._start_engine_process_worker(engine)
         if self.config.scheduler == "static":

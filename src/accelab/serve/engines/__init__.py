@@ -1,6 +1,7 @@
 """Engines: what the server runs. `build_engine` loads a model under a plan through
 `accelab.runtimes.load_runnable` and wraps it in the engine its serve path names
-(`accelab.runtimes.serve_path`); tests inject fakes with the same methods (see tests/fakes_serve.py)."""
+(`accelab.runtimes.serve_path`), which carries the path's worker (`Engine.worker`: the server starts
+that one); tests inject fakes with the same methods (see tests/fakes_serve.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def build_engine(
         return EngineProcessEngine(runnable, name=name)
     runnable = load_runnable(spec, plan, device)
     if path.engine == "generation":
-        return HFGenerationEngine(runnable, name=name, steps=path.steps)
+        return HFGenerationEngine(runnable, name=name, steps=path.steps, worker=path.worker)
     if path.engine == "embedding":
         return HFEmbeddingEngine(runnable, name=name)
     return HFClassificationEngine(runnable, name=name)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeGuard, runtime_che
 from accelab.catalog.facts import GENERATE_TASKS
 
 if TYPE_CHECKING:
+    from accelab.runtimes import WorkerKind
     from accelab.serve.config import ServeConfig
     from accelab.serve.jobs import SelfSchedulingWorker
     from accelab.serve.scheduler import SchedulerConfig
@@ -329,6 +330,7 @@ class Label:
 class Engine(Protocol):
     name: str
     task: str
+    worker: WorkerKind  # who schedules its jobs (accelab.runtimes.ServePath.worker): the server starts that one
 
     @property
     def device(self) -> str: ...  # where the model runs, for the info metric ("n/a": no model)

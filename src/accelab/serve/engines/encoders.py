@@ -11,6 +11,7 @@ from PIL import Image
 from accelab.catalog.embedding import embed
 from accelab.catalog.facts import max_sequence_length
 from accelab.plan.runtime import input_device, to_device
+from accelab.runtimes import WorkerKind
 from accelab.serve.engines.base import ContextTooLong, ImageInput, Label, TextInput, check_token_ids
 from accelab.serve.images import ImagePolicy, decode_image, encode_png
 
@@ -19,6 +20,8 @@ SUB_BATCH = 16
 
 class HFEmbeddingEngine:
     """Sentence embeddings: mean over real tokens, then L2 normalisation (catalog.embedding)."""
+
+    worker: WorkerKind = "batches"
 
     def __init__(self, runnable: Any, *, name: str, max_tokens: int | None = None):
         self.runnable = runnable
@@ -96,6 +99,8 @@ class HFEmbeddingEngine:
 
 class HFClassificationEngine:
     """Image classification: the model's image processor, then softmax over its labels."""
+
+    worker: WorkerKind = "batches"
 
     def __init__(self, runnable: Any, *, name: str):
         self.runnable = runnable

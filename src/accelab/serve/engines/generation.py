@@ -24,7 +24,7 @@ import torch
 
 from accelab.catalog.facts import max_sequence_length, text_config
 from accelab.plan.runtime import Unsupported, input_device, to_device
-from accelab.runtimes import StepKind
+from accelab.runtimes import StepKind, WorkerKind
 from accelab.serve.engines.base import (
     Completion,
     GenUnit,
@@ -49,10 +49,19 @@ log = logging.getLogger(__name__)
 class HFGenerationEngine:
     """Serves a causal LM (`text-generation`) or a vision-language model (`image-text-to-text`)."""
 
-    def __init__(self, runnable: Any, *, name: str, max_context: int | None = None, steps: StepKind | None = "torch"):
+    def __init__(
+        self,
+        runnable: Any,
+        *,
+        name: str,
+        max_context: int | None = None,
+        steps: StepKind | None = "torch",
+        worker: WorkerKind = "continuous",
+    ):
         self.runnable = runnable
         self.name = name
         self.steps = steps  # the step engine of continuous batching (accelab.runtimes.serve_path)
+        self.worker = worker
         self.image_policy = ImagePolicy()  # the server sets its own (accelab.serve.state)
         self.task = runnable.task
         processor = runnable.processor

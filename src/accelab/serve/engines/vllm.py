@@ -46,7 +46,7 @@ class EngineProcessEngine(HFGenerationEngine):
         self.client = runnable.model.client
         self.backend = runnable.plan.backend
         self.runtime = self.client.info.runtime  # vLLM, OpenVINO GenAI
-        super().__init__(runnable, name=name, max_context=self.client.info.max_model_len, steps=None)
+        super().__init__(runnable, name=name, max_context=self.client.info.max_model_len, steps=None, worker="engine")
 
     def warmup(self) -> None:
         ids = list(self.prepare_chat([{"role": "user", "content": "Hello"}]).ids)
