@@ -14,11 +14,11 @@ from accelab.train.convergence import (
     Band,
     Curve,
     Eval,
-    eval_difference,
     judge,
     target_score,
     time_to_target,
 )
+from accelab.train.eval_interval import eval_difference
 
 RUN_SAMPLES = 6400  # every synthetic run sees this many samples
 START, END = 2.3, 0.2  # loss at sample 0 and its asymptote (ln 10: ten classes)

@@ -224,14 +224,14 @@ def test_every_metric_the_dashboard_and_rules_name_is_one_accelab_exports():
 
         memory_allocated = memory_reserved = max_memory_allocated = staticmethod(lambda i: 1.0)
 
-    import accelab.serve.metrics as metrics_module
+    import accelab.serve.process_gauges as gauges
 
-    original = metrics_module._gpu_gauges
-    metrics_module._gpu_gauges = lambda registry: original(registry, cuda=FakeCuda())
+    original = gauges.gpu_gauges
+    gauges.gpu_gauges = lambda registry: original(registry, cuda=FakeCuda())
     try:
         server = ServeMetrics()
     finally:
-        metrics_module._gpu_gauges = original
+        gauges.gpu_gauges = original
     server.kv_blocks.labels(state="used").set(0)
     server.requests.labels(route="chat", status="200").inc()
     server.latency.labels(route="chat").observe(0.1)

@@ -8,7 +8,8 @@ import math
 import torch
 
 from accelab.serve.engines.base import SamplingParams, StepInput
-from accelab.serve.engines.sampling import SequenceSampler, describe, prompt_logprobs, sample, sample_step
+from accelab.serve.engines.logprobs import describe, prompt_logprobs
+from accelab.serve.engines.sampling import SequenceSampler, sample, sample_step
 
 EOS = 3
 

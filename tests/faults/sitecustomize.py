@@ -133,9 +133,9 @@ class _FakeCuda:
 def _fake_gpu(allocated: str) -> None:
     import functools
 
-    import accelab.serve.metrics as metrics
+    import accelab.serve.process_gauges as gauges
 
-    metrics._gpu_gauges = functools.partial(metrics._gpu_gauges, cuda=_FakeCuda(int(allocated or 1 << 30)))
+    gauges.gpu_gauges = functools.partial(gauges.gpu_gauges, cuda=_FakeCuda(int(allocated or 1 << 30)))
 
 
 def _serving(plan: str) -> bool:

@@ -8,12 +8,14 @@ ids out), so accelab's measuring (`accelab.backends.engine_model`) and serving
 (`accelab.serve.engines.vllm_worker`) code is one for both. Threads: one engine thread owns the
 pipeline (adds requests, steps, reads each request's new tokens, stops aborted ones); a reader
 thread per client decodes its messages into the engine's inbox; `Score` (perplexity) runs on the
-reader thread through the exported graph itself (the pipeline returns no prompt log-probabilities).
+reader thread through the exported graph itself (`openvino_scorer.py`: the pipeline returns no
+prompt log-probabilities).
 
 The socket appears only once the pipeline is compiled; the process outlives its last client by
 `keep_s` seconds (0: it leaves with its last client, or when the process that started it is gone).
 Standard library, numpy, openvino and openvino_genai only (no accelab in this venv); `-P` keeps this
-directory off sys.path.
+directory off sys.path, and the siblings it runs (`engine_wire.py`, `openvino_scorer.py`) load by
+file path.
 """
 
 from __future__ import annotations
@@ -41,9 +43,9 @@ _TYPES = {"f32": "f32", "bf16": "bf16", "u8": "u8"}
 _ELEMENT_BYTES = {"f32": 4, "bf16": 2, "u8": 1}
 
 
-def _load_wire() -> Any:
-    """accelab's engine_wire, by file path (accelab itself is not importable in this venv)."""
-    spec = importlib.util.spec_from_file_location("accelab_engine_wire", Path(__file__).with_name("engine_wire.py"))
+def _load_sibling(name: str) -> Any:
+    """accelab's module `name` beside this file, by file path (accelab itself is not importable in this venv)."""
+    spec = importlib.util.spec_from_file_location(f"accelab_{name}", Path(__file__).with_name(f"{name}.py"))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while they are built
@@ -51,7 +53,8 @@ def _load_wire() -> Any:
     return module
 
 
-W = _load_wire()
+W = _load_sibling("engine_wire")
+Scorer = _load_sibling("openvino_scorer").Scorer
 
 
 def kv_blocks(model_dir: Path, kv_precision: str, pool_bytes: int) -> tuple[int, int]:
@@ -97,8 +100,7 @@ class Engine:
         self.by_request: dict[tuple[int, str], int] = {}
         self.ids = itertools.count()
         self.watchers: set[Connection] = set()
-        self._scorer: Any = None
-        self._score_lock = threading.Lock()
+        self.scorer = Scorer(config)  # Score, on the clients' reader threads
         self.info = W.Info(
             model=str(model),
             version=genai.get_version(),
@@ -239,43 +241,6 @@ class Engine:
         for connection in list(self.watchers):
             connection.send(message)
 
-    # -- scoring, on a reader thread ---------------------------------------------------------------
-    def score(self, prompt_ids: list[int], top_k: int = 0) -> tuple[list[float], list[list[int]], list[list[float]]]:
-        """log p(token i | tokens < i), i >= 1, from the exported graph's logits at the pipeline's
-        precision (the weights are the same file); with top_k > 0 also the top_k ids and
-        log-probabilities at each of those positions (from the full logits: any k)."""
-        import numpy as np
-
-        with self._score_lock:
-            if self._scorer is None:
-                import openvino as ov
-
-                properties = {"INFERENCE_PRECISION_HINT": self.config.precision}
-                if self.config.threads:
-                    properties["INFERENCE_NUM_THREADS"] = self.config.threads
-                self._scorer = ov.Core().compile_model(
-                    str(Path(self.config.model) / "openvino_model.xml"), "CPU", properties
-                )
-            request = self._scorer.create_infer_request()
-            request.reset_state()
-            ids = np.asarray([prompt_ids], dtype=np.int64)
-            feeds = {
-                "input_ids": ids,
-                "attention_mask": np.ones_like(ids),
-                "position_ids": np.arange(ids.shape[1], dtype=np.int64)[None],
-                "beam_idx": np.zeros(1, dtype=np.int32),
-            }
-            logits = np.asarray(request.infer(feeds)["logits"][0], dtype=np.float64)  # [S, V]
-        peak = logits.max(-1, keepdims=True)
-        logprobs = logits - peak - np.log(np.exp(logits - peak).sum(-1, keepdims=True))
-        targets = [float(logprobs[i, t]) for i, t in enumerate(prompt_ids[1:])]
-        if top_k <= 0:
-            return targets, [], []
-        rows = logprobs[: len(prompt_ids) - 1]  # position i predicts token i + 1
-        top = np.argpartition(-rows, top_k - 1, axis=-1)[:, :top_k]
-        top = np.take_along_axis(top, np.argsort(-np.take_along_axis(rows, top, -1), axis=-1), -1)  # likeliest first
-        return targets, top.tolist(), np.take_along_axis(rows, top, -1).tolist()
-
 
 # -- the socket ------------------------------------------------------------------------------------
 class Connection:
@@ -323,7 +288,7 @@ class Connection:
 
     def _score(self, message: Any) -> None:
         try:
-            targets, top_ids, top_logprobs = self.engine.score(message.prompt_ids, getattr(message, "top_k", 0))
+            targets, top_ids, top_logprobs = self.engine.scorer.score(message.prompt_ids, getattr(message, "top_k", 0))
             self.send(W.Scored(id=message.id, logprobs=targets, top_ids=top_ids, top_logprobs=top_logprobs))
         except Exception as err:  # noqa: BLE001 - the client's call fails, the engine serves on
             self.send(W.Failed(id=message.id, error=f"{type(err).__name__}: {err}"))

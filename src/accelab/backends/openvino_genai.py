@@ -50,6 +50,8 @@ KEEP_ENV = "ACCELAB_OPENVINO_KEEP_S"
 START_TIMEOUT_S = 300.0  # the pipeline compiles in 2-10 s here
 EXPORT_TIMEOUT_S = 1800.0
 ENGINE_SCRIPT = Path(__file__).with_name("openvino_engine.py")
+# the files the engine process runs (it loads its siblings by path): its code in the engine's key
+ENGINE_CODE = [ENGINE_SCRIPT, *(ENGINE_SCRIPT.with_name(name) for name in ("engine_wire.py", "openvino_scorer.py"))]
 EXPORT_FORMAT = 1  # bump when the export command changes
 INSTALL_HINT = (
     "run `make openvino` in the accelab checkout (it builds .venv-openvino with openvino-genai and "
@@ -210,7 +212,7 @@ def engine_config(
 def engine_key(config: W.OvEngineConfig, install: GenAIInstall, *, owner: int | None = None) -> str:
     """Same export, engine config, install and engine code -> the same engine; `owner`: the pid of
     the one process an engine kept 0 s belongs to (serve's)."""
-    code = hashlib.sha256(ENGINE_SCRIPT.read_bytes() + ENGINE_SCRIPT.with_name("engine_wire.py").read_bytes())
+    code = hashlib.sha256(b"".join(path.read_bytes() for path in ENGINE_CODE))
     blob = json.dumps(
         [
             asdict(replace(config, keep_s=0.0)),

@@ -17,7 +17,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from accelab.serve.config import ServeConfig
-from accelab.serve.engines.base import ROUTES_OF_TASK, Engine
+from accelab.serve.engines.base import ROUTES_OF_TASK
+from accelab.serve.engines.interfaces import Engine
 from accelab.serve.errors import (
     ApiError,
     api_error_handler,

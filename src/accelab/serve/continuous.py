@@ -50,7 +50,8 @@ from accelab.serve.engines.base import (
     SupportsPrefixReuse,
     SupportsScore,
 )
-from accelab.serve.engines.sampling import SampledToken, describe, prompt_logprobs
+from accelab.serve.engines.logprobs import describe, prompt_logprobs
+from accelab.serve.engines.sampling import SampledToken
 from accelab.serve.engines.vision import prompt_keys
 from accelab.serve.jobs import (
     ClientGone,

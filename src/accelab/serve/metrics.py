@@ -18,14 +18,12 @@ against accelab unchanged (`metric_aliases.VllmAliases`; deploy/README.md lists 
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import psutil
 from prometheus_client import (
     CONTENT_TYPE_LATEST,  # noqa: F401  (re-exported for the /metrics route)
     CollectorRegistry,
@@ -35,6 +33,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from accelab.serve import process_gauges
 from accelab.serve.config import METRIC_ALIASES, MetricAliases
 from accelab.serve.metric_aliases import VllmAliases
 
@@ -109,14 +108,64 @@ class Metric:
 
 
 def make_all(owner: object, registry: CollectorRegistry) -> None:
-    """Every Metric declared on `owner`'s class, made on `registry`, in the order declared
-    (the order /metrics lists them)."""
-    for attribute, metric in vars(type(owner)).items():
-        if isinstance(metric, Metric):
-            setattr(owner, attribute, metric.make(registry))
+    """Every Metric declared on `owner`'s class and the classes it declares metrics of, made on
+    `registry`, in the order declared (the order /metrics lists them: the class's own first)."""
+    for cls in type(owner).__mro__:
+        for attribute, metric in vars(cls).items():
+            if isinstance(metric, Metric):
+                setattr(owner, attribute, metric.make(registry))
 
 
-class ServeMetrics:
+class ImageMetrics:
+    """The metrics of a chat's images (declarations of ServeMetrics)."""
+
+    request_images = Metric(
+        Histogram, "accelab_request_images", "Images per chat request that sent any.", (), BATCH_BUCKETS
+    )
+    image_preprocess_time = Metric(
+        Histogram,
+        "accelab_image_preprocess_seconds",
+        "A chat request's images fetched, decoded, processed (a VLM's continuous batching processes them on "
+        "its worker's thread between two steps: the wait for that included).",
+    )
+    images_encoded = Metric(
+        Counter, "accelab_images_encoded", "Images the vision encoder ran on (continuous batching of a VLM)."
+    )
+    image_cache_hits = Metric(
+        Counter,
+        "accelab_image_cache_hits",
+        "Images whose features a sequence took from the encoder cache instead of encoding them again.",
+    )
+    image_encode_time = Metric(
+        Counter, "accelab_image_encoder_seconds", "Time in the vision encoder (continuous batching of a VLM)."
+    )
+
+
+class MachineBoundMetrics:
+    """Each continuous step against this machine's bound (declarations of ServeMetrics)."""
+
+    step_fraction = Metric(
+        Histogram,
+        "accelab_step_machine_fraction",
+        "Per continuous step: the least time this machine needs for it (its weights and KV read at the "
+        "measured bandwidth, or its FLOPs at the measured peak, whichever is longer) over its wall time; "
+        "1.0 is the machine's limit. Absent until `accelab env` has measured the machine.",
+        (),
+        FRACTION_BUCKETS,
+    )
+    machine_bandwidth = Metric(
+        Gauge,
+        "accelab_machine_read_bandwidth_bytes_per_second",
+        "The read bandwidth the step fractions are against (measured by `accelab env`).",
+    )
+    machine_peak = Metric(
+        Gauge,
+        "accelab_machine_peak_flops",
+        "The peak FLOP/s of the steps' precision the step fractions are against (measured by `accelab env`).",
+    )
+
+
+class ServeMetrics(ImageMetrics, MachineBoundMetrics):
     requests = Metric(
         Counter, "accelab_requests", "HTTP requests answered, by route and status code.", ("route", "status")
     )
@@ -215,26 +264,6 @@ class ServeMetrics:
     request_max_tokens = Metric(
         Histogram, "accelab_request_max_tokens", "max_tokens a generated sequence asked for.", (), LENGTH_BUCKETS
     )
-    request_images = Metric(
-        Histogram, "accelab_request_images", "Images per chat request that sent any.", (), BATCH_BUCKETS
-    )
-    image_preprocess_time = Metric(
-        Histogram,
-        "accelab_image_preprocess_seconds",
-        "A chat request's images fetched, decoded, processed (a VLM's continuous batching processes them on "
-        "its worker's thread between two steps: the wait for that included).",
-    )
-    images_encoded = Metric(
-        Counter, "accelab_images_encoded", "Images the vision encoder ran on (continuous batching of a VLM)."
-    )
-    image_cache_hits = Metric(
-        Counter,
-        "accelab_image_cache_hits",
-        "Images whose features a sequence took from the encoder cache instead of encoding them again.",
-    )
-    image_encode_time = Metric(
-        Counter, "accelab_image_encoder_seconds", "Time in the vision encoder (continuous batching of a VLM)."
-    )
     prefill_time = Metric(
         Histogram,
         "accelab_request_prefill_seconds",
@@ -256,25 +285,6 @@ class ServeMetrics:
         "(stop: end of sequence or a stop string; length: max_tokens).",
         ("finish_reason",),
     )
-    step_fraction = Metric(
-        Histogram,
-        "accelab_step_machine_fraction",
-        "Per continuous step: the least time this machine needs for it (its weights and KV read at the "
-        "measured bandwidth, or its FLOPs at the measured peak, whichever is longer) over its wall time; "
-        "1.0 is the machine's limit. Absent until `accelab env` has measured the machine.",
-        (),
-        FRACTION_BUCKETS,
-    )
-    machine_bandwidth = Metric(
-        Gauge,
-        "accelab_machine_read_bandwidth_bytes_per_second",
-        "The read bandwidth the step fractions are against (measured by `accelab env`).",
-    )
-    machine_peak = Metric(
-        Gauge,
-        "accelab_machine_peak_flops",
-        "The peak FLOP/s of the steps' precision the step fractions are against (measured by `accelab env`).",
-    )
     tokens_per_second = Metric(
         Gauge,
         "accelab_generation_tokens_per_second",
@@ -287,7 +297,7 @@ class ServeMetrics:
         make_all(self, self.registry)
         self.token_rate = TokenRate()
         self.tokens_per_second.set_function(self.token_rate.rate)
-        self.rss.set_function(_rss_bytes)
+        self.rss.set_function(process_gauges.rss_bytes)
         # export zeros, so a dashboard's rate() has a series from the start
         for kind in ERROR_KINDS:
             self.errors.labels(kind=kind)
@@ -296,7 +306,7 @@ class ServeMetrics:
         for finish in FINISH_REASONS:
             self.finished.labels(finish_reason=finish)
         self._aliases: VllmAliases | None = None
-        self._gpu = _gpu_gauges(self.registry)
+        self._gpu = process_gauges.gpu_gauges(self.registry)
 
     def configure(self, *, max_queue: int, model_name: str, aliases: MetricAliases = "none") -> None:
         """What the server's configuration says: the queue limit, and vLLM's names when asked for."""
@@ -356,42 +366,3 @@ class FrontMetrics:
         for when in ("before_answer", "mid_stream"):
             self.replica_lost.labels(when=when)
         self.replicas_configured.set(configured)
-
-
-# -- process and GPU --------------------------------------------------------------------------------
-def _rss_bytes() -> float:
-    try:
-        return float(psutil.Process(os.getpid()).memory_info().rss)
-    except Exception:  # noqa: BLE001 - a scrape must not fail over one gauge
-        return float("nan")
-
-
-def _gpu_gauges(registry: CollectorRegistry, cuda: Any = None) -> Gauge | None:
-    """GPU memory, per device, only where torch sees a CUDA GPU (`cuda`: torch.cuda, or what
-    answers like it)."""
-    if cuda is None:
-        try:
-            import torch
-        except ImportError:  # pragma: no cover
-            return None
-        cuda = torch.cuda
-    if not cuda.is_available():
-        return None
-    allocated = Gauge(
-        "accelab_gpu_memory_allocated_bytes", "torch.cuda.memory_allocated per device.", ["device"], registry=registry
-    )
-    reserved = Gauge(
-        "accelab_gpu_memory_reserved_bytes", "torch.cuda.memory_reserved per device.", ["device"], registry=registry
-    )
-    peak = Gauge(
-        "accelab_gpu_memory_peak_bytes", "torch.cuda.max_memory_allocated per device.", ["device"], registry=registry
-    )
-    for index in range(cuda.device_count()):
-        allocated.labels(device=str(index)).set_function(_of_device(cuda.memory_allocated, index))
-        reserved.labels(device=str(index)).set_function(_of_device(cuda.memory_reserved, index))
-        peak.labels(device=str(index)).set_function(_of_device(cuda.max_memory_allocated, index))
-    return allocated
-
-
-def _of_device(read: Callable[[int], float], index: int) -> Callable[[], float]:
-    return lambda: read(index)

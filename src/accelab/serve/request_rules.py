@@ -19,7 +19,8 @@ from typing import Any
 from accelab.serve import structured, tools
 from accelab.serve.config import ServeConfig
 from accelab.serve.dispatch import prepare
-from accelab.serve.engines.base import GenerationEngine, GenUnit, Prompt, SamplesPerSequence, SamplingParams
+from accelab.serve.engines.base import GenUnit, Prompt, SamplingParams
+from accelab.serve.engines.interfaces import GenerationEngine, SamplesPerSequence
 from accelab.serve.errors import ApiError
 from accelab.serve.schemas import ChatRequest, _Sampling, unsupported_fields
 

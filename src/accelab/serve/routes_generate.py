@@ -19,8 +19,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from accelab.serve import openai_format as fmt, tools
 from accelab.serve.dispatch import Submission, check_count, long_text, prepare
-from accelab.serve.engines.base import Completion, GenerationEngine, GenUnit
-from accelab.serve.engines.sampling import describe
+from accelab.serve.engines.base import Completion, GenUnit
+from accelab.serve.engines.interfaces import GenerationEngine
+from accelab.serve.engines.logprobs import describe
 from accelab.serve.errors import MODEL_ROUTE_ERRORS, ApiError
 from accelab.serve.images import fetch_remote, is_url
 from accelab.serve.jobs import JobOutcome

@@ -23,7 +23,7 @@ from accelab import cpu
 from accelab.serve import allocator
 from accelab.serve.config import ServeConfig
 from accelab.serve.engines import build_engine
-from accelab.serve.engines.base import Engine
+from accelab.serve.engines.interfaces import Engine
 from accelab.serve.state import ServerState
 
 log = logging.getLogger(__name__)

@@ -21,13 +21,10 @@ from accelab.serve.engines.base import (
     ROUTES_OF_TASK,
     ContinuousHooks,
     CostsSteps,
-    Engine,
-    GenerationEngine,
-    SchedulesItself,
     StepEngine,
     StepReport,
-    generates,
 )
+from accelab.serve.engines.interfaces import Engine, GenerationEngine, SchedulesItself, generates
 from accelab.serve.errors import ApiError
 from accelab.serve.jobs import Executor, GenerationWorker
 from accelab.serve.machine_bound import MachineBound

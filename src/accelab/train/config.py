@@ -213,39 +213,8 @@ class TrainConfig:
     result_path: str | None = None  # rank 0 writes the run's summary here (JSON)
 
     def __post_init__(self) -> None:
-        _choice("task", self.task, TRAIN_TASKS, "; accelab trains image classifiers and causal LMs")
-        _choice("dataset_kind", self.dataset_kind, get_args(DatasetKind))
-        _choice("mixed_precision", self.mixed_precision, get_args(MixedPrecision), " (--mixed-precision)")
-        _choice("compile", self.compile, get_args(CompileMode), " (--compile)")
-        _choice("schedule", self.schedule, get_args(Schedule), " (--schedule)")
-        _choice("log_with", self.log_with, get_args(LogWith), " (--log-with)")
-        _choice("sharding", self.sharding, get_args(Sharding), " (--sharding)")
-        for name, flag in (
-            ("epochs", "--epochs"),
-            ("batch_size", "--batch-size"),
-            ("grad_accum", "--grad-accum"),
-            ("world_size", "--nproc"),
-            ("block_size", "--block-size"),
-        ):
-            _at_least(name, getattr(self, name), 1, flag)
-        _at_least("max_steps", self.max_steps, 1, "--max-steps")
-        _at_least("checkpoint_every", self.checkpoint_every, 1, "--checkpoint-every")
-        _at_least("eval_every", self.eval_every, 1, "--eval-every")
-        _at_least("loader_workers", self.loader_workers, 0, "--loader-workers")
-        _at_least("threads", self.threads, 1, "--threads")
-        _at_least("warmup_steps", self.warmup_steps, 0, "--warmup-steps")
-        _at_least("timing_warmup", self.timing_warmup, 0, "--bench-warmup")
-        _at_least("image_size", self.image_size, 8, "--image-size")
-        if not 0 <= self.warmup_ratio < 1:
-            raise ValueError(f"warmup_ratio={self.warmup_ratio} must be within [0, 1); pass e.g. --warmup-ratio 0.1")
-        if not 0 < self.eval_fraction < 1:
-            raise ValueError(f"eval_fraction={self.eval_fraction} must be within (0, 1); pass e.g. --eval-fraction 0.2")
-        if self.lr <= 0:
-            raise ValueError(f"lr={self.lr} must be > 0; pass e.g. --lr 1e-3")
-        if self.max_grad_norm is not None and self.max_grad_norm < 0:
-            raise ValueError(
-                f"max_grad_norm={self.max_grad_norm} must be > 0, or 0 to turn clipping off (--max-grad-norm)"
-            )
+        _check_choices(self)
+        _check_ranges(self)
         micro_batch(self.batch_size, self.world_size, self.grad_accum)
 
     @property
@@ -271,6 +240,47 @@ class TrainConfig:
 
     def with_changes(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)
+
+
+def _check_choices(config: TrainConfig) -> None:
+    """ValueError when a field with a fixed set of values (a Literal) holds another."""
+    _choice("task", config.task, TRAIN_TASKS, "; accelab trains image classifiers and causal LMs")
+    _choice("dataset_kind", config.dataset_kind, get_args(DatasetKind))
+    _choice("mixed_precision", config.mixed_precision, get_args(MixedPrecision), " (--mixed-precision)")
+    _choice("compile", config.compile, get_args(CompileMode), " (--compile)")
+    _choice("schedule", config.schedule, get_args(Schedule), " (--schedule)")
+    _choice("log_with", config.log_with, get_args(LogWith), " (--log-with)")
+    _choice("sharding", config.sharding, get_args(Sharding), " (--sharding)")
+
+
+def _check_ranges(config: TrainConfig) -> None:
+    """ValueError when a number is out of its range, naming the flag that sets it."""
+    for name, flag in (
+        ("epochs", "--epochs"),
+        ("batch_size", "--batch-size"),
+        ("grad_accum", "--grad-accum"),
+        ("world_size", "--nproc"),
+        ("block_size", "--block-size"),
+    ):
+        _at_least(name, getattr(config, name), 1, flag)
+    _at_least("max_steps", config.max_steps, 1, "--max-steps")
+    _at_least("checkpoint_every", config.checkpoint_every, 1, "--checkpoint-every")
+    _at_least("eval_every", config.eval_every, 1, "--eval-every")
+    _at_least("loader_workers", config.loader_workers, 0, "--loader-workers")
+    _at_least("threads", config.threads, 1, "--threads")
+    _at_least("warmup_steps", config.warmup_steps, 0, "--warmup-steps")
+    _at_least("timing_warmup", config.timing_warmup, 0, "--bench-warmup")
+    _at_least("image_size", config.image_size, 8, "--image-size")
+    if not 0 <= config.warmup_ratio < 1:
+        raise ValueError(f"warmup_ratio={config.warmup_ratio} must be within [0, 1); pass e.g. --warmup-ratio 0.1")
+    if not 0 < config.eval_fraction < 1:
+        raise ValueError(f"eval_fraction={config.eval_fraction} must be within (0, 1); pass e.g. --eval-fraction 0.2")
+    if config.lr <= 0:
+        raise ValueError(f"lr={config.lr} must be > 0; pass e.g. --lr 1e-3")
+    if config.max_grad_norm is not None and config.max_grad_norm < 0:
+        raise ValueError(
+            f"max_grad_norm={config.max_grad_norm} must be > 0, or 0 to turn clipping off (--max-grad-norm)"
+        )
 
 
 def micro_batch(global_batch: int, world_size: int, grad_accum: int) -> int:

@@ -32,22 +32,19 @@ optimizer step, the global batch, and the evals the worker recorded along the wa
      late part (samples past LATE_FROM of the compared range);
    - "converges like the baseline": otherwise. Below the band is fine: learning faster is not a
      fault.
-6. Eval scores: `eval_difference` (the candidate's score against the baseline seeds', with an
-   interval), `target_score` (the baseline's final score) and `time_to_target` (training wall
-   time until a run's evals reach it: the headline figure, beside samples/s).
+6. Eval scores: `target_score` (the baseline's final score) and `time_to_target` (training wall
+   time until a run's evals reach it: the headline figure, beside samples/s); the candidate's
+   score against the baseline seeds', with an interval, is `eval_interval.eval_difference`.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args
 
 import numpy as np
-
-from accelab.measure.paired import t_quantile
 
 Label = Literal["converges like the baseline", "slower to converge", "diverges"]
 Metric = Literal["accuracy", "loss", "perplexity"]
@@ -63,7 +60,6 @@ LATE_FROM = 0.5  # the late part: the second half of the compared samples
 SLOWER_SHARE = 0.5  # share of the late part above the band that makes "slower to converge"
 FAR = 0.5  # "far above": above the top by more than this share of the baseline's drop
 MIN_POINTS = 4  # grid points a candidate must cover to be judged
-CONFIDENCE = 0.95
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -235,12 +231,7 @@ def judge(
     if bad is not None:
         return _not_finite(candidate, band, bad)
     grid = np.asarray(band.grid)
-    inside = (grid >= candidate.samples[0]) & (grid <= candidate.samples[-1])
-    if inside.sum() < MIN_POINTS:
-        raise ValueError(
-            f"the plan's run covers {candidate.samples[0]:,.0f}-{candidate.samples[-1]:,.0f} samples, the "
-            f"baseline's {grid[0]:,.0f}-{grid[-1]:,.0f}: train the plan for as many samples as the baseline"
-        )
+    inside = _covered(candidate, grid)
     grid, center = grid[inside], np.asarray(band.center)[inside]
     high, low = np.asarray(band.high)[inside], np.asarray(band.low)[inside]
     smooth = candidate.smoothed(band.window)
@@ -275,6 +266,17 @@ def judge(
     return verdict("converges like the baseline", f"{where}; {above}")
 
 
+def _covered(candidate: Curve, grid: np.ndarray) -> np.ndarray:
+    """The grid points within the candidate's run: [points] bool; ValueError when fewer than MIN_POINTS."""
+    inside = (grid >= candidate.samples[0]) & (grid <= candidate.samples[-1])
+    if inside.sum() < MIN_POINTS:
+        raise ValueError(
+            f"the plan's run covers {candidate.samples[0]:,.0f}-{candidate.samples[-1]:,.0f} samples, the "
+            f"baseline's {grid[0]:,.0f}-{grid[-1]:,.0f}: train the plan for as many samples as the baseline"
+        )
+    return inside
+
+
 def _not_finite(candidate: Curve, band: Band, bad: int) -> Verdict:
     samples = (bad + 1) * candidate.global_batch
     return Verdict(
@@ -286,87 +288,6 @@ def _not_finite(candidate: Curve, band: Band, bad: int) -> Verdict:
         band_high=float(np.interp(samples, band.grid, band.high)),
         late_share_above=None,
     )
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class EvalDifference:
-    """candidate - the baseline seeds' mean, with its interval."""
-
-    difference: float
-    low: float
-    high: float
-    candidate: float
-    baseline_mean: float
-    seeds: int
-    verdict: Literal["better", "worse", "no measurable difference"]
-    reason: str
-    confidence: float = CONFIDENCE
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def eval_difference(
-    candidate_score: float,
-    baseline_scores: Sequence[float],
-    *,
-    eval_samples: int | None,
-    higher_is_better: bool,
-    confidence: float = CONFIDENCE,
-) -> EvalDifference:
-    """The candidate's eval score minus the baseline seeds' mean, with an interval that includes:
-
-    - the seed-to-seed spread: Student's t over the baseline seeds (k - 1 degrees of freedom) on
-      s x sqrt(1 + 1/k), since the candidate is one run with a seed's own spread (assumed equal to
-      the baseline's) and the mean of k seeds has s / sqrt(k);
-    - for an accuracy (pass `eval_samples`, the eval set's size; None for a loss or perplexity,
-      whose per-sample spread is not recorded): the eval set's sampling error, binomial, for the
-      candidate and the baseline mean as if independent (they share the eval set, so this
-      over-covers), with p = (correct + 1) / (n + 2) so a 100% score still has some.
-
-    The two half-widths add in quadrature. The verdict is "better" or "worse" only when the
-    interval excludes 0.
-    """
-    k = len(baseline_scores)
-    if k < 2:
-        raise ValueError(f"an eval interval needs the baseline's seed spread: got {k} score(s); run 2 or more seeds")
-    scores = [candidate_score, *baseline_scores]
-    if eval_samples is not None and not all(0.0 <= s <= 1.0 for s in scores):
-        raise ValueError(f"accuracies must be within 0..1, got {scores}; pass eval_samples=None for a loss")
-    mean = statistics.fmean(baseline_scores)
-    seed_half = t_quantile(0.5 + confidence / 2, k - 1) * statistics.stdev(baseline_scores) * math.sqrt(1 + 1 / k)
-    sample_half = 0.0
-    if eval_samples is not None:
-        z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
-        sample_half = z * math.sqrt(
-            _binomial_variance(candidate_score, eval_samples) + _binomial_variance(mean, eval_samples)
-        )
-    half = math.hypot(seed_half, sample_half)
-    diff = candidate_score - mean
-    low, high = diff - half, diff + half
-    verdict: Literal["better", "worse", "no measurable difference"] = "no measurable difference"
-    if low > 0 or high < 0:
-        verdict = "better" if (low > 0) == higher_is_better else "worse"
-    what = f"{k} seeds' spread" + (f" and {eval_samples:,} eval samples" if eval_samples is not None else "")
-    return EvalDifference(
-        difference=diff,
-        low=low,
-        high=high,
-        candidate=candidate_score,
-        baseline_mean=mean,
-        seeds=k,
-        verdict=verdict,
-        reason=f"{diff:+#.3g} vs the baseline's {mean:#.3g} ({confidence:.0%} interval {low:+#.3g} to {high:+#.3g}, "
-        f"from {what}): {verdict}",
-        confidence=confidence,
-    )
-
-
-def _binomial_variance(p: float, n: int) -> float:
-    if n < 1:
-        raise ValueError(f"eval_samples={n} must be at least 1 (the eval set's size)")
-    shrunk = (p * n + 1) / (n + 2)
-    return shrunk * (1 - shrunk) / n
 
 
 def target_score(baselines: Sequence[Curve], metric: Metric) -> float:

@@ -34,6 +34,7 @@ from accelab.results.result import Result
 from accelab.train import convergence as conv
 from accelab.train.bench import BenchRow, run_bench
 from accelab.train.config import TrainConfig
+from accelab.train.eval_interval import eval_difference
 from accelab.train.tune_space import BASELINE, Candidate, Screened, finalists
 
 log = logging.getLogger(__name__)
@@ -227,7 +228,7 @@ def _judge_one(
     score = _final_score(curve, outcome.metric)
     baseline_scores = [s for s in (_final_score(c, outcome.metric) for c in seeds) if s is not None]
     if score is not None and len(baseline_scores) >= 2 and not is_seed:
-        difference = conv.eval_difference(
+        difference = eval_difference(
             score,
             baseline_scores,
             eval_samples=curve.evals[-1].eval_samples if outcome.metric == "accuracy" else None,

@@ -249,34 +249,6 @@ class Search:
         results = [m for m in again if self._ok(m)]
         return sorted(results, key=lambda m: score(m, self.goal), reverse=True)
 
-    def _decide(self, first: Measurement, second: Measurement) -> tuple[Measurement, Measurement, bool]:
-        """(winner, runner-up, tie) of the final. Measured side by side: by the paired ratio of
-        their rounds (the rounds' order wins over the pooled figures when they disagree); else
-        by the lead against the runs' noise."""
-        if not (first.rates and second.rates):
-            return first, second, self._lead(first, second) < self._noise(first, second)
-        ratio = self._paired(first, second)
-        if ratio.verdict == "slower":
-            first, second = second, first
-            ratio = self._paired(first, second)
-        self.log.final_ratio = f"{first.candidate.key} over {second.candidate.key}: {ratio.reason}"
-        return first, second, not ratio.decided
-
-    def _paired(self, a: Measurement, b: Measurement) -> Ratio:
-        n = min(len(a.rates), len(b.rates))
-        ua, ub = list(a.usable) or [True] * n, list(b.usable) or [True] * n
-        ratio = paired_ratio(
-            a.rates[:n], b.rates[:n], [x and y for x, y in zip(ua[:n], ub[:n])], threshold=self.noise_floor
-        )
-        return check_overlap(ratio, [r for r, u in zip(a.rates, ua) if u], [r for r, u in zip(b.rates, ub) if u])
-
-    def _lead(self, a: Measurement, b: Measurement) -> float:
-        """How far a is ahead of b, relative (negative when behind)."""
-        return (score(a, self.goal) - score(b, self.goal)) / max(abs(score(a, self.goal)), 1e-12)
-
-    def _noise(self, a: Measurement, b: Measurement) -> float:
-        return max(self.noise_floor, 2 * max(a.cv, b.cv))
-
     # -- the whole search -------------------------------------------------------------------
     def run(self) -> SearchLog:
         self._start = self.clock()
@@ -315,7 +287,9 @@ class Search:
             return self.log
         winner, runner_up, tie = finals[0], (finals[1] if len(finals) > 1 else None), False
         if runner_up is not None:
-            winner, runner_up, tie = self._decide(winner, runner_up)
+            decided = decide_final(winner, runner_up, goal=self.goal, noise_floor=self.noise_floor)
+            winner, runner_up, tie = decided.winner, decided.runner_up, decided.tie
+            self.log.final_ratio = decided.ratio  # None unless measured side by side
         self.log.winner, self.log.runner_up, self.log.tie = winner, runner_up, tie
         self._explain_losers()
         return self.log
@@ -352,6 +326,51 @@ class Search:
         }
         met = ", ".join(names[k] for k in sorted(k for k in kinds if k))
         return f"no plan met every limit; what stopped them: {met}. Loosen that limit or widen the search."
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FinalDecision:
+    """The final between the two best candidates: who won, and whether the lead is a tie."""
+
+    winner: Measurement
+    runner_up: Measurement
+    tie: bool  # the lead was within the noise
+    ratio: str | None = None  # the paired ratio, in words (measured side by side)
+
+
+def decide_final(first: Measurement, second: Measurement, *, goal: Goal, noise_floor: float) -> FinalDecision:
+    """The final of two measurements, `first` ahead by score. Measured side by side: by the paired
+    ratio of their rounds (the rounds' order wins over the pooled figures when they disagree);
+    else by the lead against the runs' noise."""
+    if not (first.rates and second.rates):
+        tie = _lead(first, second, goal) < _noise(first, second, noise_floor)
+        return FinalDecision(winner=first, runner_up=second, tie=tie)
+    ratio = _paired(first, second, noise_floor)
+    if ratio.verdict == "slower":
+        first, second = second, first
+        ratio = _paired(first, second, noise_floor)
+    return FinalDecision(
+        winner=first,
+        runner_up=second,
+        tie=not ratio.decided,
+        ratio=f"{first.candidate.key} over {second.candidate.key}: {ratio.reason}",
+    )
+
+
+def _paired(a: Measurement, b: Measurement, noise_floor: float) -> Ratio:
+    n = min(len(a.rates), len(b.rates))
+    ua, ub = list(a.usable) or [True] * n, list(b.usable) or [True] * n
+    ratio = paired_ratio(a.rates[:n], b.rates[:n], [x and y for x, y in zip(ua[:n], ub[:n])], threshold=noise_floor)
+    return check_overlap(ratio, [r for r, u in zip(a.rates, ua) if u], [r for r, u in zip(b.rates, ub) if u])
+
+
+def _lead(a: Measurement, b: Measurement, goal: Goal) -> float:
+    """How far a is ahead of b, relative (negative when behind)."""
+    return (score(a, goal) - score(b, goal)) / max(abs(score(a, goal)), 1e-12)
+
+
+def _noise(a: Measurement, b: Measurement, noise_floor: float) -> float:
+    return max(noise_floor, 2 * max(a.cv, b.cv))
 
 
 def _fmt(m: Measurement) -> str:

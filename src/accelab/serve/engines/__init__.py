@@ -10,9 +10,9 @@ import torch
 from accelab.catalog.spec import ModelSpec
 from accelab.plan.plan import Plan
 from accelab.runtimes import EngineProcess, load_runnable, serve_path
-from accelab.serve.engines.base import Engine
 from accelab.serve.engines.encoders import HFClassificationEngine, HFEmbeddingEngine
 from accelab.serve.engines.generation import HFGenerationEngine
+from accelab.serve.engines.interfaces import Engine
 from accelab.serve.engines.vllm import EngineProcessEngine
 
 

@@ -1,22 +1,14 @@
 """Text generation for the server over a Runnable: chat templates, left-padded batches, one
-`generate` call per batch with per-row sampling, per-row stop rules and streamed text.
-
-Each row of a batch has its own max_tokens, stop strings and temperature:
-- `_RowTracker` (a StoppingCriteria, called once per decoding step with every row's new
-  token) feeds each row's TextStream, hands new text to the row's unit and tells generate
-  which rows are done; generate runs until all are (max_new_tokens is the largest request's).
-- `_RowSampler` (a LogitsProcessor) has each row's SequenceSampler pick its token with the
-  rules every engine shares (`engines.sampling`: penalties, logit_bias, grammar masks,
-  logprobs, ...) and leaves only that token finite, so generate's own pick takes it. A batch
-  of plain greedy rows without logprobs runs plain greedy search.
-Echo's prompt log-probabilities come from one forward of each prompt that asks for them; n > 1
-choices run as rows of their own here (the continuous scheduler shares the prompt's KV).
+`generate` call per batch with per-row sampling, per-row stop rules and streamed text (each row
+has its own max_tokens, stop strings and temperature: `engines.batch_rows`), and the step engine
+of continuous batching. Echo's prompt log-probabilities come from one forward of each prompt that
+asks for them; n > 1 choices run as rows of their own here (the continuous scheduler shares the
+prompt's KV).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,13 +27,15 @@ from accelab.serve.engines.base import (
     check_token_ids,
     fit_prompt,
 )
+from accelab.serve.engines.batch_rows import RowTracker, sampling_kwargs
+from accelab.serve.engines.logprobs import prompt_logprobs
 from accelab.serve.engines.ragged import RaggedTorchEngine
-from accelab.serve.engines.sampling import SampledToken, SequenceSampler, describe, prompt_logprobs, sample
+from accelab.serve.engines.sampling import SampledToken, SequenceSampler
 from accelab.serve.engines.vision import split_images
 from accelab.serve.images import ImagePolicy, check_image, decode_image
 from accelab.serve.scheduler import SchedulerConfig
 from accelab.serve.stops import StopRules
-from accelab.serve.textstream import TextStream, stream_for
+from accelab.serve.textstream import stream_for
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +174,7 @@ class HFGenerationEngine:
             if unit.prompt_sampled is None:
                 unit.prompt_sampled = self._prompt_logprobs(unit)
         rules = [StopRules.of(u.params, self.eos_ids) for u in units]
-        tracker = _RowTracker(units, streams, rules, decode=self.decode)
+        tracker = RowTracker(units, streams, rules, decode=self.decode)
         from transformers import StoppingCriteriaList
 
         device = input_device(self.runnable.model, self.runnable.device)
@@ -189,7 +183,7 @@ class HFGenerationEngine:
             max_new_tokens=max(u.params.max_tokens for u in units),
             stopping_criteria=StoppingCriteriaList([tracker]),
             pad_token_id=self.pad_id,
-            **_sampling_kwargs(samplers, tracker),
+            **sampling_kwargs(samplers, tracker),
         )
         return tracker.completions()
 
@@ -288,100 +282,6 @@ class HFGenerationEngine:
 
     def close(self) -> None:
         self.runnable.close()
-
-
-class _RowTracker:
-    """Per-row bookkeeping during one generate call (a StoppingCriteria in all but name: it
-    follows the protocol, __call__(input_ids, scores) -> bool tensor [B])."""
-
-    def __init__(self, units: list[GenUnit], streams: list[TextStream], rules: list[StopRules], *, decode: Any = None):
-        self.units = units
-        self.streams = streams
-        self.rules = rules
-        self.decode = decode
-        self.finished_at: list[float | None] = [None] * len(units)
-        self.sampled: list[SampledToken | None] = [None] * len(units)  # the row's token of this step
-
-    def live(self, row: int) -> bool:
-        return self.streams[row].finish_reason is None and not self.units[row].cancelled
-
-    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
-        tokens = input_ids[:, -1].tolist()  # note: a CPU-GPU sync point, once per step
-        now = time.monotonic()
-        done = []
-        for row, (unit, stream, rules, token) in enumerate(zip(self.units, self.streams, self.rules, tokens)):
-            if stream.finish_reason is None and not unit.cancelled:
-                unit.note_token(now)
-                step = stream.push(token, ends=rules.check(stream.tokens + 1, token))
-                if (
-                    unit.params.logprobs is not None
-                    and self.sampled[row] is not None
-                    and not stream.ended_on_stop_token
-                ):  # a stop token is no text
-                    unit.sampled.append(self.sampled[row])
-                unit.emit(step.text)
-                if step.finished:
-                    self.finished_at[row] = now
-            done.append(stream.finish_reason is not None or unit.cancelled)
-        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
-
-    def completions(self) -> list[Completion]:
-        out = []
-        for row, (unit, stream) in enumerate(zip(self.units, self.streams)):
-            if stream.finish_reason is None:  # generate stopped on its own (cancelled, max length)
-                unit.emit(stream.end().text)
-            logprobs = None if unit.params.logprobs is None else describe(unit.sampled, self.decode)
-            echo = unit.prompt_sampled
-            out.append(
-                Completion(
-                    text=stream.output,
-                    finish_reason=stream.finish_reason or "length",
-                    prompt_tokens=unit.prompt.prompt_tokens,
-                    completion_tokens=stream.tokens,
-                    first_token_at=unit.first_token_at,
-                    finished_at=self.finished_at[row] or time.monotonic(),
-                    logprobs=logprobs,
-                    prompt_logprobs=None if echo is None else describe(echo, self.decode),
-                )
-            )
-        return out
-
-
-class _RowSampler:
-    """A LogitsProcessor: every live row's SequenceSampler picks its token (engines.sampling);
-    the scores that go back are -inf but at that token, so generate's pick (argmax, or a draw
-    from one finite score) takes exactly it. Finished rows keep their argmax (padding follows)."""
-
-    def __init__(self, samplers: list[SequenceSampler], tracker: _RowTracker):
-        self.samplers = samplers
-        self.tracker = tracker
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        # scores: [B, V] float32, the raw logits of this step (no processor ran before this one)
-        live = [row for row in range(scores.shape[0]) if self.tracker.live(row)]
-        tokens = scores.argmax(dim=-1)
-        picked = sample(scores[live], [self.samplers[row] for row in live]) if live else []
-        for row, token in zip(live, picked):
-            tokens[row] = token.token
-            self.tracker.sampled[row] = token
-        forced = torch.full_like(scores, float("-inf"))
-        forced.scatter_(1, tokens[:, None], 0.0)
-        return forced
-
-
-def _sampling_kwargs(samplers: list[SequenceSampler], tracker: _RowTracker) -> dict[str, Any]:
-    if all(s.plain for s in samplers):
-        return {"do_sample": False}
-    from transformers import LogitsProcessorList
-
-    # generate's own warpers are switched off: _RowSampler applies every rule per row
-    return {
-        "do_sample": True,
-        "temperature": 1.0,
-        "top_p": 1.0,
-        "top_k": 0,
-        "logits_processor": LogitsProcessorList([_RowSampler(samplers, tracker)]),
-    }
 
 
 _CHECK_CHAT = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is in it?"}]}]

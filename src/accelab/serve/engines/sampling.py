@@ -26,13 +26,13 @@ seeded request draws the same tokens alone or in a batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any
 
 import torch
 
-from accelab.serve.engines.base import SamplingParams, StepInput, TokenLogprob
+from accelab.serve.engines.base import SamplingParams, StepInput
 
 MAX_TOP_LOGPROBS = 20
 
@@ -360,48 +360,3 @@ def sample_step(logits: torch.Tensor, inputs: Sequence[StepInput], eos_ids: Sequ
         item.sampler if item.sampler is not None else SequenceSampler(item.params, eos_ids=eos_ids) for item in inputs
     ]
     return sample(logits, samplers)
-
-
-def prompt_logprobs(logits: torch.Tensor, tokens: Sequence[int], top: int) -> list[SampledToken | None]:
-    """logits: [L, V] of every prompt position -> per prompt token its log-probability given
-    the tokens before it (the first has none: logprob None) and the `top` alternatives."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)  # [L, V]
-    out: list[SampledToken | None] = [SampledToken(token=tokens[0])]  # no logprob: nothing comes before it
-    ids = torch.tensor(tokens[1:], dtype=torch.long)
-    if not len(ids):
-        return out
-    chosen = logprobs[:-1].gather(1, ids[:, None])[:, 0].tolist()
-    best = logprobs[:-1].topk(top, dim=-1) if top else None
-    for i, (token, value) in enumerate(zip(ids.tolist(), chosen)):
-        alternatives = () if best is None else tuple(zip(best.indices[i].tolist(), best.values[i].tolist()))
-        out.append(SampledToken(token=token, logprob=value, top=alternatives))
-    return out
-
-
-@overload
-def describe(tokens: Sequence[SampledToken], decode: Callable[[list[int]], str]) -> tuple[TokenLogprob, ...]: ...
-
-
-@overload  # a prompt's: its first token has none (nothing before it to predict it)
-def describe(
-    tokens: Sequence[SampledToken | None], decode: Callable[[list[int]], str]
-) -> tuple[TokenLogprob | None, ...]: ...
-
-
-def describe(
-    tokens: Sequence[SampledToken | None], decode: Callable[[list[int]], str]
-) -> tuple[TokenLogprob | None, ...]:
-    """SampledTokens as text for the response (each token and alternative decoded alone)."""
-    cache: dict[int, str] = {}
-
-    def text(token: int) -> str:
-        if token not in cache:
-            cache[token] = decode([token])
-        return cache[token]
-
-    return tuple(
-        None
-        if t is None
-        else TokenLogprob(token=text(t.token), logprob=t.logprob, top=tuple((text(a), v) for a, v in t.top))
-        for t in tokens
-    )

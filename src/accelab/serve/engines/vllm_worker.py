@@ -200,16 +200,8 @@ class VllmWorker(WorkerThread[list[JobRun[_Row]]]):
     def _complete(self, row: _Row, now: float) -> None:
         run = row.run
         row.done = True
-        completion = Completion(
-            text=row.stream.output,
-            finish_reason=row.stream.finish_reason or "length",
-            prompt_tokens=row.unit.prompt.prompt_tokens,
-            completion_tokens=row.stream.tokens,
-            first_token_at=row.unit.first_token_at,
-            finished_at=now,
-        )
         with self._cond:
-            if not run.complete(row.index, completion):
+            if not run.complete(row.index, _completion(row, now)):
                 return
             self._finish_run(run)
         self._note_seconds(run.finish(now, batch_units=len(run.rows)))
@@ -217,20 +209,7 @@ class VllmWorker(WorkerThread[list[JobRun[_Row]]]):
     def _on_stats(self, stats: Any) -> None:
         """One vLLM step: the continuous-batching metrics, in vLLM's own figures."""
         now = self._clock()
-        used = round(stats.kv_usage * self.client.info.kv_blocks)
-        hits = stats.prefix_hit_tokens  # this step's (vLLM reports prefix-cache stats per update)
-        report = StepReport(
-            running=stats.running,
-            waiting=stats.waiting,
-            kv_used=used,
-            kv_free=self.client.info.kv_blocks - used,
-            tokens=0,
-            sampled=self._sampled,
-            preempted=stats.preempted,
-            seconds=stats.seconds if stats.seconds is not None else now - self._last_stats,
-            reused_tokens=hits,
-            batch=stats.running,
-        )
+        report = _step_report(stats, self.client.info.kv_blocks, self._sampled, now - self._last_stats)
         self._sampled, self._last_stats = 0, now
         call_safely(self.hooks.on_step, report)
 
@@ -274,6 +253,35 @@ class VllmWorker(WorkerThread[list[JobRun[_Row]]]):
                 self._fail(run, ClientGone("the client went away"), "cancelled")
             else:
                 self._fail(run, deadline_error(now - run.arrival, run.job.timeout_s, "the engine's queue"), "timeout")
+
+
+def _completion(row: _Row, now: float) -> Completion:
+    return Completion(
+        text=row.stream.output,
+        finish_reason=row.stream.finish_reason or "length",
+        prompt_tokens=row.unit.prompt.prompt_tokens,
+        completion_tokens=row.stream.tokens,
+        first_token_at=row.unit.first_token_at,
+        finished_at=now,
+    )
+
+
+def _step_report(stats: W.Stats, kv_blocks: int, sampled: int, since_last_s: float) -> StepReport:
+    """An engine step's stats (vLLM's own figures) as the metrics' StepReport; `sampled`: the tokens
+    the worker received since the last one."""
+    used = round(stats.kv_usage * kv_blocks)
+    return StepReport(
+        running=stats.running,
+        waiting=stats.waiting,
+        kv_used=used,
+        kv_free=kv_blocks - used,
+        tokens=0,
+        sampled=sampled,
+        preempted=stats.preempted,
+        seconds=stats.seconds if stats.seconds is not None else since_last_s,
+        reused_tokens=stats.prefix_hit_tokens,  # this step's (vLLM reports prefix-cache stats per update)
+        batch=stats.running,
+    )
 
 
 def _cancelled(run: JobRun[_Row]) -> bool:
