@@ -1,4 +1,4 @@
-"""Sampling a batch where every row has rules: the batched path (`engines.sampling.sample`)
+"""Sampling a batch where every row has rules: the batched path (`runner.sampling.sample`)
 against the per-row path it replaced (kept below, as it was at commit 0904288: each row with a
 rule through `scores` and `pick` alone, the common-rule rows through `_sample_rows`).
 
@@ -23,9 +23,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from accelab.serve.engines import sampling
 from accelab.serve.engines.base import SamplingParams
-from accelab.serve.engines.sampling import SampledToken, SequenceSampler
+from accelab.serve.runner import sampling
+from accelab.serve.runner.sampling import SampledToken, SequenceSampler
 
 EOS = 2
 

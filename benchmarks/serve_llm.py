@@ -3,7 +3,7 @@ closed-loop streaming chat load, every server up at once.
 
 - `accelab serve` on its torch step engine at each precision: fp32 (the baseline), `--plan bf16`,
   and `--plan int8-bf16` (int8 weights, bf16 activations); `--plan 'bf16[compile=default]'`: bf16
-  with its decoding steps compiled (`serve/engines/compiled_decode.py`);
+  with its decoding steps compiled (`serve/runner/compiled_decode.py`);
 - `accelab serve --plan 'llamacpp[llama_quant=q8_0]'` (the catalog's GGUF requantised to Q8_0:
   llama.cpp has batched kernels for Q8_0 on x86);
 - `accelab serve --plan openvino-int8-bf16`: OpenVINO GenAI's ContinuousBatchingPipeline (int8

@@ -350,7 +350,7 @@ def test_llama_1b_builds_a_llama_with_smollm2s_tokenizer_that_the_serving_stack_
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from accelab.catalog.build_text import LLAMA_1B, build_llama_1b
-    from accelab.serve.engines.llama_stack import why_not
+    from accelab.serve.runner.llama_stack import why_not
 
     small = {**LLAMA_1B, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
     small["num_key_value_heads"], small["head_dim"] = 2, 16
@@ -377,7 +377,7 @@ def test_smolvlm_256m_is_smollm2_with_a_vision_tower_of_smolvlms_shape(tmp_path)
 
     from accelab.catalog.build_vlm import SMOLVLM_VISION, build_smolvlm_256m
     from accelab.catalog.samples import photos
-    from accelab.serve.engines.llama_stack import why_not
+    from accelab.serve.runner.llama_stack import why_not
 
     with torch.device("meta"):
         tower = Idefics3VisionTransformer(Idefics3VisionConfig(**SMOLVLM_VISION))

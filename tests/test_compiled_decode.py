@@ -11,8 +11,8 @@ from test_paged_architectures import ARCHITECTURES, alone, requests, runnable, s
 
 from accelab.ops import int8_gemm, loader as kernels
 from accelab.plan.plan import Plan
-from accelab.serve.engines import compiled_decode
-from accelab.serve.engines.ragged import RaggedTorchEngine
+from accelab.serve.runner import compiled_decode
+from accelab.serve.runner.ragged import RaggedTorchEngine
 from accelab.serve.scheduler import SchedulerConfig
 
 pytestmark = pytest.mark.cpu_kind  # its path depends on the CPU (make test-avx2)

@@ -435,7 +435,7 @@ class EncodingSteps(GatedSteps):
 def picture_step(clock):
     """A started worker over `EncodingSteps` (gated) whose step 1 holds at the gate: it feeds a
     picture chat's "look", whose prefill then waits for its picture's encoding."""
-    from accelab.serve.engines.vision import ImageInput
+    from accelab.serve.runner.vision import ImageInput
 
     fake = FakeGenerationEngine(name="fake")
     steps = EncodingSteps(fake, clock=clock)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from accelab.ops import decode_attention as kernel
-from accelab.serve.engines.compiled_decode import _attend, _mask
+from accelab.serve.runner.compiled_decode import _attend, _mask
 
 pytestmark = pytest.mark.cpu_kind  # its path depends on the CPU (make test-avx2)
 

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from accelab.serve.engines.encoder_slices import SlicedEncoder, encode_wanted
-from accelab.serve.engines.vision import EncoderCache, ImageBatch, ImageInput, batch_images
+from accelab.serve.runner.encoder_slices import SlicedEncoder, encode_wanted
+from accelab.serve.runner.vision import EncoderCache, ImageBatch, ImageInput, batch_images
 
 LAYERS = 4
 

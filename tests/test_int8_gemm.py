@@ -85,7 +85,7 @@ def test_the_engine_keeps_the_operator_unless_env_measured_it_slower(monkeypatch
     from types import SimpleNamespace
 
     from accelab.measure import hardware
-    from accelab.serve.engines import llama_stack
+    from accelab.serve.runner import llama_stack
 
     kernel = _runs(int8_gemm.AVX2)
     details = {} if high is None else {"int8-gemm-f32": {"factor": high, "low": high - 0.1, "high": high}}

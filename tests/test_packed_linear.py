@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers.activations import ACT2FN
 
-from accelab.serve.engines import packed_linear
-from accelab.serve.engines.packed_linear import PackedLinears
+from accelab.serve.runner import packed_linear
+from accelab.serve.runner.packed_linear import PackedLinears
 
 pytestmark = pytest.mark.cpu_kind  # its path depends on the CPU (make test-avx2)
 

@@ -12,7 +12,7 @@ from fake_clock import FakeClock
 
 from accelab.plan.runtime import Runnable, Unsupported
 from accelab.serve.engines.base import SamplingParams, StepInput
-from accelab.serve.engines.ragged import RaggedTorchEngine
+from accelab.serve.runner.ragged import RaggedTorchEngine
 from accelab.serve.scheduler import Scheduler, SchedulerConfig
 from accelab.serve.stops import StopRules
 
@@ -162,7 +162,7 @@ def test_packed_greedy_tokens_equal_generate_alone(name, stack):
 def test_a_stack_that_differs_from_the_model_falls_back_to_its_own_forward(monkeypatch, caplog):
     """A fault put into the plain-tensor layers (RMSNorm off by 1%) is caught by the start-up
     check, which then runs and checks the model's own forward instead."""
-    from accelab.serve.engines import llama_stack
+    from accelab.serve.runner import llama_stack
 
     rms = llama_stack._rms
     monkeypatch.setattr(llama_stack, "_rms", lambda x, w, eps: rms(x, w, eps) * 1.01)
@@ -223,7 +223,7 @@ def test_bf16_steps_give_the_models_own_logits_within_bf16s_tolerance(name, stac
     sequence's tokens so far, within the tolerance the start-up check holds bf16 to. (Greedy
     tokens are not compared with generate's: bf16 rounds differently in other kernels, so a
     near-tie may flip; fp32 is held to exact tokens above.)"""
-    from accelab.serve.engines import packed_linear, paged_attention, ragged
+    from accelab.serve.runner import packed_linear, paged_attention, ragged
 
     monkeypatch.setattr(paged_attention, "SMALL_ATTENTION", 0)  # these tiny steps would all take fp32 SDPA
     model = tiny(*ARCHITECTURES[name]).to(torch.bfloat16)
@@ -264,7 +264,7 @@ def test_bf16_steps_give_the_models_own_logits_within_bf16s_tolerance(name, stac
 def test_the_start_up_check_of_bf16_steps_catches_a_fault_within_bf16s_tolerance(monkeypatch, caplog):
     """An error that bf16 rounding would never make (RMSNorm off by 10%) fails the bf16 check: the
     steps fall back to the model's own forward, which passes."""
-    from accelab.serve.engines import llama_stack
+    from accelab.serve.runner import llama_stack
 
     rms = llama_stack._rms
     monkeypatch.setattr(llama_stack, "_rms", lambda x, w, eps: rms(x, w, eps) * 1.1)
@@ -286,7 +286,7 @@ def test_int8_weights_run_torchs_int8_kernel_and_give_the_models_own_logits():
     from torchao.quantization import quantize_
 
     from accelab.plan.techniques.quantization import head_modules, layer_filter, make_config
-    from accelab.serve.engines import llama_stack, ragged
+    from accelab.serve.runner import llama_stack, ragged
 
     model = tiny(*ARCHITECTURES["llama"]).to(torch.bfloat16)
     quantize_(
@@ -320,7 +320,7 @@ def test_int8_dynamic_weights_are_left_to_the_models_own_forward_with_the_reason
     from torchao.quantization import quantize_
 
     from accelab.plan.techniques.quantization import head_modules, layer_filter, make_config
-    from accelab.serve.engines import llama_stack
+    from accelab.serve.runner import llama_stack
 
     model = tiny(*ARCHITECTURES["llama"])
     quantize_(
@@ -337,7 +337,7 @@ def test_bf16_attention_is_fp32_sdpa_within_bf16_rounding(rows, queries, keys, s
     """Both bf16 paths (grouped GEMMs; fp32 SDPA on copies, for small steps) against fp32 SDPA on
     the same bf16 inputs: grouped query heads (9 over 3 KV heads), causal masks at different
     positions per row."""
-    from accelab.serve.engines import paged_attention
+    from accelab.serve.runner import paged_attention
 
     monkeypatch.setattr(paged_attention, "SMALL_ATTENTION", small)
     g = torch.Generator().manual_seed(0)

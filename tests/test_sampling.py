@@ -1,4 +1,4 @@
-"""The sampling contract every engine calls (`engines.sampling.sample`): each row's own rules
+"""The sampling contract every engine calls (`runner.sampling.sample`): each row's own rules
 inside one batch of logits, exact numbers on small hand-made logits."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import math
 import torch
 
 from accelab.serve.engines.base import SamplingParams, StepInput
-from accelab.serve.engines.logprobs import describe, prompt_logprobs
-from accelab.serve.engines.sampling import SequenceSampler, sample, sample_step
+from accelab.serve.runner.logprobs import describe, prompt_logprobs
+from accelab.serve.runner.sampling import SequenceSampler, sample, sample_step
 
 EOS = 3
 

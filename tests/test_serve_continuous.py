@@ -77,7 +77,7 @@ def test_packed_steps_give_the_models_own_logits(smollm2):
     """Teacher-forced: two prompts prefilled in chunks beside a decoding one, in one packed
     step each time, over block tables that are not in order, against a plain forward of each
     whole sequence."""
-    from accelab.serve.engines.ragged import RaggedTorchEngine
+    from accelab.serve.runner.ragged import RaggedTorchEngine
     from accelab.serve.scheduler import SchedulerConfig
 
     limits = SchedulerConfig(max_running=4, max_step_tokens=64, kv_blocks=16, block_size=16)

@@ -19,7 +19,7 @@ from accelab.catalog.fetch import is_fetched
 from accelab.catalog.samples import photos
 from accelab.plan.runtime import Unsupported
 from accelab.serve.engines.base import SamplingParams, StepInput
-from accelab.serve.engines.vision import VisionEncoder, prompt_keys
+from accelab.serve.runner.vision import VisionEncoder, prompt_keys
 from accelab.serve.scheduler import Scheduler, SchedulerConfig
 from accelab.serve.stops import StopRules
 
@@ -130,7 +130,7 @@ def test_images_encoded_between_the_steps_layer_by_layer_give_the_same_tokens(vl
     of 0 s: half a layer each) while the steps run: each picture is encoded once, in the encoder's
     coroutine on the step's own thread, never inside a step, and every request's greedy tokens are
     still generate's."""
-    from accelab.serve.engines.encoder_slices import pause_points
+    from accelab.serve.runner.encoder_slices import pause_points
 
     reqs = [(p, n) for p, n in zip(prompts(vlm), (6, 5, 7, 4, 6))]
     limits = SchedulerConfig(max_running=4, max_step_tokens=20, kv_blocks=96, block_size=8, prefix_caching=True)
@@ -221,7 +221,8 @@ def test_an_int8_plan_serves_images_with_the_language_part_int8_and_the_tower_bf
     and image and text requests run in one batch."""
     from accelab.catalog.resolve import resolve
     from accelab.plan.plan import load_plan
-    from accelab.serve.engines import build_engine, packed_linear
+    from accelab.serve.engines import build_engine
+    from accelab.serve.runner import packed_linear
 
     plan = load_plan("int8-bf16", ["quantize_head=true"])
     engine = build_engine(resolve("smolvlm-tiny", fetch=False), plan, torch.device("cpu"), name="vlm-int8")

@@ -18,20 +18,20 @@ MOST_MODULES, MOST_CLASSES, MOST_FUNCTIONS = 4, 6, 10
 MODULES = {
     "accelab/serve/continuous.py": "the continuous worker: n > 1 forks and image timing move to the scheduler",
     "accelab/serve/scheduler.py": "admission, chunked prefill, preemption and prefix reuse in one policy",
-    "accelab/serve/engines/compiled_decode.py": "two compiled graphs and their guards, with the why of each",
-    "accelab/serve/engines/ragged.py": "the torch step engine: its check and compiled steps go to a runner package",
+    "accelab/serve/runner/compiled_decode.py": "two compiled graphs and their guards, with the why of each",
+    "accelab/serve/runner/ragged.py": "the torch step engine: its check and compiled steps go to a runner package",
 }
 CLASSES = {
     "accelab/serve/continuous.py:ContinuousWorker": "see its module",
     "accelab/serve/scheduler.py:Scheduler": "see its module",
-    "accelab/serve/engines/ragged.py:RaggedTorchEngine": "see its module",
+    "accelab/serve/runner/ragged.py:RaggedTorchEngine": "see its module",
     "accelab/serve/state.py:ServerState": "loading, the three workers' start and the metrics' hooks",
     "accelab/serve/engines/generation.py:HFGenerationEngine": "chat templates, images, tools and both step kinds",
     "accelab/serve/config.py:ServeConfig": "one field and its check per `accelab serve` option",
 }
 FUNCTIONS = {
-    "accelab/serve/engines/compiled_decode.py:__init__": "the compiled steps' set-up, in the order it must run",
-    "accelab/serve/engines/compiled_decode.py:_layers": "one decoder layer of the compiled graph, written out",
+    "accelab/serve/runner/compiled_decode.py:__init__": "the compiled steps' set-up, in the order it must run",
+    "accelab/serve/runner/compiled_decode.py:_layers": "one decoder layer of the compiled graph, written out",
     "accelab/serve/scheduler.py:schedule": "one step's policy, read top to bottom",
     "accelab/api.py:tune": "the Python API's tune: its options, documented where they are taken",
     "accelab/train/bench.py:run_bench": "the training bench's rows, in the order they run",

@@ -50,9 +50,6 @@ from accelab.serve.engines.base import (
     SupportsPrefixReuse,
     SupportsScore,
 )
-from accelab.serve.engines.logprobs import describe, prompt_logprobs
-from accelab.serve.engines.sampling import SampledToken
-from accelab.serve.engines.vision import prompt_keys
 from accelab.serve.jobs import (
     ClientGone,
     ErrorKind,
@@ -64,6 +61,9 @@ from accelab.serve.jobs import (
     error_kind,
     is_out_of_memory,
 )
+from accelab.serve.runner.logprobs import describe, prompt_logprobs
+from accelab.serve.runner.sampling import SampledToken
+from accelab.serve.runner.vision import prompt_keys
 from accelab.serve.scheduler import NeverFits, Scheduler, SchedulerConfig
 from accelab.serve.sequences import Chunk, Sequence, Step
 from accelab.serve.stops import FinishReason, StopRules

@@ -1,6 +1,6 @@
 """The KV-cache block pool: which of the engine's preallocated KV blocks each sequence holds.
 Pure logic (no torch): block ids index the engine's one KV tensor per layer
-(`accelab.serve.engines.kv_cache`), so the free count here is the memory there.
+(`accelab.serve.runner.kv_cache`), so the free count here is the memory there.
 
 - A block holds `block_size` consecutive positions of one sequence. A sequence's block table
   lists its blocks in position order; position p lives in block `table[p // block_size]` at

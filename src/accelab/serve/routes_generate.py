@@ -21,11 +21,11 @@ from accelab.serve import openai_format as fmt, tools
 from accelab.serve.dispatch import Submission, check_count, long_text, prepare
 from accelab.serve.engines.base import Completion, GenUnit
 from accelab.serve.engines.interfaces import GenerationEngine
-from accelab.serve.engines.logprobs import describe
 from accelab.serve.errors import MODEL_ROUTE_ERRORS, ApiError
 from accelab.serve.images import fetch_remote, is_url
 from accelab.serve.jobs import JobOutcome
 from accelab.serve.request_rules import chat_grammar, fit, make_units, refuse_unsupported, sampling_params
+from accelab.serve.runner.logprobs import describe
 from accelab.serve.schemas import ChatRequest, CompletionRequest, _Sampling
 from accelab.serve.state import ServerState
 

@@ -46,7 +46,7 @@ class Sequence(Generic[T]):
     preemptions: int = 0
     finish_reason: FinishReason | None = None  # set by `advance` on the token that ends it
     # the prompt as the prefix cache keys it, where it holds more than token ids (an image's
-    # positions carry the image's content key: engines.vision.cache_prompt); None: the prompt
+    # positions carry the image's content key: runner.vision.cache_prompt); None: the prompt
     cache_prompt: tuple[Hashable, ...] | None = None
     # the first position of each of the prompt's images, found once (the scheduler asks every step)
     _image_firsts: tuple[int, ...] = field(init=False, repr=False, default=())

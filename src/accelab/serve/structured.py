@@ -1,7 +1,7 @@
 """Grammar-constrained decoding with llguidance (the library vLLM and SGLang use for it): a
 JSON schema, "any JSON object" or a tool-call grammar becomes an llguidance grammar once per
 request (`json_grammar`, `tools.tool_grammar`), and each sequence gets its own `Matcher`, whose
-mask the sampler applies to that sequence's logits row (see `engines.sampling`).
+mask the sampler applies to that sequence's logits row (see `runner.sampling`).
 
 Why llguidance: it has no dependencies (xgrammar pulls triton, outlines-core needs its own
 vocabulary index build per schema), computes a mask in well under a millisecond for SmolLM2's

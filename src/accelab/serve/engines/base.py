@@ -54,7 +54,7 @@ SAMPLING_EPS = 1e-5  # temperatures below it are greedy (vLLM's _SAMPLING_EPS)
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SamplingParams:
-    """One sequence's sampling and stopping rules (what `engines.sampling` applies per row)."""
+    """One sequence's sampling and stopping rules (what `runner.sampling` applies per row)."""
 
     max_tokens: int
     temperature: float = 1.0  # 0: greedy
@@ -94,7 +94,7 @@ class Prompt:
     ids: tuple[int, ...] = ()
     text: str | None = None
     images: tuple[Any, ...] = ()
-    media: tuple[Any, ...] = ()  # the images as the continuous steps take them (engines.vision.ImageInput)
+    media: tuple[Any, ...] = ()  # the images as the continuous steps take them (runner.vision.ImageInput)
     prompt_tokens: int
     truncated: int = 0  # leading tokens dropped to fit the context (the request asked to truncate)
 
@@ -108,7 +108,7 @@ class Prompt:
 class GenUnit:
     """One sequence to generate. `on_text` receives each new piece of text, in the worker
     thread; the handler sets `cancelled` when its client went away (the row then stops).
-    `sampler` (an `engines.sampling.SequenceSampler`) holds its per-sequence sampling state;
+    `sampler` (an `runner.sampling.SequenceSampler`) holds its per-sequence sampling state;
     `fork_of`: another choice of the same prompt (n > 1), whose prefilled KV this one may share."""
 
     prompt: Prompt
@@ -169,7 +169,7 @@ class StepInput:
     params: SamplingParams
     sampler: Any = None  # the sequence's SequenceSampler (None: a fresh one from params, e.g. in checks)
     blocks: tuple[int, ...] = ()  # its KV blocks, position order (engines that keep KV in the scheduler's pool)
-    images: tuple[Any, ...] = ()  # its prompt's images (engines.vision.ImageInput), on chunks of the prompt
+    images: tuple[Any, ...] = ()  # its prompt's images (runner.vision.ImageInput), on chunks of the prompt
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -189,8 +189,8 @@ class StepEngine(Protocol):
     name: str  # what it is, for the start-up log
     kv_bytes_per_token: int  # KV cache bytes one token of one sequence holds
 
-    # One SampledToken (engines.sampling) per input with `sample`, in order: the engine hands
-    # the [N, V] logits rows of those inputs to `engines.sampling.sample_step(logits, inputs)`,
+    # One SampledToken (runner.sampling) per input with `sample`, in order: the engine hands
+    # the [N, V] logits rows of those inputs to `runner.sampling.sample_step(logits, inputs)`,
     # which applies each sequence's own rules (StepInput.sampler) and returns them.
     def step(self, inputs: list[StepInput]) -> list[Any]: ...
 
@@ -238,7 +238,7 @@ class PagedKV(Protocol):
 class EncodesAhead(Protocol):
     """A vision-language model's engine that encodes images between the steps, in slices: the
     scheduler holds a prefill chunk before an image until `image_ready`, and the worker gives
-    the encoder a slice after each step (`encode_ahead`; engines.encoder_slices)."""
+    the encoder a slice after each step (`encode_ahead`; runner.encoder_slices)."""
 
     encodes_ahead: bool  # False: this model's images are encoded inside the steps
 
@@ -340,7 +340,7 @@ class StepReport:
     batch: int = 0  # sequences fed to the model in this step
     preempted_tokens: int = 0  # tokens of the sequences preempted: fed to the model again at readmission
     cost: StepCost | None = None  # what the step must read and compute (engines that say: CostsSteps)
-    images: Any = None  # its image work (engines.vision.ImageCounts) where the engine encodes images
+    images: Any = None  # its image work (runner.vision.ImageCounts) where the engine encodes images
 
 
 @dataclass(kw_only=True, slots=True)

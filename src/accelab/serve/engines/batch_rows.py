@@ -5,7 +5,7 @@ own max_tokens, stop strings and sampling rules.
   feeds each row's TextStream, hands new text to the row's unit and tells generate which rows
   are done; generate runs until all are (max_new_tokens is the largest request's).
 - `RowSampler` (a LogitsProcessor) has each row's SequenceSampler pick its token with the rules
-  every engine shares (`engines.sampling`: penalties, logit_bias, grammar masks, logprobs, ...)
+  every engine shares (`runner.sampling`: penalties, logit_bias, grammar masks, logprobs, ...)
   and leaves only that token finite, so generate's own pick takes it. A batch of plain greedy
   rows without logprobs runs plain greedy search.
 """
@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from accelab.serve.engines.base import Completion, GenUnit
-from accelab.serve.engines.logprobs import describe
-from accelab.serve.engines.sampling import SampledToken, SequenceSampler, sample
+from accelab.serve.runner.logprobs import describe
+from accelab.serve.runner.sampling import SampledToken, SequenceSampler, sample
 from accelab.serve.stops import StopRules
 from accelab.serve.textstream import TextStream
 
@@ -82,7 +82,7 @@ class RowTracker:
 
 
 class RowSampler:
-    """A LogitsProcessor: every live row's SequenceSampler picks its token (engines.sampling);
+    """A LogitsProcessor: every live row's SequenceSampler picks its token (runner.sampling);
     the scores that go back are -inf but at that token, so generate's pick (argmax, or a draw
     from one finite score) takes exactly it. Finished rows keep their argmax (padding follows)."""
 

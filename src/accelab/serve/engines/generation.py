@@ -28,11 +28,11 @@ from accelab.serve.engines.base import (
     fit_prompt,
 )
 from accelab.serve.engines.batch_rows import RowTracker, sampling_kwargs
-from accelab.serve.engines.logprobs import prompt_logprobs
-from accelab.serve.engines.ragged import RaggedTorchEngine
-from accelab.serve.engines.sampling import SampledToken, SequenceSampler
-from accelab.serve.engines.vision import split_images
 from accelab.serve.images import ImagePolicy, check_image, decode_image
+from accelab.serve.runner.logprobs import prompt_logprobs
+from accelab.serve.runner.ragged import RaggedTorchEngine
+from accelab.serve.runner.sampling import SampledToken, SequenceSampler
+from accelab.serve.runner.vision import split_images
 from accelab.serve.scheduler import SchedulerConfig
 from accelab.serve.stops import StopRules
 from accelab.serve.textstream import stream_for
@@ -250,7 +250,7 @@ class HFGenerationEngine:
             backend = self.runnable.plan.backend if self.runnable.plan is not None else "this runtime"
             raise Unsupported(f"backend {backend} has no step engine for continuous batching")
         if self.steps == "llamacpp":  # sequences of one context
-            from accelab.serve.engines.llama_steps import LlamaStepEngine
+            from accelab.serve.runner.llama_steps import LlamaStepEngine
 
             return LlamaStepEngine(
                 self.runnable.model.engine,

@@ -66,7 +66,7 @@ class GenerationEngine(Engine, Protocol):
 
 @runtime_checkable
 class SamplesPerSequence(Protocol):
-    """Each sequence samples with rules of its own (`engines.sampling.SequenceSampler`, or the
+    """Each sequence samples with rules of its own (`runner.sampling.SequenceSampler`, or the
     engine process's sampler): min_tokens, ignore_eos, logprobs and grammars need it."""
 
     def sampler(self, params: SamplingParams, prompt: Prompt, *, grammar: Any = None, seed_offset: int = 0) -> Any: ...

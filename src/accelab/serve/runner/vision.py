@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from accelab.serve.engines import packed_linear
-from accelab.serve.engines.packed_linear import PackedLinears
+from accelab.serve.runner import packed_linear
+from accelab.serve.runner.packed_linear import PackedLinears
 
 
 @dataclass(frozen=True, kw_only=True, slots=True, eq=False)

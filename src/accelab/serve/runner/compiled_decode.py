@@ -46,8 +46,8 @@ import torch.nn.functional as F
 from accelab.ops import int8_gemm
 from accelab.ops.decode_attention import available as decode_attention_missing, decode_attention
 from accelab.serve.engines.base import SamplingParams, StepInput
-from accelab.serve.engines.kv_cache import PagedKVCache
-from accelab.serve.engines.llama_stack import LlamaStack, decoder_of, int8_operator, int8_rows
+from accelab.serve.runner.kv_cache import PagedKVCache
+from accelab.serve.runner.llama_stack import LlamaStack, decoder_of, int8_operator, int8_rows
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Log-probabilities for a response: a prompt's, scored in one forward (completions' echo), and
 sampled tokens as the text the OpenAI fields carry (`describe`). The sampled tokens' own come
-from `engines.sampling` (step 1 of its contract)."""
+from `runner.sampling` (step 1 of its contract)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import overload
 import torch
 
 from accelab.serve.engines.base import TokenLogprob
-from accelab.serve.engines.sampling import SampledToken
+from accelab.serve.runner.sampling import SampledToken
 
 
 def prompt_logprobs(logits: torch.Tensor, tokens: Sequence[int], top: int) -> list[SampledToken | None]:

@@ -15,7 +15,7 @@ import torch
 
 from accelab.backends.llama_engine import LlamaEngine, decode_entries
 from accelab.serve.engines.base import common_prefix
-from accelab.serve.engines.sampling import SampledToken, sample_step
+from accelab.serve.runner.sampling import SampledToken, sample_step
 
 log = logging.getLogger(__name__)
 

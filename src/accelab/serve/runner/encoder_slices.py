@@ -33,7 +33,7 @@ from typing import Any
 import greenlet
 import torch
 
-from accelab.serve.engines.vision import ImageBatch, ImageInput, batch_images
+from accelab.serve.runner.vision import ImageBatch, ImageInput, batch_images
 
 __all__ = ["Encoded", "SlicedEncoder", "encode_wanted"]
 

@@ -41,15 +41,15 @@ import torch
 
 from accelab.catalog.facts import text_config
 from accelab.plan.runtime import Unsupported, input_device
-from accelab.serve.engines import compiled_decode, llama_stack, packed_linear
 from accelab.serve.engines.base import SamplingParams, StepCost, StepInput
-from accelab.serve.engines.compiled_decode import CompiledDecode
-from accelab.serve.engines.encoder_slices import SlicedEncoder, encode_wanted
-from accelab.serve.engines.kv_cache import PagedKVCache
-from accelab.serve.engines.packed_linear import PackedLinears
-from accelab.serve.engines.paged_attention import ATTENTION_NAME, StepCache, StepLayout, register
-from accelab.serve.engines.sampling import SampledToken, sample_step
-from accelab.serve.engines.vision import EncoderCache, ImageInput, VisionEncoder, image_inserts, vision_parts
+from accelab.serve.runner import compiled_decode, llama_stack, packed_linear
+from accelab.serve.runner.compiled_decode import CompiledDecode
+from accelab.serve.runner.encoder_slices import SlicedEncoder, encode_wanted
+from accelab.serve.runner.kv_cache import PagedKVCache
+from accelab.serve.runner.packed_linear import PackedLinears
+from accelab.serve.runner.paged_attention import ATTENTION_NAME, StepCache, StepLayout, register
+from accelab.serve.runner.sampling import SampledToken, sample_step
+from accelab.serve.runner.vision import EncoderCache, ImageInput, VisionEncoder, image_inserts, vision_parts
 
 log = logging.getLogger(__name__)
 

@@ -30,10 +30,10 @@ from accelab.catalog.facts import text_config
 from accelab.measure import hardware
 from accelab.measure.probes import SLOW_BELOW
 from accelab.ops import int8_gemm
-from accelab.serve.engines import packed_linear
-from accelab.serve.engines.kv_cache import PagedKVCache
-from accelab.serve.engines.paged_attention import StepLayout, attend
-from accelab.serve.engines.vision import vision_parts
+from accelab.serve.runner import packed_linear
+from accelab.serve.runner.kv_cache import PagedKVCache
+from accelab.serve.runner.paged_attention import StepLayout, attend
+from accelab.serve.runner.vision import vision_parts
 
 log = logging.getLogger(__name__)
 

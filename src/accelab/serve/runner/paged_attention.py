@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from accelab.ops.decode_attention import available as decode_attention_missing, decode_attention
-from accelab.serve.engines.kv_cache import PagedKVCache
+from accelab.serve.runner.kv_cache import PagedKVCache
 
 ATTENTION_NAME = "accelab_paged"
 # Below this many query x key positions (rows x keys x queries per row), bf16 / fp16 attention runs
