@@ -1,7 +1,7 @@
 """The llama.cpp decoding engine: a GGUF model and one context, batched prefill and decode of
 several sequences per `llama_decode`, greedy or sampled through transformers' own logits
 processors. `accelab.backends.llamacpp` builds it for a plan; the server's continuous llama.cpp
-steps (`serve/engines/llama_steps.py`) drive its model and contexts directly."""
+steps (`serve/runner/llama_steps.py`) drive its model and contexts directly."""
 
 from __future__ import annotations
 
