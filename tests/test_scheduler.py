@@ -363,3 +363,50 @@ def test_a_prefill_chunk_waits_before_an_image_whose_features_are_not_ready():
     only_waiting.add("first", ids[:6], stops=StopRules(max_tokens=2), cache_prompt=with_images(ids[:6], {"C": 0}))
     step = only_waiting.schedule()
     assert not step.chunks and not step.empty  # the worker must run it: the engine encodes C
+
+
+def test_image_work_after_a_step_waits_for_a_text_prompts_first_token_never_twice_in_a_row():
+    """Text first between the steps too: while a prompt the next step can prefill waits on no image
+    (a text prompt, or one whose images are encoded), preparing image requests and the encoder's
+    slice wait for that step; after a step that held them they go, whatever waits. A prompt that
+    waits for room in a full batch does not count; without an encoder nothing is held."""
+    ready: set[str] = set()
+    sched = Scheduler(
+        SchedulerConfig(max_running=2, max_step_tokens=64, kv_blocks=64, block_size=4),
+        FakeClock(),
+        ready=ready.__contains__,
+    )
+    ids = tuple(range(100, 114))
+    pic = sched.add("pic", ids, stops=StopRules(max_tokens=3), cache_prompt=with_images(ids, {"A": 0}))
+    assert not sched.first_token_due() and not sched.hold_image_work()  # only a prompt waiting on image A
+    sched.add("text", ids[:5], stops=StopRules(max_tokens=3))
+    assert sched.first_token_due()
+    assert sched.hold_image_work() and sched.hold_image_work(again=True)  # asked twice after one step: held
+    assert not sched.hold_image_work()  # the step after one that held: the image work goes
+    run_step(sched)  # "text" gets its first token; "pic" waits on A
+    assert not sched.first_token_due()
+    sched.add("late", ids[:3], stops=StopRules(max_tokens=3))  # the batch is full (pic, text): it waits for room
+    assert not sched.first_token_due() and not sched.hold_image_work()
+    ready.add("A")  # pic's image encoded: its prefill is due, and it is running
+    assert pic.state == "running" and sched.first_token_due() and sched.hold_image_work()
+    plain, _ = make(max_step_tokens=64, kv_blocks=64, block_size=4)
+    plain.add("text", ids[:5], stops=StopRules(max_tokens=3))
+    assert not plain.first_token_due() and not plain.hold_image_work()  # no encoder: nothing to hold
+
+
+def test_another_choice_forks_the_first_ones_blocks_with_prefix_caching_else_queues_forked_from_it():
+    ids = tuple(range(100, 109))
+    paged, _ = make(max_running=2, max_step_tokens=64, kv_blocks=64, block_size=4, prefix_caching=True)
+    first = paged.add("c0", ids, stops=StopRules(max_tokens=4))
+    run_step(paged)  # prefilled, first token picked
+    child = paged.add_choice(first, "c1")
+    assert child.state == "running" and child.prompt == first.prompt and child.stops is first.stops
+    assert child.block_table[:2] == first.block_table[:2] and child.computed == len(ids) - 1  # shared prompt KV
+    third = paged.add_choice(first, "c2")  # no slot left (max_running=2): it queues, forked from the first
+    assert third.state == "waiting" and third.forked_from is first and paged.waiting == 1
+    per_sequence, _ = make(max_step_tokens=64, kv_blocks=64, block_size=4, max_queue=1)
+    first = per_sequence.add("c0", ids, stops=StopRules(max_tokens=4))
+    run_step(per_sequence)
+    per_sequence.add("other", ids[:3], stops=StopRules(max_tokens=4))  # the queue is full now
+    queued = per_sequence.add_choice(first, "c1")  # accepted with its request: never refused for the queue
+    assert queued.state == "waiting" and queued.forked_from is first and per_sequence.waiting == 2

@@ -27,7 +27,6 @@ prompt log-probabilities come from one `engine.score` of the prompt at admission
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence as Seq
@@ -83,9 +82,6 @@ class _Row:
     seq: Sequence[_Row] | None = None
     last_token_at: float | None = None
     children: list[_Row] = field(default_factory=list)  # the other choices (n > 1), queued after its prefill
-    # a queued choice (n > 1) of an engine that forks by sequence (llama.cpp): the choice whose KV it
-    # takes at admission; cleared then (it lives and dies with the row: no table to outlive it)
-    forked_from: Sequence[_Row] | None = None
 
 
 class ContinuousWorker(WorkerThread[Step[_Row]]):
@@ -104,7 +100,6 @@ class ContinuousWorker(WorkerThread[Step[_Row]]):
         super().__init__("accelab-continuous-worker", clock=clock)
         self._encoder_share = encoder_share  # the vision encoder's time after a step, in that step's time
         self._encoder_batch = encoder_batch  # images the vision encoder takes in one forward, at most
-        self._images_held = False  # the last step's image work waited for a text prompt's first token
         self.engine = engine
         self.config = config
         self._decode = decode
@@ -251,20 +246,15 @@ class ContinuousWorker(WorkerThread[Step[_Row]]):
                 sampled += 1
                 self._take_token(row, result, ends, now)
         call_safely(self.hooks.on_step, self._report(step, sampled=sampled, seconds=now - started))
-        held_before, self._images_held = self._images_held, False
-        if self._hold_images(held_before):
+        if self._encoder is not None and self._hold_image_work():  # text first (the scheduler's rule)
             return
         self._do_chores()  # requests with images prepared now join the queue while the encoder runs
-        if step.encode and not self._hold_images(held_before):
+        if step.encode and not self._hold_image_work(again=True):
             self._encode_images(step, seconds=now - started)
 
-    def _hold_images(self, held_before: bool) -> bool:
-        """After a step, while a text prompt waits for its first token: the image work (preparing
-        requests, encoding) waits for the step that prefills it; never two steps in a row."""
-        if self._encoder is None or held_before or not self._first_token_due():
-            return False
-        self._images_held = True
-        return True
+    def _hold_image_work(self, *, again: bool = False) -> bool:
+        with self._cond:
+            return self._scheduler.hold_image_work(again=again)
 
     def _encode_images(self, step: Step[_Row], *, seconds: float) -> None:
         """The encoder's slice after a step: `encoder_share` times as long as the step took (the
@@ -303,20 +293,8 @@ class ContinuousWorker(WorkerThread[Step[_Row]]):
         return self._encoder is not None and self._first_token_due()
 
     def _first_token_due(self) -> bool:
-        """A prompt the next step can prefill waits on no image: its first token comes before the
-        encoder's next full slice (text requests beside a stream of new images start sooner). One
-        that waits for room in a full running batch does not count."""
-        assert self._encoder is not None
-        ready = self._encoder.image_ready
         with self._cond:
-            scheduler = self._scheduler
-            room = scheduler.running < self.config.max_running
-            return any(
-                seq.computed < len(seq.prompt)
-                and (room or seq.state == "running")
-                and all(ready(seq.image_key(start)) for start in seq.image_starts(seq.computed, len(seq.prompt)))
-                for seq in scheduler.sequences()
-            )
+            return self._scheduler.first_token_due()
 
     def _settle(self, step: Step[_Row]) -> None:
         """Before the step runs: answer the jobs that expired or were dropped, and start the
@@ -434,30 +412,15 @@ class ContinuousWorker(WorkerThread[Step[_Row]]):
         assert row.seq is not None
         with self._cond:
             for child in row.children:
-                if child.unit.cancelled or child.run.done:
-                    continue
-                child.unit.prompt_sampled = row.unit.prompt_sampled
-                if self.config.prefix_caching and row.seq.state == "running":
-                    # a paged engine: the child runs now on the parent's blocks, the partial last one
-                    # copied on write; with no slot or block free it queues (and hits the prefix cache)
-                    with contextlib.suppress(QueueFull):
-                        child.seq = self._scheduler.fork(row.seq, child)
-                        continue
-                # counted against max_queue when its request came in: never refused for the queue now
-                child.seq = self._scheduler.add(
-                    child,
-                    child.unit.prompt.ids,
-                    stops=self._stops(child.unit),
-                    accepted=True,
-                    cache_prompt=prompt_keys(child.unit.prompt),
-                )
-                child.forked_from = row.seq
+                if not (child.unit.cancelled or child.run.done):
+                    child.unit.prompt_sampled = row.unit.prompt_sampled
+                    child.seq = self._scheduler.add_choice(row.seq, child)  # runs now, or queues
         row.children = []
 
     def _reused(self, seq: Sequence[_Row]) -> int:
         """Under the lock, at admission: leading tokens of `seq` whose KV the engine holds already
         (the parent choice's prompt, or a finished sequence's prefix)."""
-        parent, seq.payload.forked_from = seq.payload.forked_from, None
+        parent, seq.forked_from = seq.forked_from, None
         if parent is not None and parent.state == "running" and self._fork is not None:
             n = len(seq.prompt) - 1  # the last prompt token is fed again: its logits pick this choice's first
             if n > 0:

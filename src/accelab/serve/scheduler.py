@@ -19,6 +19,13 @@ Per step (`schedule`), in this order:
    request) starts its prefill after them;
 5. a step that gives a text prompt its first token leaves out the chunks over image positions
    (a vision-language model's image prompts): they go in the next step, never held twice in a row.
+   The same rule, text first, times the image work between steps (`hold_image_work`): while a
+   prompt the next step can prefill waits on no image, preparing new image requests and the
+   encoder's slice wait for that step, never after two steps in a row.
+
+Another choice of an n > 1 request starts once the first choice has prefilled the prompt and
+picked its first token (`add_choice`): forked onto the first choice's blocks at once (prefix
+caching), or queued, to fork the engine's state of it at admission (`reuse`).
 
 After the engine ran the step, the caller reports each chunk with `advance` (and the token
 sampled at its end). The scheduler decides there whether that token ends the sequence (its
@@ -34,6 +41,7 @@ first (`Step.copies`, for the engine to run before the step's chunks).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from collections import deque
@@ -101,7 +109,10 @@ class Scheduler(Generic[T]):
         self._release = release
         self._ready = ready  # image key -> its features are ready (the engine encodes ahead)
         self._encode: list[tuple[Sequence[T], Hashable]] = []  # the step's images to encode
-        self._held: set[int] = set()  # sequences whose image chunk the last step left out for a text prompt
+        # text first: sequences whose image chunk the last step left out for a text prompt, and
+        # whether the image work after the last step waited for one (`hold_image_work`)
+        self._held: set[int] = set()
+        self._work_held = self._held_before = False
         self._waiting: deque[Sequence[T]] = deque()
         self._running: list[Sequence[T]] = []  # in admission order
         self._cancelled: list[Sequence[T]] = []  # running ones, dropped at the next step
@@ -249,6 +260,20 @@ class Scheduler(Generic[T]):
         self.reused_tokens += n  # the shared prompt positions are not computed again
         return child
 
+    def add_choice(self, parent: Sequence[T], payload: T) -> Sequence[T]:
+        """Another choice of `parent`'s prompt (n > 1), once `parent` prefilled it and picked its
+        first token. With prefix caching (the engine keeps KV in the pool's blocks) it forks
+        `parent`'s blocks and runs now, or, with no slot or block free, queues and finds them in the
+        prefix cache; otherwise it queues, and at admission the engine's `reuse` forks `parent`'s
+        state (`Sequence.forked_from`). Counted against max_queue when its request came: never
+        refused for the queue now."""
+        if self.config.prefix_caching and parent.state == "running":
+            with contextlib.suppress(QueueFull):
+                return self.fork(parent, payload)
+        child = self.add(payload, parent.prompt, stops=parent.stops, accepted=True, cache_prompt=parent.cache_prompt)
+        child.forked_from = parent
+        return child
+
     # -- the step -------------------------------------------------------------------------
     def schedule(self) -> Step[T]:
         dropped = self._drop_cancelled()
@@ -336,6 +361,34 @@ class Scheduler(Generic[T]):
             self._cancelled.remove(seq)
         self._free(seq)
         seq.state = "done"
+
+    # -- text first: a text prompt's first token before image work -----------------------------
+    def first_token_due(self) -> bool:
+        """A prompt the next step can prefill waits on no image: its first token comes before the
+        encoder's next full slice (text requests beside a stream of new images start sooner). One
+        that waits for room in a full running batch does not count. False without an encoder."""
+        ready = self._ready
+        if ready is None:
+            return False
+        room = len(self._running) < self.config.max_running
+        return any(
+            seq.computed < len(seq.prompt)
+            and (room or seq.state == "running")
+            and all(ready(seq.image_key(start)) for start in seq.image_starts(seq.computed, len(seq.prompt)))
+            for seq in self.sequences()
+        )
+
+    def hold_image_work(self, *, again: bool = False) -> bool:
+        """After a step ran: whether the image work (preparing requests with images, the encoder's
+        slice) waits for the step that gives a text prompt its first token (`first_token_due`);
+        never after two steps in a row. `again`: asked once more after the same step (requests
+        joined meanwhile)."""
+        if not again:
+            self._held_before, self._work_held = self._work_held, False
+        if self._held_before or not self.first_token_due():
+            return False
+        self._work_held = True
+        return True
 
     # -- internals ------------------------------------------------------------------------
     def _text_first(self, chunks: list[Chunk[T]]) -> list[Chunk[T]]:

@@ -45,6 +45,9 @@ class Sequence(Generic[T]):
     cancelled: bool = False
     preemptions: int = 0
     finish_reason: FinishReason | None = None  # set by `advance` on the token that ends it
+    # another choice (n > 1) queued on an engine that keeps state per sequence (llama.cpp): the
+    # choice whose KV it takes at admission (the engine's `reuse` forks it); cleared then
+    forked_from: Sequence[T] | None = None
     # the prompt as the prefix cache keys it, where it holds more than token ids (an image's
     # positions carry the image's content key: runner.vision.cache_prompt); None: the prompt
     cache_prompt: tuple[Hashable, ...] | None = None
