@@ -34,8 +34,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from accelab.serve.batcher import QueueFull
+from accelab.serve.delivery import completion, deliver
 from accelab.serve.engines.base import (
-    Completion,
     ContinuousHooks,
     CostsSteps,
     EncodesAhead,
@@ -60,7 +60,7 @@ from accelab.serve.jobs import (
     error_kind,
     is_out_of_memory,
 )
-from accelab.serve.runner.logprobs import describe, prompt_logprobs
+from accelab.serve.runner.logprobs import prompt_logprobs
 from accelab.serve.runner.sampling import SampledToken
 from accelab.serve.runner.vision import prompt_keys
 from accelab.serve.scheduler import NeverFits, Scheduler, SchedulerConfig
@@ -372,15 +372,10 @@ class ContinuousWorker(WorkerThread[Step[_Row]]):
     def _take_token(self, row: _Row, sampled: SampledToken, ends: FinishReason | None, now: float) -> None:
         """A row's new token, with the scheduler's verdict on it: its text goes out, and the row
         finishes on that verdict or on a stop string its text stream found."""
-        unit = row.unit
         if row.last_token_at is not None:
             call_safely(self.hooks.on_token_gap, now - row.last_token_at)
         row.last_token_at = now
-        unit.note_token(now)
-        piece = row.stream.push(sampled.token, ends=ends)
-        if unit.params.logprobs is not None and not row.stream.ended_on_stop_token:  # a stop token is no text
-            unit.sampled.append(sampled)
-        unit.emit(piece.text)
+        piece = deliver(row.unit, row.stream, sampled.token, ends=ends, now=now, sampled=sampled)
         if row.children and row.stream.tokens == 1:  # the prompt is prefilled: the other choices may start
             self._queue_children(row)
         if piece.finished is None:
@@ -389,23 +384,9 @@ class ContinuousWorker(WorkerThread[Step[_Row]]):
         with self._cond:
             self._scheduler.finish(row.seq)
         run = row.run
-        if run.complete(row.index, self._completion(row, piece.finished, now)):
+        answer = completion(row.unit, row.stream, finished_at=now, decode=self._decode, finish_reason=piece.finished)
+        if run.complete(row.index, answer):
             self._note_seconds(run.finish(now, batch_units=self._scheduler.running + 1))
-
-    def _completion(self, row: _Row, finish_reason: Any, now: float) -> Completion:
-        unit, stream = row.unit, row.stream
-        logprobs = None if unit.params.logprobs is None else describe(unit.sampled, self._decode)
-        echo = unit.prompt_sampled
-        return Completion(
-            text=stream.output,
-            finish_reason=finish_reason,
-            prompt_tokens=unit.prompt.prompt_tokens,
-            completion_tokens=stream.tokens,
-            first_token_at=unit.first_token_at,
-            finished_at=now,
-            logprobs=logprobs,
-            prompt_logprobs=None if echo is None else describe(echo, self._decode),
-        )
 
     def _queue_children(self, row: _Row) -> None:
         """The other choices of `row`'s prompt join the queue; admitted, each forks row's KV."""

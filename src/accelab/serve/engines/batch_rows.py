@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
+from accelab.serve.delivery import completion, deliver
 from accelab.serve.engines.base import Completion, GenUnit
-from accelab.serve.runner.logprobs import describe
 from accelab.serve.runner.sampling import SampledToken, SequenceSampler, sample
 from accelab.serve.stops import StopRules
 from accelab.serve.textstream import TextStream
@@ -45,15 +45,8 @@ class RowTracker:
         done = []
         for row, (unit, stream, rules, token) in enumerate(zip(self.units, self.streams, self.rules, tokens)):
             if stream.finish_reason is None and not unit.cancelled:
-                unit.note_token(now)
-                step = stream.push(token, ends=rules.check(stream.tokens + 1, token))
-                if (
-                    unit.params.logprobs is not None
-                    and self.sampled[row] is not None
-                    and not stream.ended_on_stop_token
-                ):  # a stop token is no text
-                    unit.sampled.append(self.sampled[row])
-                unit.emit(step.text)
+                ends = rules.check(stream.tokens + 1, token)
+                step = deliver(unit, stream, token, ends=ends, now=now, sampled=self.sampled[row])
                 if step.finished:
                     self.finished_at[row] = now
             done.append(stream.finish_reason is not None or unit.cancelled)
@@ -64,20 +57,8 @@ class RowTracker:
         for row, (unit, stream) in enumerate(zip(self.units, self.streams)):
             if stream.finish_reason is None:  # generate stopped on its own (cancelled, max length)
                 unit.emit(stream.end().text)
-            logprobs = None if unit.params.logprobs is None else describe(unit.sampled, self.decode)
-            echo = unit.prompt_sampled
-            out.append(
-                Completion(
-                    text=stream.output,
-                    finish_reason=stream.finish_reason or "length",
-                    prompt_tokens=unit.prompt.prompt_tokens,
-                    completion_tokens=stream.tokens,
-                    first_token_at=unit.first_token_at,
-                    finished_at=self.finished_at[row] or time.monotonic(),
-                    logprobs=logprobs,
-                    prompt_logprobs=None if echo is None else describe(echo, self.decode),
-                )
-            )
+            finished_at = self.finished_at[row] or time.monotonic()
+            out.append(completion(unit, stream, finished_at=finished_at, decode=self.decode))
         return out
 
 

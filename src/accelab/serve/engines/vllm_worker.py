@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from accelab.backends import engine_wire as W
-from accelab.serve.engines.base import SAMPLING_EPS, Completion, ContinuousHooks, GenUnit, PayloadTooLarge, StepReport
+from accelab.serve.delivery import completion, deliver
+from accelab.serve.engines.base import SAMPLING_EPS, ContinuousHooks, GenUnit, PayloadTooLarge, StepReport
 from accelab.serve.jobs import (
     ClientGone,
     ErrorKind,
@@ -181,9 +182,7 @@ class VllmWorker(WorkerThread[list[JobRun[_Row]]]):
             call_safely(self.hooks.on_token_gap, now - row.last_token_at)
         row.last_token_at = now
         self._sampled += 1
-        unit.note_token(now)
-        piece = row.stream.push(token, ends=row.stops.check(row.stream.tokens + 1, token))
-        unit.emit(piece.text)
+        piece = deliver(unit, row.stream, token, ends=row.stops.check(row.stream.tokens + 1, token), now=now)
         if piece.finished is not None:
             self.client.abort(row.request_id)  # accelab ended it (stop string, max_tokens): vLLM stops too
             self._complete(row, now)
@@ -201,7 +200,7 @@ class VllmWorker(WorkerThread[list[JobRun[_Row]]]):
         run = row.run
         row.done = True
         with self._cond:
-            if not run.complete(row.index, _completion(row, now)):
+            if not run.complete(row.index, completion(row.unit, row.stream, finished_at=now, decode=self._decode)):
                 return
             self._finish_run(run)
         self._note_seconds(run.finish(now, batch_units=len(run.rows)))
@@ -253,17 +252,6 @@ class VllmWorker(WorkerThread[list[JobRun[_Row]]]):
                 self._fail(run, ClientGone("the client went away"), "cancelled")
             else:
                 self._fail(run, deadline_error(now - run.arrival, run.job.timeout_s, "the engine's queue"), "timeout")
-
-
-def _completion(row: _Row, now: float) -> Completion:
-    return Completion(
-        text=row.stream.output,
-        finish_reason=row.stream.finish_reason or "length",
-        prompt_tokens=row.unit.prompt.prompt_tokens,
-        completion_tokens=row.stream.tokens,
-        first_token_at=row.unit.first_token_at,
-        finished_at=now,
-    )
 
 
 def _step_report(stats: W.Stats, kv_blocks: int, sampled: int, since_last_s: float) -> StepReport:
