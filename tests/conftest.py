@@ -39,6 +39,7 @@ SLOWEST_FIRST = (
     "test_tune_serve",
     "test_train_e2e",
     "test_custom_models",
+    "test_openvino_genai_e2e",
     "test_bench_e2e",
     "test_openai_fields",
     "test_quality_e2e",
