@@ -228,6 +228,14 @@ def contenders(opts: argparse.Namespace, before_src: Path | None) -> dict[str, S
             COMPILED,
             pythonpath=str(before_src),
         )
+        out["before-int8f32-head-compiled"] = S.accelab(  # the fastest own plan where bf16 is emulated
+            f"accelab serve --plan '{INT8F32[2]}' at {opts.before}",
+            model,
+            *common,
+            "--plan",
+            INT8F32[2],
+            pythonpath=str(before_src),
+        )
     wanted = [k for k in wanted if k in out or opts.only]  # the default set where this model has them
     if opts.handicapped and "vllm-eager" not in wanted:
         wanted.append("vllm-eager")
@@ -658,7 +666,8 @@ def main() -> int:
         "--only",
         default="",
         help=f"servers, comma-separated (default where bf16 is native: {','.join(MAIN_BF16)}; else "
-        f"{','.join(MAIN_F32)}; also llamacpp, before, transformers, vllm-eager)",
+        f"{','.join(MAIN_F32)}; also llamacpp, transformers, vllm-eager, and at --before's code: before, "
+        "before-bf16, before-bf16-compiled, before-int8f32-head-compiled)",
     )
     parser.add_argument("--handicapped", action="store_true", help="also vLLM with --enforce-eager, labelled so")
     parser.add_argument("--before", default=BEFORE, help="the earlier commit for --only ...,before")
@@ -671,7 +680,7 @@ def main() -> int:
         RESULTS / ("serve_llm.txt" if opts.model == "smollm2-135m" else f"serve_llm-{opts.model}.txt")
     )
     started = time.monotonic()
-    wants_before = opts.before and {"before", "before-bf16", "before-bf16-compiled"} & set(opts.only.split(","))
+    wants_before = opts.before and {k for k in opts.only.split(",") if k.startswith("before")}
     with (
         tempfile.TemporaryDirectory(prefix="serve_llm-") as tmp,
         S.source_at(opts.before if wants_before else None, Path(tmp) / "before") as before_src,
