@@ -366,6 +366,59 @@ def test_llama_1b_builds_a_llama_with_smollm2s_tokenizer_that_the_serving_stack_
     assert any("saving" in line and "bf16 parameters" in line for line in steps)
 
 
+def test_llama_8b_has_llama_3_1_8bs_sizes_and_is_left_out_of_fetch_all():
+    """Llama-3.1-8B's sizes (counted on the meta device, nothing allocated): 7.38B parameters with
+    SmolLM2's 49152-token vocabulary and an output layer of its own; fetched by name only."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from accelab.catalog.build_large import LLAMA_8B
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(**LLAMA_8B, vocab_size=49152))
+    count = sum(p.numel() for p in model.parameters())
+    layers = 32 * (4096 * (4096 + 1024 + 1024 + 4096) + 3 * 4096 * 14336)
+    assert count == layers + 2 * 49152 * 4096 + 65 * 4096 == 7_382_241_280
+    assert not CATALOG["llama-8b"].in_all and CATALOG["llama-8b"].random_weights
+
+
+def test_llama_8b_is_written_shard_by_shard_the_same_on_every_machine(tmp_path):
+    """The builder at small sizes (the real one is 14.8 GB): bf16 shards of two layers each with
+    their index, loadable by transformers; two builds are byte for byte equal; a tensor's values
+    are the catalog's draw for its name (the digest below was taken on an AVX2 EPYC: another CPU
+    kind must give the same, or two machines would benchmark different models); the norms are
+    ones, the rest uniform with Llama's initialiser's standard deviation; the serving steps take it."""
+    import hashlib
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from accelab.catalog.build_large import LLAMA_8B, build_llama_8b, random_tensor
+    from accelab.serve.runner.llama_stack import why_not
+
+    drawn = random_tensor("model.layers.0.mlp.up_proj.weight", (64, 128), 0.02)
+    assert hashlib.sha256(drawn.view(torch.int16).numpy().tobytes()).hexdigest()[:16] == "46df6af9d3cd111f"
+    small = {**LLAMA_8B, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4}
+    small["num_key_value_heads"], small["head_dim"] = 2, 16
+    steps: list[str] = []
+    for name in ("a", "b"):
+        build_llama_8b(tmp_path / name, steps.append, sizes=small)
+    shards = sorted(p.name for p in (tmp_path / "a").glob("*.safetensors"))
+    assert shards == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]  # layers 0-1, 2
+    assert all((tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes() for f in shards)
+    index = json.loads((tmp_path / "a" / "model.safetensors.index.json").read_text())
+    assert index["weight_map"]["model.layers.2.mlp.down_proj.weight"] == shards[1]
+    assert index["weight_map"]["model.embed_tokens.weight"] == shards[0] and "lm_head.weight" in index["weight_map"]
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "a", dtype=torch.bfloat16)
+    weights = model.state_dict()
+    assert torch.equal(weights["model.layers.1.input_layernorm.weight"], torch.ones(64, dtype=torch.bfloat16))
+    up = weights["model.layers.0.mlp.up_proj.weight"].float()
+    assert abs(up.std().item() - model.config.initializer_range) < 0.002 and up.abs().max() < 0.035
+    assert model.config.rope_scaling["rope_type"] == "llama3" and not model.config.tie_word_embeddings
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "a")
+    assert model.config.vocab_size == len(tokenizer) == 49152 and tokenizer.chat_template
+    assert why_not(model) is None
+    assert any("one shard at a time" in line for line in steps) and any("wrote model-00002" in line for line in steps)
+
+
 def test_smolvlm_256m_is_smollm2_with_a_vision_tower_of_smolvlms_shape(tmp_path):
     """The real-size VLM for the serving benchmark: SmolVLM-256M's vision tower (counted on the
     meta device: SigLIP base, 86M parameters) around SmolLM2-135M's own weights; the builder at a

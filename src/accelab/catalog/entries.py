@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from accelab.catalog import build_text, build_vision, build_vlm
+from accelab.catalog import build_large, build_text, build_vision, build_vlm
 from accelab.catalog.spec import TASKS, Task
 
 Step = Callable[[str], None]
@@ -56,6 +56,18 @@ _ENTRIES = [
         random_weights=True,
         size="1.07B params, 2.1 GB bf16",
         build=build_text.build_llama_1b,
+        requires=("smollm2-135m",),
+        in_all=False,
+    ),
+    CatalogEntry(
+        name="llama-8b",
+        task="text-generation",
+        hub_id="meta-llama/Llama-3.1-8B-Instruct",
+        origin="Llama-3.1-8B's architecture and sizes, random weights (seed 0, the same on every machine), "
+        "SmolLM2's tokenizer (vocabulary 49152, not 128256), written one bf16 shard at a time",
+        random_weights=True,
+        size="7.38B params, 14.8 GB bf16",
+        build=build_large.build_llama_8b,
         requires=("smollm2-135m",),
         in_all=False,
     ),
