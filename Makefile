@@ -6,9 +6,11 @@ BIN := $(VENV)/bin
 # torch is installed first and pinned: a plain `torch` would pull a multi-GB CUDA build here.
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
-# no byte-compiling of every installed file (pip's default: 26 of torch's 37 s to install here, x4
-# venvs): Python writes the .pyc of what is imported, when it is first imported
-PIP_FLAGS := --quiet --no-compile
+# pip byte-compiles what it installs (26 of torch's 37 s to install here): kept, because machines like
+# this one set PYTHONDONTWRITEBYTECODE=1, so a module installed without its .pyc is compiled from
+# source by every process that imports it (torch and transformers: +3 s of CPU a process, and the
+# suite starts hundreds; a fresh-clone run with --no-compile ran far slower)
+PIP_FLAGS := --quiet
 # two pytest-xdist workers: the suite waits on child processes and servers much of the time, and
 # on 2 cores the second worker cut its wall time from 31 to 22 min (docs/development.md); the
 # files of one group run on one worker (tests/conftest.py)
