@@ -64,3 +64,28 @@ def test_lazy_reasons_follow_the_importers_own_imports(tmp_path):
     assert reasons[("accelab.commands", "json")] is None  # the standard library is no reason
     assert reasons[("accelab.heavy", "torch.nn")] is None  # torch is loaded at its top anyway
     assert reasons[("accelab.heavy", "accelab.light")] is None
+
+
+def test_each_serving_module_imports_first_in_a_fresh_interpreter():
+    """A module imported before any other of the package must import: the graph above reads
+    `from accelab.serve.engines.base import x` as an arrow to base.py, but Python runs the package's
+    __init__ first, which imports its engines; a module that those import back, half initialised,
+    failed only when imported first (the test faults' `from accelab.serve.continuous import
+    ContinuousWorker` did, and a slowed server ran at full speed)."""
+    import subprocess
+
+    modules = [
+        "accelab.serve.continuous",
+        "accelab.serve.scheduler",
+        "accelab.serve.jobs",
+        "accelab.serve.engines.delivery",
+        "accelab.serve.engines.vllm_worker",
+        "accelab.serve.engines.batch_rows",
+        "accelab.serve.runner.ragged",
+        "accelab.serve.runner.sampling",
+        "accelab.serve.metrics",
+        "accelab.serve.state",
+    ]
+    for module in modules:
+        run = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True, check=False)
+        assert run.returncode == 0, f"import {module} first: {run.stderr[-2000:]}"

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from accelab.serve.batcher import QueueFull
-from accelab.serve.delivery import completion, deliver
 from accelab.serve.engines.base import (
     ContinuousHooks,
     CostsSteps,
@@ -49,6 +48,7 @@ from accelab.serve.engines.base import (
     SupportsPrefixReuse,
     SupportsScore,
 )
+from accelab.serve.engines.delivery import completion, deliver
 from accelab.serve.jobs import (
     ClientGone,
     ErrorKind,

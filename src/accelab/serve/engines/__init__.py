@@ -1,19 +1,22 @@
 """Engines: what the server runs. `build_engine` loads a model under a plan through
 `accelab.runtimes.load_runnable` and wraps it in the engine its serve path names
 (`accelab.runtimes.serve_path`), which carries the path's worker (`Engine.worker`: the server starts
-that one); tests inject fakes with the same methods (see tests/fakes_serve.py)."""
+that one); tests inject fakes with the same methods (see tests/fakes_serve.py).
+
+The package itself imports no engine: `from accelab.serve.engines.base import ...` runs this file
+first, and the engines import the model runner, which imports `engines.base` back (imported first,
+the runner would meet itself half initialised)."""
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from accelab.catalog.spec import ModelSpec
-from accelab.plan.plan import Plan
-from accelab.runtimes import EngineProcess, load_runnable, serve_path
-from accelab.serve.engines.encoders import HFClassificationEngine, HFEmbeddingEngine
-from accelab.serve.engines.generation import HFGenerationEngine
-from accelab.serve.engines.interfaces import Engine
-from accelab.serve.engines.vllm import EngineProcessEngine
+if TYPE_CHECKING:
+    import torch
+
+    from accelab.catalog.spec import ModelSpec
+    from accelab.plan.plan import Plan
+    from accelab.serve.engines.interfaces import Engine
 
 
 def build_engine(
@@ -22,6 +25,11 @@ def build_engine(
     """`spec` under `plan` on `device`, in the engine of its serve path; an engine process that
     schedules itself belongs to this server (it leaves with it) and runs up to `max_batch_size`
     sequences where the plan does not say."""
+    from accelab.runtimes import EngineProcess, load_runnable, serve_path
+    from accelab.serve.engines.encoders import HFClassificationEngine, HFEmbeddingEngine
+    from accelab.serve.engines.generation import HFGenerationEngine
+    from accelab.serve.engines.vllm import EngineProcessEngine
+
     path = serve_path(spec, plan)
     if path.engine == "engine-process":
         runnable = load_runnable(spec, plan, device, process=EngineProcess(max_num_seqs=max_batch_size))

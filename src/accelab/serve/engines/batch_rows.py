@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from accelab.serve.delivery import completion, deliver
 from accelab.serve.engines.base import Completion, GenUnit
+from accelab.serve.engines.delivery import completion, deliver
 from accelab.serve.runner.sampling import SampledToken, SequenceSampler, sample
 from accelab.serve.stops import StopRules
 from accelab.serve.textstream import TextStream

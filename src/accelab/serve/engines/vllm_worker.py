@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from accelab.backends import engine_wire as W
-from accelab.serve.delivery import completion, deliver
 from accelab.serve.engines.base import SAMPLING_EPS, ContinuousHooks, GenUnit, PayloadTooLarge, StepReport
+from accelab.serve.engines.delivery import completion, deliver
 from accelab.serve.jobs import (
     ClientGone,
     ErrorKind,
