@@ -53,9 +53,9 @@ def server(request):
         "--port",
         "0",
         "--max-tokens",
-        "64",
+        "256",  # the SIGTERM test's streams are this long: still streaming when it checks them
         "--grace-period",
-        "20",
+        "60",
         timeout_s=120,
     )
     try:
@@ -119,7 +119,7 @@ def test_chat_and_completions_streaming_and_not(server):
 
 def test_bad_requests_fail_alone_with_the_reason(server):
     url = f"{server.url}/v1"
-    too_many = httpx.post(f"{url}/chat/completions", json={"model": MODEL, "messages": QUESTION, "max_tokens": 65})
+    too_many = httpx.post(f"{url}/chat/completions", json={"model": MODEL, "messages": QUESTION, "max_tokens": 257})
     assert too_many.status_code == 413 and "--max-tokens" in too_many.text
     wrong = httpx.post(f"{url}/chat/completions", json={"model": "other", "messages": QUESTION})
     assert wrong.status_code == 404 and MODEL in wrong.text
@@ -236,7 +236,7 @@ def test_sigterm_finishes_in_flight_streams_refuses_new_ones_and_stops_the_engin
             json={
                 "model": MODEL,
                 "prompt": "Tell me about Paris.",
-                "max_tokens": 64,
+                "max_tokens": 256,  # ~3-10 s of decoding: a stream that started late finds the others still running
                 "stream": True,
                 "temperature": 0,
                 "ignore_eos": True,
