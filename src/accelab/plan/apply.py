@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 
-from accelab.catalog.load import load
+from accelab.catalog.load import load, load_processor
 from accelab.catalog.spec import ModelSpec
+from accelab.plan import fit
 from accelab.plan.plan import Plan
 from accelab.plan.runtime import Runnable, Unsupported
 from accelab.plan.techniques import (
@@ -75,6 +76,7 @@ def apply_plan(spec: ModelSpec, plan: Plan, device: torch.device, *, offload_dir
     try:
         # 1. process settings, restored when the Runnable closes
         system.apply(runnable, plan)
+        fit.check(spec, plan, device)  # before a byte of the weights is read
         _load(runnable, spec, plan, offload_dir)
         _accelerate(runnable, plan)
     except BaseException:
@@ -92,6 +94,12 @@ def _load(runnable: Runnable, spec: ModelSpec, plan: Plan, offload_dir: str | No
     kwargs.update(
         placement.load_kwargs(plan, runnable.device, offload_dir=offload_dir, spec=spec, exit_stack=runnable.exit_stack)
     )
+    if runnable.device.type == "cpu" and (sharded := quantization.load(spec, plan, runnable.device, kwargs)):
+        # 2 and 4 at once: each shard's Linear layers quantized before the next shard is read
+        runnable.notes.append(f"loaded shard by shard ({sharded.shards} shards), quantizing as it went")
+        runnable.model, runnable.processor = sharded.model, load_processor(spec)
+        runnable.quantized_on_load = sharded.quantized
+        return
     log.info("loading %s with %s", spec.name, kwargs)
     loaded = load(spec, **kwargs)
     runnable.model, runnable.processor = loaded.model, loaded.processor

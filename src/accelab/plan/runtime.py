@@ -40,6 +40,7 @@ class Runnable:
     generate_fn: Callable[..., Any] | None = None  # backends that generate without a torch model
     weight_bytes: int | None = None
     quantized_layers: int = 0  # Linear layers torchao quantized (compile then fuses their scale multiply)
+    quantized_on_load: list[str] | None = None  # the layers the loader quantized, shard by shard
     spec: Any = None  # the ModelSpec it was loaded from
     plan: Any = None  # the Plan applied
     # processes outside this one that do its work (a backend's engine server): the noise meter

@@ -85,6 +85,8 @@ def _add_probes(app: FastAPI, state: ServerState) -> None:
         body: dict[str, Any] = {"status": state.status, "model": state.config.model_name}
         if state.load_error:
             body["error"] = state.load_error
+        if state.kv_cache is not None:
+            body["kv_cache"] = state.kv_cache  # its capacity, in tokens and bytes
         # processes outside this one that run the model (vLLM's engine), for whoever counts its memory
         workers = getattr(getattr(state.engine, "runnable", None), "worker_pids", ())
         if workers:

@@ -4,13 +4,15 @@ control, Prometheus metrics, graceful SIGTERM)."""
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import typer
 
 from accelab.options import command, fields_of
-from accelab.serve.config import ServeConfig, ServeRun
+from accelab.serve.config import KV_TOKENS_PER_SEQUENCE, ServeConfig, ServeRun
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,7 @@ def serve_command(ctx: typer.Context, model: str = typer.Argument(..., help=MODE
             fg=typer.colors.YELLOW,
             err=True,
         )
+    _refuse_what_cannot_fit(spec, the_plan, the_device, config)
     factory = engine_factory(spec, the_plan, the_device, name=name, max_batch_size=config.max_batch_size)
     if run.replicas > 1 or run.ray_address:
         from accelab.serve.replicas import require_ray, run_replicas
@@ -55,6 +58,25 @@ def serve_command(ctx: typer.Context, model: str = typer.Argument(..., help=MODE
         require_ray()
         raise typer.Exit(run_replicas(config, factory, replicas=run.replicas, ray_address=run.ray_address))
     raise typer.Exit(run_server(config, factory, access_log=run.access_log))
+
+
+def _refuse_what_cannot_fit(spec: Any, plan: Any, device: Any, config: ServeConfig) -> None:
+    """Exit 2, before listening or loading, when the plan's weights, the KV cache's least (one
+    sequence of 2048 tokens, or --kv-cache-tokens) and the overhead exceed the available memory."""
+    from accelab.catalog.facts import GENERATE_TASKS
+    from accelab.plan import fit
+    from accelab.plan.runtime import Unsupported
+
+    kv_bytes = 0
+    config_file = Path(spec.source) / "config.json"
+    if spec.task in GENERATE_TASKS and config.scheduler == "continuous" and config_file.is_file():
+        per_token = fit.kv_bytes_per_token(json.loads(config_file.read_text()), fit.kv_dtype(plan))
+        kv_bytes = (per_token or 0) * (config.kv_cache_tokens or KV_TOKENS_PER_SEQUENCE)
+    try:
+        fit.check(spec, plan, device, kv_bytes=kv_bytes)
+    except Unsupported as why:
+        typer.secho(f"error: {why}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
 
 
 def _typed(ctx: typer.Context, name: str) -> bool:

@@ -133,14 +133,14 @@ class ServeConfig:
             "--encoder-batch",
         ),
     )
-    # KV-cache capacity; None: 2048 per sequence, at least the model's context
+    # KV-cache capacity; None: 2048 per sequence, within the memory left after the weights
     kv_cache_tokens: int | None = field(
         default=None,
         metadata=option(
             "Continuous batching: KV-cache "
             "capacity in tokens, over all sequences; requests queue when it "
-            "is full (default: 2048 per sequence, at least the model's "
-            "context).",
+            "is full, and one that needs more than all of it is refused (default: 2048 per sequence "
+            "of --max-batch-size, within the memory left after the weights).",
             "--kv-cache-tokens",
         ),
     )
@@ -252,7 +252,7 @@ class ServeConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name}={value} must be 1 or more")
-        self.scheduler_config(max_context=None)  # its own checks (e.g. step tokens > batch size), now
+        self.scheduler_config()  # its own checks (e.g. step tokens > batch size), now
 
     @classmethod
     def from_options(
@@ -283,12 +283,18 @@ class ServeConfig:
             max_images=self.max_images,
         )
 
-    def scheduler_config(self, *, max_context: int | None) -> SchedulerConfig:
-        """The continuous scheduler's limits; `max_context` (the model's) sizes the default KV cache."""
+    def scheduler_config(self, *, room_tokens: int | None = None) -> SchedulerConfig:
+        """The continuous scheduler's limits. The KV cache: --kv-cache-tokens, else 2048 tokens for
+        each of --max-batch-size sequences, but no more than `room_tokens` (what the memory left
+        after the weights holds), and at least a block; never the model's whole context (131,072
+        tokens of an 8B Llama's keys and values are 16 GiB in bf16): a request longer than the
+        cache is refused with the reason, one that fits waits for room."""
         from accelab.serve.scheduler import SchedulerConfig
 
         step_tokens = self.max_step_tokens or max(256, 2 * self.max_batch_size)
-        kv_tokens = self.kv_cache_tokens or max(self.max_batch_size * KV_TOKENS_PER_SEQUENCE, max_context or 0)
+        kv_tokens = self.default_kv_tokens
+        if self.kv_cache_tokens is None and room_tokens is not None:
+            kv_tokens = max(BLOCK_SIZE, min(kv_tokens, room_tokens))
         return SchedulerConfig(
             max_running=self.max_batch_size,
             max_step_tokens=step_tokens,
@@ -297,6 +303,11 @@ class ServeConfig:
             max_queue=self.max_queue,
             max_step_images=self.max_step_images,
         )
+
+    @property
+    def default_kv_tokens(self) -> int:
+        """The KV cache this config asks for before memory has its say."""
+        return self.kv_cache_tokens or self.max_batch_size * KV_TOKENS_PER_SEQUENCE
 
     @property
     def batch_policy(self) -> BatchPolicy:

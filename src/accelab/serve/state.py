@@ -13,6 +13,7 @@ from collections.abc import Callable, MutableMapping
 from concurrent.futures import Future
 from typing import Any, Literal
 
+from accelab.plan import fit
 from accelab.plan.runtime import Unsupported
 from accelab.serve import machine_bound
 from accelab.serve.config import ServeConfig
@@ -37,6 +38,24 @@ log = logging.getLogger(__name__)
 Status = Literal["loading", "ready", "failed", "draining"]
 
 
+KV_HEADROOM = 1 << 30  # memory the default KV cache leaves for the steps' activations and the allocator
+
+
+def _kv_room_tokens(engine: Engine) -> int | None:
+    """Tokens of keys and values the memory left after loading holds (less KV_HEADROOM), for the
+    own engine's torch plans on the CPU; None where that is not this process's memory to size."""
+    runnable = getattr(engine, "runnable", None)
+    if runnable is None or runnable.plan is None or runnable.model is None:
+        return None
+    plan, model = runnable.plan, runnable.model
+    if plan.backend != "torch" or runnable.device.type != "cpu":
+        return None
+    per_token = fit.kv_bytes_per_token(model.config, fit.kv_dtype(plan))
+    if not per_token:
+        return None
+    return max(0, fit.available_bytes() - KV_HEADROOM) // per_token
+
+
 class ServerState:
     def __init__(self, config: ServeConfig, engine_factory: Callable[[], Engine], metrics: ServeMetrics):
         self.config = config
@@ -50,6 +69,7 @@ class ServerState:
         self.arriving = 0  # requests received and not yet submitted (parsing, tokenising): event loop only
         self.worker = Worker(config.batch_policy, hooks=self._worker_hooks(), quiet=lambda: self.arriving == 0)
         self.continuous: GenerationWorker | None = None  # generation, once loaded, unless it falls back
+        self.kv_cache: dict[str, int] | None = None  # the continuous worker's KV cache: tokens, bytes
         self._in_flight = 0
         self._idle: asyncio.Event | None = None
         self._loader: threading.Thread | None = None
@@ -112,7 +132,7 @@ class ServerState:
         if self.config.scheduler == "static":
             log.info("generation: per-batch scheduler (--scheduler static): one generate call per batch")
             return None
-        limits = self.config.scheduler_config(max_context=engine.max_context)
+        limits = self.config.scheduler_config(room_tokens=_kv_room_tokens(engine))
         try:
             stepper = engine.step_engine(limits)
         except Unsupported as reason:
@@ -156,9 +176,18 @@ class ServerState:
         self.metrics.kv_bytes.labels(state="free").set(limits.kv_tokens * stepper.kv_bytes_per_token)
         self.metrics.kv_bytes.labels(state="used").set(0)
         self.metrics.kv_cached_blocks.set(0)
+        self.kv_cache = {"tokens": limits.kv_tokens, "bytes": limits.kv_tokens * stepper.kv_bytes_per_token}
+        asked = self.config.default_kv_tokens
+        sized = (
+            "--kv-cache-tokens"
+            if self.config.kv_cache_tokens
+            else f"what the memory left after the weights holds (of {asked} asked)"
+            if limits.kv_tokens < asked
+            else f"2048 for each of {limits.max_running} sequences"
+        )
         log.info(
             "continuous batching: %s; up to %d sequences, %d tokens per step, KV cache of %d tokens (%d blocks "
-            "of %d, %.0f MB at most)",
+            "of %d, %.0f MB at most; sized by %s)",
             stepper.name,
             limits.max_running,
             limits.max_step_tokens,
@@ -166,6 +195,7 @@ class ServerState:
             limits.kv_blocks,
             limits.block_size,
             limits.kv_tokens * stepper.kv_bytes_per_token / 1e6,
+            sized,
         )
         return worker
 

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from accelab.catalog.spec import ModelSpec
+from accelab.plan import quantized_load
 from accelab.plan.plan import Plan
 from accelab.plan.runtime import Runnable, Unsupported
 from accelab.plan.techniques import precision
@@ -101,20 +102,22 @@ def make_config(quantization: str, device: torch.device) -> Any:
 
 
 def apply(runnable: Runnable, plan: Plan) -> None:
-    """Quantize the body's Linear layers in place; records their count (`quantized_layers`) and notes."""
+    """Quantize the body's Linear layers in place (unless the loader did, shard by shard: `load`);
+    records their count (`quantized_layers`) and notes."""
     if plan.quantization == "none":
         return
-    from torchao.quantization import quantize_
-
     model, device = runnable.model, runnable.device
-    skip = set() if plan.quantize_head else head_modules(model)
-    if plan.quantization in WEIGHT_ONLY:
-        skip |= vision_modules(model)
-    chosen = layer_filter(plan.quantization, skip)
-    names = [name for name, module in model.named_modules() if chosen(module, name)]
-    quantize_(model, make_config(plan.quantization, device), filter_fn=chosen)
+    if runnable.quantized_on_load is None:
+        from torchao.quantization import quantize_
+
+        chosen = choose(model, plan)
+        names = [name for name, module in model.named_modules() if chosen(module, name)]
+        quantize_(model, make_config(plan.quantization, device), filter_fn=chosen)
+    else:
+        names = runnable.quantized_on_load
     total = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
     runnable.quantized_layers = len(names)
+    skip = _kept(model, plan)
     kept = f" (kept {', '.join(sorted(skip))} in full precision)" if skip else ""
     runnable.notes.append(f"torchao {plan.quantization}: {len(names)} of {total} Linear layers{kept}")
     if device.type == "cpu" and plan.compile == "off":
@@ -122,6 +125,38 @@ def apply(runnable: Runnable, plan: Plan) -> None:
             "torchao int kernels dequantize per call in eager mode on CPU: expect slower without compile"
         )
     log.info("quantized %d of %d Linear layers to %s", len(names), total, plan.quantization)
+
+
+def load(spec: ModelSpec, plan: Plan, device: torch.device, load_kwargs: dict[str, Any]) -> Any:
+    """The model loaded shard by shard and quantized as it goes (`accelab.plan.quantized_load`),
+    with the names of the layers it quantized; None where it loads the ordinary way (the reason
+    logged). `load_kwargs`: the plan's from_pretrained arguments (dtype, attention)."""
+    extra = load_kwargs.keys() - {"dtype", "attn_implementation"}
+    reason = quantized_load.why_not(spec, plan, device) or (
+        f"from_pretrained options {sorted(extra)} apply" if extra else None
+    )
+    if reason is not None:
+        log.info("%s loads whole, then quantizes: %s", spec.name, reason)
+        return None
+    return quantized_load.load_quantized(
+        spec,
+        dtype=load_kwargs["dtype"],
+        choose=lambda model: choose(model, plan),
+        config=make_config(plan.quantization, device),
+        attn_implementation=load_kwargs.get("attn_implementation"),
+    )
+
+
+def choose(model: torch.nn.Module, plan: Plan) -> Callable[[torch.nn.Module, str], bool]:
+    """The plan's filter of the Linear layers to quantize in `model` (its module names decide)."""
+    return layer_filter(plan.quantization, _kept(model, plan))
+
+
+def _kept(model: torch.nn.Module, plan: Plan) -> set[str]:
+    skip = set() if plan.quantize_head else head_modules(model)
+    if plan.quantization in WEIGHT_ONLY:
+        skip |= vision_modules(model)
+    return skip
 
 
 WEIGHT_ONLY = ("int8-weight", "int4-weight")
