@@ -13,6 +13,7 @@ a machine (and, in the tests, to stand for a machine too small for the model).
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,8 @@ from accelab.plan.quantized_load import skeleton
 from accelab.plan.runtime import Unsupported
 from accelab.plan.techniques import precision, quantization
 from accelab.units import parse_size_mib
+
+log = logging.getLogger(__name__)
 
 AVAILABLE_ENV = "ACCELAB_AVAILABLE_MEMORY"
 OVERHEAD_FIXED = 1 << 30
@@ -72,7 +75,11 @@ def weight_bytes(spec: ModelSpec, plan: Plan) -> int | None:
     if spec.custom or spec.gguf_file or spec.trust_remote_code or not (Path(spec.source) / "config.json").is_file():
         return None
     dtype = precision.load_kwargs(plan)["dtype"]
-    model = skeleton(spec, dtype)
+    try:
+        model = skeleton(spec, dtype)
+    except Exception as exc:  # noqa: BLE001 - a model transformers cannot build empty loads as before, unchecked
+        log.info("%s: its weights could not be counted before loading (%s: %s)", spec.name, type(exc).__name__, exc)
+        return None
     per_weight = _QUANTIZED_BYTES.get(plan.quantization)
     chosen = quantization.choose(model, plan) if per_weight else None
     seen: set[int] = set()
