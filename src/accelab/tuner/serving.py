@@ -39,6 +39,7 @@ from accelab.results.store import Store, open_store
 from accelab.results.table import make_console
 from accelab.runtimes import check_supported
 from accelab.tuner.serve_candidates import CandidateServer, MemoryWatch, wait_all_ready
+from accelab.tuner.serve_memory import fitting_groups
 from accelab.tuner.serve_rank import Candidate, LevelRanking, rank
 from accelab.tuner.serve_request import ServeTuneRequest, parse_levels, parse_serve_slo
 from accelab.tuner.serve_window import excluded_result, measure_window, warm_up, window_line, window_result
@@ -204,8 +205,9 @@ class _Tune:
 
 def run_serve_tune(request: ServeTuneRequest, console: Console | None = None) -> ServeTuneOutcome:
     """The recipe: the space; what the store holds of this tune already; verify each candidate's
-    plan; start the candidates still to measure, all at once, and measure them round by round;
-    rank them at each load level. The Plan file serves the largest load asked for."""
+        plan; start the candidates still to measure, all at once (in groups where the memory holds
+    fewer: `serve_memory`), and measure them round by round;
+        rank them at each load level. The Plan file serves the largest load asked for."""
     console = console or make_console()
     candidates, pruned = serve_space(request)
     group = tune_id(request, [c.key for c in candidates])
@@ -228,7 +230,8 @@ def run_serve_tune(request: ServeTuneRequest, console: Console | None = None) ->
             _screen_quality(candidate, tune)
     to_serve = [c for c in candidates if c.excluded is None and any((c.key, *w) not in done for w in wanted)]
     _take_stored(candidates, done, wanted)
-    _serve_and_measure(to_serve, done, tune)
+    for batch in _groups_that_fit(to_serve, tune):
+        _serve_and_measure(batch, done, tune)
     for candidate in candidates:
         if candidate.excluded is None and (why := _memory_excess(candidate, tune)):
             candidate.excluded = why
@@ -287,6 +290,19 @@ def _memory_excess(candidate: Candidate, tune: _Tune) -> str | None:
         f"peak memory {peak:.0f} MiB (its processes' RSS) over --max-memory {tune.request.max_memory} "
         f"({tune.limit_mb:.0f} MiB)"
     )
+
+
+def _groups_that_fit(to_serve: list[Candidate], tune: _Tune) -> list[list[Candidate]]:
+    """The candidates in groups the machine's memory holds at once (`serve_memory`); one left out
+    is stored as excluded, with its figure."""
+    batches, groups = fitting_groups(to_serve, tune.request.spec)
+    for candidate in (c for c in to_serve if c.key in groups.left_out):
+        candidate.excluded = groups.left_out[candidate.key]
+        tune.store.add(excluded_result(candidate, tune.request, tune.group))
+        tune.console.print(f"[yellow]{escape(candidate.key)} left out: {escape(candidate.excluded)}[/]")
+    if len(batches) > 1:
+        tune.console.print(f"memory: the candidates run in {len(batches)} groups, {escape(groups.describe())}")
+    return batches
 
 
 def _serve_and_measure(to_serve: list[Candidate], done: dict[Window, dict[str, Any]], tune: _Tune) -> None:
