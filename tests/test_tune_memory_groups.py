@@ -61,3 +61,16 @@ def test_a_candidates_need_is_its_plans_weights_and_overhead_or_its_measured_pea
     batches, groups = fitting_groups(candidates, spec)
     assert [[c.key for c in batch] for batch in batches] == [["baseline", "int8-weight"], ["bf16"]]
     assert not groups.left_out
+
+
+@pytest.mark.skipif(not is_fetched("smollm2-135m"), reason="run `accelab models fetch smollm2-135m` first")
+def test_a_candidate_whose_server_alone_cannot_fit_is_not_measured_with_the_figures(monkeypatch):
+    from accelab.tuner import serving
+
+    spec = resolve("smollm2-135m")
+    base, int8 = need_bytes(spec, load_plan("baseline")), need_bytes(spec, load_plan("int8-weight"))
+    monkeypatch.setenv(fit.AVAILABLE_ENV, f"{(base + int8) // 2 // 2**20}MiB")  # int8 alone fits, fp32 not
+    request = serving.ServeTuneRequest(spec=spec, model="smollm2-135m", include=("baseline", "int8-weight"))
+    chosen, pruned = serving.serve_space(request)
+    assert [c.key for c in chosen] == ["int8-weight"]
+    assert "does not fit this machine's memory: weights 0.5 GB (float32)" in pruned["baseline"]

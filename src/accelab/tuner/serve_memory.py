@@ -88,3 +88,11 @@ def memory_groups(keys: Sequence[str], needs: dict[str, int | None], baseline: s
     if current:
         groups.append(current)
     return Groups(groups=groups, left_out=left_out, needs=counted, available=available)
+
+
+def memory_excess(candidate: Candidate, limit_mb: float | None, max_memory: str | None) -> str | None:
+    """Why the candidate is over --max-memory (the peak RSS of its processes), or None."""
+    peak = candidate.peak_rss_mb or 0.0
+    if limit_mb is None or peak <= limit_mb:
+        return None
+    return f"peak memory {peak:.0f} MiB (its processes' RSS) over --max-memory {max_memory} ({limit_mb:.0f} MiB)"

@@ -28,6 +28,7 @@ from rich.markup import escape
 
 from accelab.measure import noise
 from accelab.measure.capabilities import bf16_outruns_fp32
+from accelab.plan import fit
 from accelab.plan.apply import resolve_device
 from accelab.plan.plan import Plan, load_plan
 from accelab.plan.runtime import Unsupported
@@ -39,7 +40,7 @@ from accelab.results.store import Store, open_store
 from accelab.results.table import make_console
 from accelab.runtimes import check_supported
 from accelab.tuner.serve_candidates import CandidateServer, MemoryWatch, wait_all_ready
-from accelab.tuner.serve_memory import fitting_groups
+from accelab.tuner.serve_memory import fitting_groups, memory_excess
 from accelab.tuner.serve_rank import Candidate, LevelRanking, rank
 from accelab.tuner.serve_request import ServeTuneRequest, parse_levels, parse_serve_slo
 from accelab.tuner.serve_window import excluded_result, measure_window, warm_up, window_line, window_result
@@ -105,6 +106,7 @@ def serve_space(request: ServeTuneRequest) -> tuple[list[Candidate], dict[str, s
         plan = load_plan(key)
         try:
             check_supported(plan, request.spec, device)
+            fit.check(request.spec, plan, device)  # its server alone would not fit (an 8B in float32)
         except Unsupported as why:
             pruned[key] = str(why)
             continue
@@ -233,7 +235,7 @@ def run_serve_tune(request: ServeTuneRequest, console: Console | None = None) ->
     for batch in _groups_that_fit(to_serve, tune):
         _serve_and_measure(batch, done, tune)
     for candidate in candidates:
-        if candidate.excluded is None and (why := _memory_excess(candidate, tune)):
+        if candidate.excluded is None and (why := memory_excess(candidate, tune.limit_mb, tune.request.max_memory)):
             candidate.excluded = why
     rankings = [rank(candidates, users) for users in request.concurrency]
     return ServeTuneOutcome(
@@ -281,17 +283,6 @@ def _screen_quality(candidate: Candidate, tune: _Tune) -> None:
         candidate.excluded = f"{why}: {candidate.quality_detail}"
 
 
-def _memory_excess(candidate: Candidate, tune: _Tune) -> str | None:
-    """Why the candidate is over --max-memory (the peak RSS of its processes), or None."""
-    peak = candidate.peak_rss_mb or 0.0
-    if tune.limit_mb is None or peak <= tune.limit_mb:
-        return None
-    return (
-        f"peak memory {peak:.0f} MiB (its processes' RSS) over --max-memory {tune.request.max_memory} "
-        f"({tune.limit_mb:.0f} MiB)"
-    )
-
-
 def _groups_that_fit(to_serve: list[Candidate], tune: _Tune) -> list[list[Candidate]]:
     """The candidates in groups the machine's memory holds at once (`serve_memory`); one left out
     is stored as excluded, with its figure."""
@@ -332,7 +323,8 @@ def _serve_and_measure(to_serve: list[Candidate], done: dict[Window, dict[str, A
 def _started(candidate: Candidate, tune: _Tune) -> bool:
     """Up and within the memory limit; else dropped."""
     assert candidate.server is not None
-    why = f"failed to start: {candidate.server.error}" if candidate.server.error else _memory_excess(candidate, tune)
+    over = memory_excess(candidate, tune.limit_mb, tune.request.max_memory)
+    why = f"failed to start: {candidate.server.error}" if candidate.server.error else over
     if why:
         tune.drop(candidate, why)
     return candidate.excluded is None
