@@ -25,8 +25,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from scipy.stats import t as student_t
-
 Verdict = Literal["faster", "slower", "no measurable difference", "unreliable"]
 CONFIDENCE = 0.95
 NOISE_THRESHOLD = 0.02
@@ -57,6 +55,8 @@ class Ratio:
 
 def t_quantile(p: float, df: float) -> float:
     """The p quantile of Student's t with df degrees of freedom."""
+    from scipy.stats import t as student_t  # 1.4 s of import every server paid at start-up for this module
+
     return float(student_t.ppf(p, df))
 
 
