@@ -24,6 +24,7 @@ from accelab.catalog import inputs
 from accelab.catalog.facts import weight_bytes
 from accelab.catalog.spec import ModelSpec
 from accelab.measure.flops import count_flops, decode_roofline, mfu
+from accelab.measure.hardware import hardware_limits
 from accelab.measure.memory import PeakMemorySampler, combine_reports
 from accelab.measure.stats import summarize
 from accelab.plan.apply import resolve_device
@@ -243,8 +244,6 @@ def _hardware_figures(runnable: Any, batch: dict, workload: Workload, metrics: d
     models run, so a figure above them means they were measured under worse conditions (a
     busy machine). Then they are measured again, once; a figure still above 100% is reported
     as unknown, with the reason, instead of an impossible number."""
-    from accelab.measure.hardware import hardware_limits
-
     limits = hardware_limits(str(device.type))
     path, peak = limits.peak_for(runnable.plan.precision)
     hardware = {"peak_flops": peak, "compute_path": path, "bandwidth_bytes_per_s": limits.bandwidth_bytes_per_s}

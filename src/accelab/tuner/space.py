@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from accelab.catalog.spec import ModelSpec
+from accelab.measure.capabilities import plan_techniques, slow_techniques
 from accelab.plan.apply import resolve_device
 from accelab.plan.plan import Plan
 from accelab.plan.presets import PRESETS
@@ -69,8 +70,6 @@ def ladder(max_batch: int) -> list[int]:
 
 
 def techniques(plan: Plan) -> list[str]:
-    from accelab.measure.capabilities import plan_techniques
-
     used = plan_techniques(plan)
     if plan.backend == "vllm":  # vLLM's dtype is its own option, and the probes judge it like torch's
         used += {"bfloat16": ["bf16-weights"], "float16": ["fp16-weights"]}.get(plan.option.get("vllm_dtype", ""), [])
@@ -82,8 +81,6 @@ def techniques(plan: Plan) -> list[str]:
 def slow_here(device: torch.device) -> dict[str, str]:
     """Techniques the capability report expects to run slower than fp32 eager on `device`
     (judged by the probes and peaks `accelab env` measured and cached), with why."""
-    from accelab.measure.capabilities import slow_techniques
-
     return slow_techniques(device)
 
 
