@@ -10,6 +10,10 @@ share of samples per source file (transformers' modeling code, accelab's engine,
 
     python benchmarks/profile_serve_step.py                 # ~2 min on 2 cores
     python benchmarks/profile_serve_step.py --py-spy --sizes 8
+    python benchmarks/profile_serve_step.py --model llama-8b --plan int8-weight --sizes 1,16 --steps 3
+
+Each size's line also gives the step against the machine's bound (the larger of bytes over the
+bandwidth and FLOPs over the peak `accelab env` measured), as /metrics does.
 """
 
 from __future__ import annotations
@@ -112,6 +116,7 @@ def measure(stepper, engine, size: int, steps: int, profile_steps: int) -> dict:
     blocks_of = block_tables(stepper, ids, len(prompt) + steps + profile_steps + 2)
     tokens = prefill(engine, stepper, ids, prompt, blocks_of=blocks_of)
     pos = len(prompt)
+    cost = _decode_cost(stepper, ids, tokens, pos, blocks_of)
     times = []
     for _ in range(steps):
         started = time.perf_counter()
@@ -148,8 +153,41 @@ def measure(stepper, engine, size: int, steps: int, profile_steps: int) -> dict:
         "profiled_step_ms": 1000 * wall,
         "split": split(prof, profile_steps, wall),
         "prompt": len(prompt),
+        "bound": _bound_fraction(stepper, cost, statistics.median(times)),
         "top": prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12),
     }
+
+
+def _decode_cost(stepper, ids: range, tokens: list[int], start: int, blocks_of):
+    """The step's bytes read and FLOPs as the server counts them (`CostsSteps`), or None."""
+    if not hasattr(stepper, "step_cost"):
+        return None
+    from accelab.serve.engines.base import SamplingParams, StepInput
+
+    greedy = SamplingParams(max_tokens=10_000, temperature=0)
+    blocks = (lambda i: {}) if blocks_of is None else (lambda i: {"blocks": blocks_of(i)})
+    return stepper.step_cost(
+        [
+            StepInput(seq_id=i, start=start, tokens=(t,), sample=True, params=greedy, **blocks(i))
+            for i, t in zip(ids, tokens)
+        ]
+    )
+
+
+def _bound_fraction(stepper, cost, seconds: float) -> str:
+    """The step against the machine's bound, as /metrics reports it (`accelab_step_machine_fraction`)."""
+    from accelab.serve import machine_bound
+
+    bound = machine_bound.for_device("cpu", getattr(stepper, "precision", "fp32")) if cost is not None else None
+    if bound is None:
+        return "no bound (run `accelab env` once)"
+    least = bound.seconds(cost)
+    which = "bytes" if cost.bytes_read / bound.bandwidth >= cost.flops / bound.peak_flops else "FLOPs"
+    return (
+        f"{100 * bound.fraction(cost, seconds):.0f}% of the machine's bound ({which}: {cost.bytes_read / 1e9:.2f} GB "
+        f"at {bound.bandwidth / 1e9:.0f} GB/s, {cost.flops / 1e9:.1f} GFLOP at {bound.peak_flops / 1e9:.0f} GFLOP/s: "
+        f"{1000 * least:.1f} ms at least)"
+    )
 
 
 def split(prof, steps: int, wall_s: float) -> dict[str, float]:
@@ -227,7 +265,11 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--profile-steps", type=int, default=5)
     parser.add_argument("--plan", default="baseline")
-    parser.add_argument("--model", default="smollm2-135m", help="a catalog model (llama-1b: the GEMM-bound regime)")
+    parser.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="a catalog model (llama-1b: the GEMM-bound regime; llama-8b: with an int8 plan)",
+    )
     parser.add_argument("--py-spy", action="store_true", help="run under py-spy and summarise its samples")
     parser.add_argument("--no-tables", action="store_true")
     opts = parser.parse_args()
@@ -244,7 +286,8 @@ def main() -> int:
             parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(row["split"].items(), key=lambda kv: -kv[1]))
             print(
                 f"\n{size} sequences (prompt {row['prompt']} tokens): step {row['step_ms']:.1f} ms = "
-                f"{row['tok_s']:.1f} tok/s; under the profiler {row['profiled_step_ms']:.1f} ms: {parts} (ms/step)"
+                f"{row['tok_s']:.1f} tok/s, {row['bound']}; under the profiler {row['profiled_step_ms']:.1f} ms: "
+                f"{parts} (ms/step)"
             )
             if not opts.no_tables:
                 print(row["top"])
