@@ -74,3 +74,22 @@ def test_a_candidate_whose_server_alone_cannot_fit_is_not_measured_with_the_figu
     chosen, pruned = serving.serve_space(request)
     assert [c.key for c in chosen] == ["int8-weight"]
     assert "does not fit this machine's memory: weights 0.5 GB (float32)" in pruned["baseline"]
+
+
+@pytest.mark.skipif(not is_fetched("smollm2-135m"), reason="run `accelab models fetch smollm2-135m` first")
+def test_compares_reference_is_the_widest_precision_that_fits_and_it_says_so(monkeypatch):
+    import torch
+
+    from accelab.benchmark.commands import reference_that_fits
+
+    spec = resolve("smollm2-135m")
+    plans = [load_plan(key) for key in ("baseline", "int8-weight")]
+    said: list[str] = []
+    assert reference_that_fits(spec, plans, torch.device("cpu"), say=said.append) == plans and not said
+    # float32 does not fit, bf16 does (0.3 GB of weights against 0.5): bf16 becomes the reference
+    fp32, bf16 = (fit.footprint(spec, load_plan(key)).total for key in ("baseline", "bf16"))
+    monkeypatch.setenv(fit.AVAILABLE_ENV, f"{(fp32 + bf16) // 2 // 2**20}MiB")
+    swapped = reference_that_fits(spec, plans, torch.device("cpu"), say=said.append)
+    assert [p.name for p in swapped] == ["bf16", "int8-weight"]
+    assert said[0].startswith("reference: bf16 in place of baseline, the widest precision that fits:")
+    assert "weights 0.5 GB (float32)" in said[0]

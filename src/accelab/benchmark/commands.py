@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,7 @@ def compare_command(model: str = typer.Argument(..., help=MODEL_HELP), **options
     plans = [resolve_plan(name, run.set_, run.threads) for name in run.plan_names]
     # --batch-size is the rows' shared batch: run_compare lets a plan's own batch_size win
     request = request_from({**options, "model": model}, plan=run.plan_names[0])
+    plans = reference_that_fits(request.spec, plans, resolve_device(plans[0], run.device), say=typer.echo)
     rules_for(request.spec.task, run.tolerance)  # a bad --tolerance fails now, not after the runs
     quality = (
         quality_config_for(request.spec.task, request.workload, run.samples, options["batch_size"])
@@ -93,6 +95,34 @@ def compare_command(model: str = typer.Argument(..., help=MODEL_HELP), **options
             err=True,
         )
         raise typer.Exit(1)
+
+
+REFERENCE_FALLBACKS = ("bf16", "int8-weight", "int8-bf16")  # the widest precision first
+
+
+def reference_that_fits(spec: Any, plans: list, device: Any, *, say: Callable[[str], None]) -> list:
+    """The plans with the reference (the first, whose rounds the speed-ups divide) replaced by the
+    widest precision that fits this machine's memory where it does not (an 8B's float32), said."""
+    from accelab.plan import fit
+    from accelab.plan.plan import load_plan
+    from accelab.plan.runtime import Unsupported
+
+    try:
+        fit.check(spec, plans[0], device)
+        return plans
+    except Unsupported as why:
+        for name in REFERENCE_FALLBACKS:
+            wider = load_plan(name)
+            try:
+                fit.check(spec, wider, device)
+            except Unsupported:
+                continue
+            if all(p.name != name for p in plans):
+                say(f"reference: {name} in place of {plans[0].name}, the widest precision that fits: {why}")
+                return [wider, *plans[1:]]
+            say(f"reference: {name}, the widest precision that fits, in place of {plans[0].name}: {why}")
+            return [wider, *[p for p in plans[1:] if p.name != name]]
+        return plans  # nothing fits: each row says why
 
 
 def _write_rows(results: list, run: CompareRun, output: Output, *, title: str) -> None:
