@@ -85,19 +85,41 @@ def load_quantized(
     quantized with the torchao `config` shard by shard; None (nothing loaded) where the checkpoint's names
     are not exactly the model's parameters: the caller then loads the ordinary way."""
     from accelerate.utils import set_module_tensor_to_device
-    from torchao.quantization import quantize_
 
     files = shard_files(spec.source)
     assert files is not None, "why_not() first"
     model = skeleton(spec, dtype, attn_implementation)
-
-    keys = {}
+    if not _names_match(spec, model, files):
+        return None
+    chosen, done = choose(model), set[str]()
     for file in files:
         with safe_open(file, framework="pt") as f:
-            keys.update(dict.fromkeys(f.keys(), file))
+            for key in f.keys():
+                set_module_tensor_to_device(model, key, "cpu", value=f.get_tensor(key), dtype=dtype)
+        _quantize_ready(model, chosen, config, done)
+        _give_back()
+    # a head tied to the embedding still holds the skeleton's empty weight: tied again, it takes
+    # the loaded one, and is quantized now where the plan quantizes the head (it is then untied,
+    # as quantize_ after from_pretrained unties it)
+    model.tie_weights()
+    _quantize_ready(model, chosen, config, done)
+    left = [name for name, p in model.named_parameters() if p.is_meta]
+    if left:
+        raise RuntimeError(f"{spec.name}: its checkpoint left these weights unloaded: {left[:5]}")
+    _finish(model, spec)
+    linear = sum(isinstance(module, torch.nn.Linear) for module in model.modules())
+    return ShardLoaded(model=model.eval(), quantized=sorted(done), linear_layers=linear, shards=len(files))
+
+
+def _names_match(spec: ModelSpec, model: Any, files: list[Path]) -> bool:
+    """Whether the checkpoint names exactly the model's parameters (a tied head may be absent)."""
+    keys: set[str] = set()
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            keys.update(f.keys())
     params = dict(model.named_parameters(remove_duplicate=False))
-    missing = params.keys() - keys.keys() - _tied(model)
-    unknown = keys.keys() - params.keys() - dict(model.named_buffers()).keys()
+    missing = params.keys() - keys - _tied(model)
+    unknown = keys - params.keys() - dict(model.named_buffers()).keys()
     if missing or unknown:
         log.info(
             "%s: its checkpoint's names differ from the model's (%d missing, %d unknown, e.g. %s); loading it whole",
@@ -106,32 +128,21 @@ def load_quantized(
             len(unknown),
             sorted(missing | unknown)[:3],
         )
-        return None
+    return not (missing or unknown)
 
-    chosen = choose(model)
-    done: set[str] = set()
-    linear = {name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
 
-    def ready(module: torch.nn.Module, name: str) -> bool:  # all its weights in, not yet quantized
-        return (
-            name not in done and chosen(module, name) and not any(p.is_meta for p in module.parameters(recurse=False))
-        )
+def _quantize_ready(model: Any, chosen: Callable[[torch.nn.Module, str], bool], config: Any, done: set[str]) -> None:
+    """Quantize the chosen Linear layers whose weights are all in and that are not quantized yet."""
+    from torchao.quantization import quantize_
 
-    for file in files:
-        with safe_open(file, framework="pt") as f:
-            for key in f.keys():
-                set_module_tensor_to_device(model, key, "cpu", value=f.get_tensor(key), dtype=dtype)
-        picked = [name for name, module in model.named_modules() if ready(module, name)]
-        if picked:
-            quantize_(model, config, filter_fn=lambda module, name, picked=set(picked): name in picked)
-            done.update(picked)
-        _give_back()
-    model.tie_weights()
-    left = [name for name, p in model.named_parameters() if p.is_meta]
-    if left:
-        raise RuntimeError(f"{spec.name}: its checkpoint left these weights unloaded: {left[:5]}")
-    _finish(model, spec)
-    return ShardLoaded(model=model.eval(), quantized=sorted(done), linear_layers=len(linear), shards=len(files))
+    picked = {
+        name
+        for name, module in model.named_modules()
+        if name not in done and chosen(module, name) and not any(p.is_meta for p in module.parameters(recurse=False))
+    }
+    if picked:
+        quantize_(model, config, filter_fn=lambda module, name: name in picked)
+        done.update(picked)
 
 
 def skeleton(spec: ModelSpec, dtype: torch.dtype, attn_implementation: str | None = None) -> Any:

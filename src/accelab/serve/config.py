@@ -140,7 +140,7 @@ class ServeConfig:
             "Continuous batching: KV-cache "
             "capacity in tokens, over all sequences; requests queue when it "
             "is full, and one that needs more than all of it is refused (default: 2048 per sequence "
-            "of --max-batch-size, within the memory left after the weights).",
+            "of --max-batch-size, within half the memory left after the weights).",
             "--kv-cache-tokens",
         ),
     )
@@ -285,8 +285,8 @@ class ServeConfig:
 
     def scheduler_config(self, *, room_tokens: int | None = None) -> SchedulerConfig:
         """The continuous scheduler's limits. The KV cache: --kv-cache-tokens, else 2048 tokens for
-        each of --max-batch-size sequences, but no more than `room_tokens` (what the memory left
-        after the weights holds), and at least a block; never the model's whole context (131,072
+        each of --max-batch-size sequences, but no more than `room_tokens` (what half the memory
+        left after the weights holds), and at least a block; never the model's whole context (131,072
         tokens of an 8B Llama's keys and values are 16 GiB in bf16): a request longer than the
         cache is refused with the reason, one that fits waits for room."""
         from accelab.serve.scheduler import SchedulerConfig

@@ -42,8 +42,11 @@ KV_HEADROOM = 1 << 30  # memory the default KV cache leaves for the steps' activ
 
 
 def _kv_room_tokens(engine: Engine) -> int | None:
-    """Tokens of keys and values the memory left after loading holds (less KV_HEADROOM), for the
-    own engine's torch plans on the CPU; None where that is not this process's memory to size."""
+    """Tokens of keys and values that half the memory left after loading holds (less KV_HEADROOM),
+    for the own engine's torch plans on the CPU; None where that is not this process's memory to
+    size. Half: the cache is zeroed at start (every page taken), the machine is often shared, and an
+    8B served with all of it beside a test suite was killed by the kernel (14.8 GB, 4.9 GB of it
+    cache); the other half stays for whatever else grows."""
     runnable = getattr(engine, "runnable", None)
     if runnable is None or runnable.plan is None or runnable.model is None:
         return None
@@ -53,7 +56,7 @@ def _kv_room_tokens(engine: Engine) -> int | None:
     per_token = fit.kv_bytes_per_token(model.config, fit.kv_dtype(plan))
     if not per_token:
         return None
-    return max(0, fit.available_bytes() - KV_HEADROOM) // per_token
+    return max(0, fit.available_bytes() - KV_HEADROOM) // 2 // per_token
 
 
 class ServerState:
