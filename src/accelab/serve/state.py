@@ -13,6 +13,8 @@ from collections.abc import Callable, MutableMapping
 from concurrent.futures import Future
 from typing import Any, Literal
 
+import torch
+
 from accelab.plan import fit
 from accelab.plan.runtime import Unsupported
 from accelab.serve import machine_bound
@@ -56,7 +58,10 @@ def _kv_room_tokens(engine: Engine) -> int | None:
     per_token = fit.kv_bytes_per_token(model.config, fit.kv_dtype(plan))
     if not per_token:
         return None
-    return max(0, fit.available_bytes() - KV_HEADROOM) // 2 // per_token
+    # the packed steps hold their own copy of each int8 weight (its operator's layout), made after
+    # the cache: counted out first (an 8B's 7 GB; left in, the server was killed at 23.6 GB)
+    packed = sum(getattr(getattr(m, "weight", None), "qdata", torch.empty(0)).numel() for m in model.modules())
+    return max(0, fit.available_bytes() - KV_HEADROOM - packed) // 2 // per_token
 
 
 class ServerState:

@@ -30,6 +30,7 @@ from accelab.catalog.facts import text_config
 from accelab.measure import hardware
 from accelab.measure.probes import SLOW_BELOW
 from accelab.ops import int8_gemm
+from accelab.plan import fit
 from accelab.serve.runner import packed_linear
 from accelab.serve.runner.kv_cache import PagedKVCache
 from accelab.serve.runner.paged_attention import StepLayout, attend
@@ -80,6 +81,24 @@ def why_not(model: Any) -> str | None:
             return "its gate or output projection has a bias"
     if type(model.get_output_embeddings()) is not torch.nn.Linear or model.get_output_embeddings().bias is not None:
         return "its output layer is not a plain nn.Linear"
+    return _dense_copies_too_big(model)
+
+
+def _dense_copies_too_big(model: Any) -> str | None:
+    """Why the stack's copies of the int8 weights cannot fit, or None. Where no int8 operator runs
+    the activations' dtype here, the stack holds each int8 weight again dequantized (`_linear`):
+    an 8B's int8 layers became ~28 GB of float32 and the kernel killed the server."""
+    dense = 0
+    for module in model.modules():
+        rows = int8_rows(module.weight) if type(module) is torch.nn.Linear else None
+        if rows is not None and int8_operator(module.weight.dtype, *rows[0].shape) is None:
+            dense += rows[0].numel() * module.weight.dtype.itemsize
+    room = fit.available_bytes() - fit.OVERHEAD_FIXED
+    if dense and dense > room:
+        return (
+            f"no int8 operator runs its activations here, and its int8 weights dequantized would take "
+            f"{dense / 1e9:.1f} GB more, with {max(room, 0) / 1e9:.1f} GB available"
+        )
     return None
 
 
