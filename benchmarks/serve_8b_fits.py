@@ -102,7 +102,7 @@ def main() -> None:
         say(f"3. serve --plan {args.plan}: ready in {ready_s:.0f} s; int8 weights {weights / 1e9:.2f} GB (counted), "
             f"KV cache {kv.get('tokens')} tokens ({(kv.get('bytes') or 0) / 1e9:.2f} GB, stated), peak RSS of the "
             f"process tree {peak_ready / 1e9:.2f} GB = {peak_ready / (weights + (kv.get('bytes') or 0)):.2f}x "
-            "weights + KV cache (the cache's pages are touched only as it fills)")  # fmt: skip
+            "weights + KV cache")  # fmt: skip
         for i in range(args.chats):
             t = time.monotonic()
             answer = httpx.post(
