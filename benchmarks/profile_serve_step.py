@@ -57,7 +57,8 @@ def load(model: str, plan: str, sizes: tuple[int, ...]):
     from accelab.serve.scheduler import SchedulerConfig
 
     engine = build_engine(resolve(model), load_plan(plan), torch.device("cpu"), name="profile")
-    limits = SchedulerConfig(max_running=max(sizes), max_step_tokens=4096, kv_blocks=4096, block_size=16)
+    # 256 positions a sequence hold the prompt and the steps: an 8B's float32 cache is 256 KB a position
+    limits = SchedulerConfig(max_running=max(sizes), max_step_tokens=4096, kv_blocks=16 * max(sizes), block_size=16)
     return engine, engine.step_engine(limits)
 
 
