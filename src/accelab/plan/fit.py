@@ -25,7 +25,7 @@ import torch
 from accelab.catalog.facts import text_config
 from accelab.catalog.spec import ModelSpec
 from accelab.plan.plan import Plan
-from accelab.plan.quantized_load import skeleton
+from accelab.plan.quantized_load import held_on_cpu, skeleton
 from accelab.plan.runtime import Unsupported
 from accelab.plan.techniques import precision, quantization
 from accelab.units import parse_size_mib
@@ -154,7 +154,7 @@ def _precision(plan: Plan) -> str:
 def check(spec: ModelSpec, plan: Plan, device: torch.device, *, kv_bytes: int = 0) -> None:
     """Raise Unsupported, with the figures, when a torch plan on the CPU cannot fit this machine."""
 
-    if plan.backend != "torch" or device.type != "cpu" or plan.placement not in ("auto", "cpu"):
+    if not held_on_cpu(plan, device):
         return
     need = footprint(spec, plan, kv_bytes=kv_bytes)
     if need is not None and not need.fits:

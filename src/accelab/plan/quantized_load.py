@@ -41,11 +41,10 @@ INDEX_FILE = "model.safetensors.index.json"
 
 @dataclass(frozen=True, slots=True)
 class ShardLoaded:
-    """What `load_quantized` did: the model, and the layers it quantized out of how many."""
+    """What `load_quantized` did: the model, the layers it quantized, the shards it read."""
 
     model: Any
     quantized: list[str]
-    linear_layers: int
     shards: int
 
 
@@ -60,11 +59,16 @@ def shard_files(source: str | Path) -> list[Path] | None:
     return [single] if single.is_file() else None
 
 
+def held_on_cpu(plan: Plan, device: torch.device) -> bool:
+    """A torch plan whose weights this process holds in CPU memory (no device map, no offload)."""
+    return plan.backend == "torch" and device.type == "cpu" and plan.placement in ("auto", "cpu")
+
+
 def why_not(spec: ModelSpec, plan: Plan, device: torch.device) -> str | None:
     """Why this plan's model loads the ordinary way (full precision, then quantized), or None."""
     if plan.quantization == "none":
         return "the plan quantizes nothing"
-    if plan.backend != "torch" or device.type != "cpu" or plan.placement not in ("auto", "cpu"):
+    if not held_on_cpu(plan, device):
         return "shard-by-shard loading is for torch plans held on the CPU"
     if spec.custom or spec.gguf_file or spec.trust_remote_code:
         return "the model is not a transformers checkpoint of safetensors shards"
@@ -107,8 +111,7 @@ def load_quantized(
     if left:
         raise RuntimeError(f"{spec.name}: its checkpoint left these weights unloaded: {left[:5]}")
     _finish(model, spec)
-    linear = sum(isinstance(module, torch.nn.Linear) for module in model.modules())
-    return ShardLoaded(model=model.eval(), quantized=sorted(done), linear_layers=linear, shards=len(files))
+    return ShardLoaded(model=model.eval(), quantized=sorted(done), shards=len(files))
 
 
 def _names_match(spec: ModelSpec, model: Any, files: list[Path]) -> bool:
