@@ -26,7 +26,7 @@ from accelab.plan.plan import Plan, load_plan
 from accelab.results import contract as K
 from accelab.serve.config import ServeConfig
 from accelab.tuner.serve_rank import Candidate, rank
-from accelab.tuner.serve_request import parse_levels, parse_serve_slo
+from accelab.tuner.serve_request import MAX_TOKENS_MIX, parse_levels, parse_max_tokens, parse_serve_slo
 
 FAULTS = Path(__file__).parent / "faults"
 MODEL = "smollm2-135m"
@@ -81,6 +81,19 @@ def test_slo_and_levels_parse_with_clear_errors():
         parse_levels("8 users")
     with pytest.raises(ValueError, match="1 or more users"):
         parse_levels("0")
+    assert parse_max_tokens("16, 64") == (16, 64) and parse_max_tokens("32") == (32,)
+    with pytest.raises(ValueError, match="whole numbers"):
+        parse_max_tokens("long")
+    with pytest.raises(ValueError, match="1 token or more"):
+        parse_max_tokens("0,16")
+
+
+def test_the_load_asks_for_the_max_tokens_given_or_chats_mix():
+    from accelab.tuner.options import TuneOptions, serve_tune_request
+
+    assert serve_tune_request(MODEL, TuneOptions(scenario="serve")).max_tokens == MAX_TOKENS_MIX
+    asked = serve_tune_request(MODEL, TuneOptions(scenario="serve", max_tokens="16,32"))
+    assert asked.max_tokens == (16, 32)
 
 
 def test_a_plan_carries_server_settings_and_the_typed_options_win():
@@ -122,11 +135,14 @@ def test_tune_ranks_a_slowed_candidate_last_leaves_out_one_over_memory_and_resum
     }
     out, report, db = tmp_path / "serve.yaml", tmp_path / "tune.json", tmp_path / "results.db"
     prompts = tmp_path / "prompts.txt"  # six prompts: the warm-up sends each once (52 by default)
+    # answers of 16-32 tokens (chat's mix reaches 128): a window ends when its last answers do, and
+    # the slowed server's take ~10 s, not ~40
     prompts.write_text("\n".join(inputs.prompts(6)))
     command = [
         sys.executable, "-m", "accelab", "tune", MODEL, "--scenario", "serve",
         "--include", f"baseline,{slowed},{heavy}", "--prompt-file", str(prompts),
         "--concurrency", "2", "--rounds", "2", "--window", "3", "--max-memory", "2500MiB", "--slo", "ttft_p99=30s",
+        "--max-tokens", "16,32",
         "--out", str(out), "--json", str(report), "--db", str(db),
     ]  # fmt: skip
     first = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, check=False)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 SERVE_ONLY = "--scenario serve: "
 # TuneOptions fields that the builders convert rather than copy into a request field of their name
-CONVERTED: Final = frozenset({"task", "include", "exclude", "concurrency", "slo", "prompt_file"})
+CONVERTED: Final = frozenset({"task", "include", "exclude", "concurrency", "slo", "prompt_file", "max_tokens"})
 RENAMED: Final = {"window": "window_s"}  # option -> ServeTuneRequest field
 
 
@@ -96,6 +96,13 @@ class TuneOptions:
     )
     rounds: int = field(default=2, metadata=option(SERVE_ONLY + "rounds of windows per load (A B C ... C B A)."))
     window: float = field(default=15.0, metadata=option(SERVE_ONLY + "seconds of load per window."))
+    max_tokens: str | None = field(
+        default=None,
+        metadata=option(
+            SERVE_ONLY + "the answers' max_tokens: one value, or a mix that successive requests take in turn "
+            "(e.g. 16,64); default chat's mix of 16-128."
+        ),
+    )
 
 
 def tune_request(model: str, options: TuneOptions) -> TuneRequest:
@@ -121,6 +128,7 @@ def serve_tune_request(model: str, options: TuneOptions) -> ServeTuneRequest:
     """The server search (`--scenario serve`) `options` ask for."""
     from accelab.catalog.resolve import resolve
     from accelab.loadtest.run import load_inputs
+    from accelab.tuner.serve_request import MAX_TOKENS_MIX, parse_max_tokens
     from accelab.tuner.serving import ServeTuneRequest, parse_levels, parse_serve_slo
 
     _check(options)
@@ -133,6 +141,7 @@ def serve_tune_request(model: str, options: TuneOptions) -> ServeTuneRequest:
         include=tuple(_split(options.include) or ()) or None,
         exclude=tuple(_split(options.exclude) or ()),
         prompts=tuple(load_inputs("chat", prompt_file)) if prompt_file else (),
+        max_tokens=parse_max_tokens(options.max_tokens) if options.max_tokens else MAX_TOKENS_MIX,
         **_copied(ServeTuneRequest, options),
     )
 

@@ -43,6 +43,17 @@ def parse_levels(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(levels)))
 
 
+def parse_max_tokens(text: str) -> tuple[int, ...]:
+    """'64' or '16,64,128' -> the max_tokens successive requests ask for, in turn."""
+    try:
+        values = tuple(int(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise ValueError(f"--max-tokens {text!r} must be whole numbers, comma-separated (e.g. 64, or 16,64)") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"--max-tokens {text!r} must be 1 token or more (e.g. 64, or 16,64)")
+    return values
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ServeTuneRequest:
     spec: ModelSpec
