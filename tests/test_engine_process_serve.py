@@ -24,7 +24,8 @@ openai = pytest.importorskip("openai")
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.xdist_group("vllm"),  # one worker: one vLLM engine (GiBs of KV cache) up at a time
-    pytest.mark.alone,  # its SIGTERM drain and engine checks race a second worker's load (tests/conftest.py)
+    # not alone: nothing here is a speed; its waits (the engines' starts) leave the second core to
+    # the other worker, and its checks wait for what they check (every stream started, a drain)
     pytest.mark.skipif(not is_fetched("smollm2-135m"), reason="run `accelab models fetch smollm2-135m` first"),
 ]
 
