@@ -218,7 +218,6 @@ def test_tune_options_set_the_request_fields_of_their_names():
         "spec",
         "model",
         "prompts",
-        "max_tokens",
         "ready_timeout_s",
     }
 

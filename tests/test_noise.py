@@ -143,3 +143,20 @@ def test_a_real_busy_process_shows_as_other_processes_and_sleeping_as_quiet():
     assert busy is not None and busy.others_cores >= 0.5
     assert busy.level == "unreliable" and "other processes used" in busy.reason
     assert before is not None and after is not None and after.own_cpu_s - before.own_cpu_s >= 0.4
+
+
+def test_settle_waits_for_a_plans_threads_to_idle_and_gives_up_on_one_that_never_does():
+    """A real process busy for 0.6 s then asleep (a plan's engine after its turn): settled soon after
+    it sleeps; one that spins on is waited for only up to the timeout."""
+    spin_then_sleep = "import time\nend = time.monotonic() + 0.6\nwhile time.monotonic() < end: pass\ntime.sleep(60)"
+    calm = subprocess.Popen([sys.executable, "-c", spin_then_sleep])
+    spinning = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.1)
+        waited = noise.settle([calm.pid], timeout_s=10)
+        assert 0.2 <= waited < 5  # past the spin (its start included), not the timeout
+        assert noise.settle([spinning.pid], timeout_s=1.0) == pytest.approx(1.0, abs=0.3)
+        assert noise.settle([calm.pid]) < 0.5  # idle already: one look
+    finally:
+        calm.kill()
+        spinning.kill()

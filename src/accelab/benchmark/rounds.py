@@ -144,7 +144,8 @@ class Driver:
                 continue
             assert c.child is not None and c.child.pid is not None
             assert c.loaded is not None
-            with noise.Meter([c.child.pid, os.getpid(), *c.loaded.worker_pids]) as meter:
+            own = [c.child.pid, *c.loaded.worker_pids]
+            with noise.Meter([*own, os.getpid()]) as meter:
                 outcome = self._call(c, Round(spec=self.config.spec(c.workload)))
             if outcome.ok:
                 done: RoundDone = outcome.value
@@ -152,6 +153,7 @@ class Driver:
                 c.windows.append(meter.window.with_cv(done.cv) if meter.window is not None else None)
                 cells.append((position, f"{escape(c.plan.name)} {done.rate:.4g}", c.windows[-1]))
             time.sleep(self.config.settle_s)
+            noise.settle(own)  # its engine's threads idle before the next plan's turn
         cells.sort()
         loudest = noise.worst([w for _, _, w in cells if w is not None])
         state = "quiet" if loudest is None or loudest.level == "quiet" else f"{loudest.level}: {escape(loudest.reason)}"

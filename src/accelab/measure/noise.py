@@ -313,6 +313,23 @@ class Meter:
             self.window = window(self._before, after, hz=clock_ticks(), cores=os.cpu_count())
 
 
+def settle(pids: Iterable[int], *, idle_cores: float = 0.1, step_s: float = 0.1, timeout_s: float = 5.0) -> float:
+    """Wait until `pids` (and their children) go idle: a plan's engine may keep its threads
+    spinning for a second or more after its turn (vLLM CPU's workers: half a core), which the next
+    plan's turn would meet as another process's load. Returns the seconds waited (at most
+    `timeout_s`: an engine that never idles is then the next window's noise, measured as such)."""
+    pids = list(pids)
+    start = last_t = time.monotonic()
+    last_cpu = _cpu_seconds(pids)
+    while time.monotonic() - start < timeout_s:
+        time.sleep(step_s)
+        now, cpu = time.monotonic(), _cpu_seconds(pids)
+        if cpu - last_cpu <= idle_cores * (now - last_t):
+            break
+        last_t, last_cpu = now, cpu
+    return time.monotonic() - start
+
+
 def sample_now(seconds: float = 1.0) -> Window | None:
     """How loud the machine is right now: a window of `seconds` in which accelab does nothing
     (this process only sleeps), so everything busy is someone else's."""
