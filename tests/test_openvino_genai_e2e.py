@@ -96,18 +96,18 @@ def test_an_export_happens_once_per_model_and_weight_format(tmp_path, monkeypatc
     assert not [p for p in first.parent.iterdir() if p.name.startswith(".tmp-")]  # no half export left
 
 
-@pytest.mark.alone  # it measures speed: see tests/conftest.py
 def test_tune_for_serving_measures_the_openvino_server_with_its_engine_memory(tmp_path):
     """`tune --scenario serve` starts `accelab serve --plan openvino-int8-bf16` (openvino-int8 where
     bf16 is not native) beside the baseline, counts the engine process in its memory, and judges
-    its quality with verify's rules."""
+    its quality with verify's rules. (Not alone: which plan wins is not asserted, so a second
+    worker's load changes nothing here but the time.)"""
     plan = "openvino-int8-bf16" if cpu.native_bf16() else "openvino-int8"
     report = tmp_path / "tune.json"
     prompts = tmp_path / "prompts.txt"  # six prompts: the warm-up sends each once (52 by default)
     prompts.write_text("\n".join(inputs.prompts(6)))
     accelab(
         "tune", "smollm2-135m", "--scenario", "serve", "--include", f"baseline,{plan}", "--prompt-file", str(prompts),
-        "--concurrency", "2", "--rounds", "1", "--window", "3", "--slo", "ttft_p99=30s",
+        "--concurrency", "2", "--rounds", "1", "--window", "3", "--slo", "ttft_p99=30s", "--max-tokens", "16,32",
         "--out", str(tmp_path / "serve.yaml"), "--json", str(report), "--db", str(tmp_path / "r.db"),
     )  # fmt: skip
     summary = json.loads(report.read_text())

@@ -350,3 +350,45 @@ def test_bf16_attention_is_fp32_sdpa_within_bf16_rounding(rows, queries, keys, s
     got = paged_attention._attend(q, k, v, mask, None, None)
     assert got.dtype == torch.bfloat16
     assert float((got.float() - want).abs().max()) <= 0.02  # a few bf16 roundings of values ~1
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["float32", "int8 weights, tied head"])
+def test_handed_over_weights_leave_the_model_and_the_steps_and_scores_stay(int8):
+    """A server's engine, once its start-up check passed, takes the model's Linear weights over
+    (its stack holds them in its own layout): the model's become meta tensors (a tied head stays:
+    it is the embedding), the bytes released are theirs, and the greedy tokens and the prompt
+    scores (prompt logprobs, now through the stack) are those of before."""
+    from torchao.quantization import quantize_
+
+    from accelab.catalog.facts import tensor_bytes
+    from accelab.plan.techniques.quantization import head_modules, layer_filter, make_config
+    from accelab.serve.runner import ragged
+
+    model = tiny(T.LlamaConfig, T.LlamaForCausalLM, {"tie_word_embeddings": int8})
+    if int8:
+        quantize_(
+            model,
+            make_config("int8-weight", torch.device("cpu")),
+            filter_fn=layer_filter("int8-weight", head_modules(model)),
+        )
+    linears = [m for layer in model.model.layers for m in layer.modules() if isinstance(m, torch.nn.Linear)]
+    held = linears if int8 else [*linears, model.lm_head]  # tied: the head is the embedding, kept
+    expected = sum(tensor_bytes(m.weight) for m in held)
+    limits = SchedulerConfig(max_running=3, max_step_tokens=12, kv_blocks=12, block_size=4, prefix_caching=True)
+    engine = RaggedTorchEngine(runnable(model), limits)
+    try:
+        assert engine.self_check(requests()[1][0]) is None
+        prompt = requests()[3][0]
+        scores = engine.score(prompt)  # the model's own forward
+        tokens = serve(engine, limits, requests())[0]
+        assert engine.hand_over_weights() == expected > 0
+        assert all(m.weight.device.type == "meta" for m in held)
+        assert model.model.embed_tokens.weight.device.type == "cpu"
+        assert (model.lm_head.weight.device.type == "cpu") == int8  # tied: the embedding, kept
+        again = engine.score(prompt)  # the stack over a scratch cache
+        assert again.shape == scores.shape == (len(prompt), VOCAB)
+        assert float((again - scores).abs().max()) / float(scores.abs().max()) <= ragged._tolerance(torch.float32)
+        assert serve(engine, limits, requests())[0] == tokens
+        assert engine.hand_over_weights() == 0  # once
+    finally:
+        engine.close()

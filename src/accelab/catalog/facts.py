@@ -85,6 +85,11 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return unshared + sum(_union_length(s) for s in spans.values())
 
 
+def tensor_bytes(tensor: torch.Tensor) -> int:
+    """Bytes one tensor holds as stored: a quantized subclass's inner tensors (int8 data, scales)."""
+    return sum(t.numel() * t.element_size() for t in _leaf_tensors([tensor]))
+
+
 def _unique(model: torch.nn.Module) -> Iterable[torch.Tensor]:
     # remove_duplicate drops the same Parameter object registered twice; shared storage
     # under different objects is handled by _storage_span.

@@ -101,7 +101,7 @@ def load_quantized(
             for key in f.keys():
                 set_module_tensor_to_device(model, key, "cpu", value=f.get_tensor(key), dtype=dtype)
         _quantize_ready(model, chosen, config, done)
-        _give_back()
+        trim_heap()
     # a head tied to the embedding still holds the skeleton's empty weight: tied again, it takes
     # the loaded one, and is quantized now where the plan quantizes the head (it is then untied,
     # as quantize_ after from_pretrained unties it)
@@ -165,11 +165,12 @@ def skeleton(spec: ModelSpec, dtype: torch.dtype, attn_implementation: str | Non
     return model
 
 
-def _give_back() -> None:
-    """Return the shard's freed full-precision weights to the system. glibc keeps freed blocks under
-    its mmap threshold (up to 32 MiB: every weight of a small model) in its heaps, interleaved with
-    the int8 weights allocated since: on a 74M-parameter Llama the process grew by the fp32 model's
-    size anyway (558 MB), 155 MB after a trim. Elsewhere than glibc nothing is called."""
+def trim_heap() -> None:
+    """Return freed weights (a shard's full-precision ones, a model's handed over) to the system.
+    glibc keeps freed blocks under its mmap threshold (up to 32 MiB: every weight of a small model)
+    in its heaps, interleaved with the int8 weights allocated since: on a 74M-parameter Llama the
+    process grew by the fp32 model's size anyway (558 MB), 155 MB after a trim. Elsewhere than glibc
+    nothing is called."""
     if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
         ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
 

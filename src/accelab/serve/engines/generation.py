@@ -271,6 +271,10 @@ class HFGenerationEngine:
         if problem is not None:
             engine.close()
             raise Unsupported(f"the packed continuous steps do not reproduce {self.name}: {problem}")
+        if released := engine.hand_over_weights():
+            log.info(
+                "the model's Linear weights (%.2f GB) left it for the steps' own copies: held once", released / 1e9
+            )
         return engine
 
     def warmup(self) -> None:

@@ -30,6 +30,7 @@ class PagedKVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device,
+        announce: bool = True,
     ):
         self.layers, self.num_blocks, self.block_size = layers, num_blocks, block_size
         self.kv_heads, self.head_dim = kv_heads, head_dim
@@ -37,13 +38,14 @@ class PagedKVCache:
         # zeros, not empty: a padded gather reads slots no sequence wrote (masked, but never NaN)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        log.info(
-            "paged KV cache: %d layers x %d blocks of %d positions (%.1f MB)",
-            layers,
-            num_blocks,
-            block_size,
-            self.nbytes / 1e6,
-        )
+        if announce:  # the pool a server sizes, not a scratch cache
+            log.info(
+                "paged KV cache: %d layers x %d blocks of %d positions (%.1f MB)",
+                layers,
+                num_blocks,
+                block_size,
+                self.nbytes / 1e6,
+            )
 
     @property
     def nbytes(self) -> int:

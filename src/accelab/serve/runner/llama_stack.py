@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from accelab.catalog.facts import text_config
+from accelab.catalog.facts import tensor_bytes, text_config
 from accelab.measure import hardware
 from accelab.measure.probes import SLOW_BELOW
 from accelab.ops import int8_gemm
@@ -139,6 +139,29 @@ class LlamaStack:
             "the continuous steps run %s's %d layers as plain tensor operations", type(model).__name__, len(self.layers)
         )
 
+    def release_model_weights(self) -> int:
+        """The model's Linear weights that this stack holds in its own layout (every decoder
+        layer's, and the head's unless it is the embedding itself) leave the model: each becomes a
+        meta tensor of its shape, so the process holds them once. Returns the bytes released. The
+        model's own forward cannot run after this; the stack's `logits` reads none of them."""
+        inner = decoder_of(self.model)
+        modules = [
+            m
+            for layer in inner.layers
+            for m in (*_attention_linears(layer.self_attn), layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
+        ]
+        head = self.model.get_output_embeddings()
+        if head.weight is not inner.embed_tokens.weight:  # tied: the embedding reads it still
+            modules.append(head)
+        released = 0
+        for module in modules:
+            weight = module.weight
+            released += tensor_bytes(weight)
+            module.weight = torch.nn.Parameter(
+                torch.empty(weight.shape, dtype=weight.dtype, device="meta"), requires_grad=False
+            )
+        return released
+
     def rotary_of(self, like: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotary cos [T, 1, D] and sin' for `positions` [T], in `like`'s dtype. rotate_half(x) * sin
         == roll(x, half) * sin', where sin' is sin with its first half negated: one roll a layer
@@ -174,6 +197,10 @@ class LlamaStack:
             gate_up = layer.gate_up(_rms(h, *layer.norm2))  # [T, 2 I]
             h = h + layer.down(F.silu(gate_up[:, : layer.inter]) * gate_up[:, layer.inter :])
         return self.head(_rms(h.index_select(0, keep), self.norm_weight, self.norm_eps))
+
+
+def _attention_linears(attn: Any) -> tuple[torch.nn.Linear, ...]:
+    return attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from accelab.catalog.facts import text_config
+from accelab.plan.quantized_load import trim_heap
 from accelab.plan.runtime import Unsupported, input_device
 from accelab.serve.engines.base import SamplingParams, StepCost, StepInput
 from accelab.serve.runner import compiled_decode, llama_stack, packed_linear
@@ -100,6 +101,7 @@ class RaggedTorchEngine:
         self._packed: PackedLinears | None = None
         self._head: torch.nn.Linear | None = None
         self._compiled: CompiledDecode | None = None
+        self._handed_over = False  # the model's Linear weights left it for the stack's (hand_over_weights)
         try:
             if vision_parts(model) is not None:
                 self._vision(limits, stack)
@@ -266,8 +268,47 @@ class RaggedTorchEngine:
         """Nothing to copy: the scheduler's `fork` shares the parent's blocks with the child."""
 
     def score(self, tokens: Sequence[int]) -> torch.Tensor:
-        """Logits [len(tokens), V] of every position (prompt logprobs): the model's own forward."""
-        return self._reference_logits(list(tokens))
+        """Logits [len(tokens), V] of every position (prompt logprobs): the model's own forward,
+        or, once the model's weights were handed over, the stack over a scratch cache of its own."""
+        if not self._handed_over:
+            return self._reference_logits(list(tokens))
+        assert self._stack is not None
+        blocks = -(-len(tokens) // self.block_size)
+        scratch = PagedKVCache(
+            layers=self.cache.layers,
+            num_blocks=blocks,
+            block_size=self.block_size,
+            kv_heads=self.cache.kv_heads,
+            head_dim=self.cache.head_dim,
+            dtype=self.cache.keys[0].dtype,
+            device=self.device,
+            announce=False,
+        )
+        item = StepInput(
+            seq_id=-1,
+            start=0,
+            tokens=tuple(tokens),
+            sample=True,
+            params=SamplingParams(max_tokens=1),
+            blocks=tuple(range(blocks)),
+        )
+        with torch.inference_mode(), self.runnable.context():
+            layout = StepLayout([item], self.block_size, self.device)
+            every = torch.arange(len(tokens), device=self.device)
+            return self._stack.logits(torch.tensor(layout.ids, device=self.device), layout, scratch, every)
+
+    def hand_over_weights(self) -> int:
+        """After the start-up check, for a server whose steps run the plain-tensor stack: the
+        model's Linear weights, which the stack holds in its own layout (packed for oneDNN or the
+        int8 operator), leave the model, so they are held once (an 8B's int8 weights were held
+        twice); prompt scoring moves to the stack. Returns the bytes released (0: nothing to hand
+        over: the steps run the model's own forward, or a vision tower needs it)."""
+        if self._stack is None or self._encoder is not None or self._handed_over:
+            return 0
+        released = self._stack.release_model_weights()
+        self._handed_over = True
+        trim_heap()
+        return released
 
     def release(self, seq_id: int) -> None:
         """Its blocks go back to the pool in the scheduler; here its hold on image features ends."""
