@@ -392,3 +392,36 @@ def test_handed_over_weights_leave_the_model_and_the_steps_and_scores_stay(int8)
         assert engine.hand_over_weights() == 0  # once
     finally:
         engine.close()
+
+
+def test_a_server_engine_takes_the_weights_over_layer_by_layer_and_checks_against_logits_taken_before(monkeypatch):
+    """`take_over` (what a server asks): the model's own logits for the check's prompt are taken
+    first, then each layer's weights leave the model as the stack packs them, so the process never
+    holds them twice; the check compares with those logits, and the tokens are generate's. A stack
+    that differs is then reported, with no fallback to a forward whose weights are gone."""
+    from accelab.catalog.facts import tensor_bytes
+    from accelab.serve.runner import llama_stack
+
+    reqs = requests()
+    model = tiny(*ARCHITECTURES["llama"])
+    want = [alone(model, p, n) for p, n in reqs]
+    held = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]  # untied: the head too
+    expected = sum(tensor_bytes(m.weight) for m in held)
+    limits = SchedulerConfig(max_running=3, max_step_tokens=12, kv_blocks=12, block_size=4, prefix_caching=True)
+    engine = RaggedTorchEngine(runnable(model), limits, take_over=reqs[1][0])
+    try:
+        assert engine.handed_over == expected and all(m.weight.device.type == "meta" for m in held)
+        assert engine.self_check(reqs[1][0]) is None and "plain tensor operations" in engine.name
+        assert serve(engine, limits, reqs)[0] == want
+    finally:
+        engine.close()
+
+    rms = llama_stack._rms
+    monkeypatch.setattr(llama_stack, "_rms", lambda x, w, eps: rms(x, w, eps) * 1.01)
+    faulty = RaggedTorchEngine(runnable(tiny(*ARCHITECTURES["llama"])), limits, take_over=reqs[1][0])
+    try:
+        problem = faulty.self_check(reqs[1][0])
+        assert problem is not None and "after the prompt differ" in problem
+        assert "plain tensor operations" in faulty.name  # no fallback: the model's own weights are gone
+    finally:
+        faulty.close()

@@ -261,19 +261,30 @@ class HFGenerationEngine:
 
         if self.processor is not None and self.steps != "torch":
             raise Unsupported(f"the {self.steps} step engine takes no images: vision-language models run per batch")
-        engine = RaggedTorchEngine(self.runnable, limits)
         if self.processor is not None:  # the check runs an image prompt: the encoder's features in the steps
+            engine = RaggedTorchEngine(self.runnable, limits)
             check, encoded = self._vision_encoded(_CHECK_CHAT, (check_image(),))
             reference = {k: v for k, v in encoded.items() if k not in ("input_ids", "attention_mask")}
             problem = engine.self_check(list(check.ids), check.media, reference)
-        else:
-            problem = engine.self_check(list(self.prepare_chat([{"role": "user", "content": "Hello"}]).ids))
+        else:  # the steps take the weights over as they pack them: held once, even while loading
+            prompt = list(self.prepare_chat([{"role": "user", "content": "Hello"}]).ids)
+            engine = RaggedTorchEngine(self.runnable, limits, take_over=prompt)
+            problem = engine.self_check(prompt)
+        if problem is not None and engine.handed_over:
+            engine.close()
+            raise RuntimeError(
+                f"the packed continuous steps do not reproduce {self.name} ({problem}), and they took its weights "
+                "over: serve it with --scheduler static (the model's own forward, one generate call per batch)"
+            )
         if problem is not None:
             engine.close()
             raise Unsupported(f"the packed continuous steps do not reproduce {self.name}: {problem}")
-        if released := engine.hand_over_weights():
+        engine.hand_over_weights()  # a compiled plan's: its graphs read the weights as they were built
+        if engine.handed_over:
             log.info(
-                "the model's Linear weights (%.2f GB) left it for the steps' own copies: held once", released / 1e9
+                "the steps hold the model's Linear weights in their own layout (%.2f GB); the model's own copies "
+                "were released",
+                engine.handed_over / 1e9,
             )
         return engine
 

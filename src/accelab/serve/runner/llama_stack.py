@@ -31,6 +31,7 @@ from accelab.measure import hardware
 from accelab.measure.probes import SLOW_BELOW
 from accelab.ops import int8_gemm
 from accelab.plan import fit
+from accelab.plan.quantized_load import trim_heap
 from accelab.serve.runner import packed_linear
 from accelab.serve.runner.kv_cache import PagedKVCache
 from accelab.serve.runner.paged_attention import StepLayout, attend
@@ -105,7 +106,9 @@ def _dense_copies_too_big(model: Any) -> str | None:
 class LlamaStack:
     """`logits(ids, layout, cache, keep)`: one packed step of the model over the paged KV cache."""
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, *, take_over: bool = False):
+        """`take_over`: each layer's Linear weights leave the model as soon as the stack holds its
+        own copy (`release_model_weights`, layer by layer), so loading them never holds them twice."""
         config = text_config(model.config)
         inner = decoder_of(model)
         self.model = model
@@ -118,6 +121,7 @@ class LlamaStack:
         dtype = self.embed.dtype
         pack = packed_linear.available(self.embed.device, dtype)
         self.layers = []
+        self.released = 0  # bytes of the model's weights handed over to this stack
         with torch.no_grad():
             for layer in inner.layers:
                 attn, mlp = layer.self_attn, layer.mlp
@@ -134,7 +138,11 @@ class LlamaStack:
                         inter=mlp.gate_proj.out_features,
                     )
                 )
+                if take_over:
+                    self.released += _release([*_attention_linears(attn), mlp.gate_proj, mlp.up_proj, mlp.down_proj])
             self.head = _linear([model.get_output_embeddings()], pack)
+            if take_over:
+                self.released += _release(self._own_head())
         log.info(
             "the continuous steps run %s's %d layers as plain tensor operations", type(model).__name__, len(self.layers)
         )
@@ -144,23 +152,19 @@ class LlamaStack:
         layer's, and the head's unless it is the embedding itself) leave the model: each becomes a
         meta tensor of its shape, so the process holds them once. Returns the bytes released. The
         model's own forward cannot run after this; the stack's `logits` reads none of them."""
-        inner = decoder_of(self.model)
         modules = [
             m
-            for layer in inner.layers
+            for layer in decoder_of(self.model).layers
             for m in (*_attention_linears(layer.self_attn), layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
         ]
-        head = self.model.get_output_embeddings()
-        if head.weight is not inner.embed_tokens.weight:  # tied: the embedding reads it still
-            modules.append(head)
-        released = 0
-        for module in modules:
-            weight = module.weight
-            released += tensor_bytes(weight)
-            module.weight = torch.nn.Parameter(
-                torch.empty(weight.shape, dtype=weight.dtype, device="meta"), requires_grad=False
-            )
+        released = _release([*modules, *self._own_head()])
+        self.released += released
         return released
+
+    def _own_head(self) -> list[torch.nn.Linear]:
+        """The output layer, unless it is the embedding (tied), which the stack reads still."""
+        head = self.model.get_output_embeddings()
+        return [] if head.weight is decoder_of(self.model).embed_tokens.weight else [head]
 
     def rotary_of(self, like: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotary cos [T, 1, D] and sin' for `positions` [T], in `like`'s dtype. rotate_half(x) * sin
@@ -197,6 +201,22 @@ class LlamaStack:
             gate_up = layer.gate_up(_rms(h, *layer.norm2))  # [T, 2 I]
             h = h + layer.down(F.silu(gate_up[:, : layer.inter]) * gate_up[:, layer.inter :])
         return self.head(_rms(h.index_select(0, keep), self.norm_weight, self.norm_eps))
+
+
+def _release(modules: list[torch.nn.Linear]) -> int:
+    """Each module's weight becomes a meta tensor of its shape (a weight released before is
+    skipped); the bytes they held, returned to the system."""
+    released = 0
+    for module in modules:
+        weight = module.weight
+        if weight.device.type == "meta":
+            continue
+        released += tensor_bytes(weight)
+        module.weight = torch.nn.Parameter(
+            torch.empty(weight.shape, dtype=weight.dtype, device="meta"), requires_grad=False
+        )
+    trim_heap()
+    return released
 
 
 def _attention_linears(attn: Any) -> tuple[torch.nn.Linear, ...]:

@@ -40,7 +40,6 @@ from typing import Any
 import torch
 
 from accelab.catalog.facts import text_config
-from accelab.plan.quantized_load import trim_heap
 from accelab.plan.runtime import Unsupported, input_device
 from accelab.serve.engines.base import SamplingParams, StepCost, StepInput
 from accelab.serve.runner import compiled_decode, llama_stack, packed_linear
@@ -66,8 +65,20 @@ class RaggedTorchEngine:
     block_size size the cache)."""
 
     def __init__(
-        self, runnable: Any, limits: Any, *, pack_linears: bool = True, pack_head: bool = True, stack: bool = True
+        self,
+        runnable: Any,
+        limits: Any,
+        *,
+        pack_linears: bool = True,
+        pack_head: bool = True,
+        stack: bool = True,
+        take_over: list[int] | None = None,
     ):
+        """`take_over`: the start-up check's prompt, for a server: the model's own logits for it
+        are computed first, then the plain-tensor stack (eager plans of a text model) takes each
+        layer's weights out of the model as it packs its own copy, so they are never held twice;
+        `self_check(take_over)` compares with those logits, and a stack that differs is then an
+        error, not a fallback (the model's own forward is gone)."""
         model = runnable.model
         config = getattr(model, "config", None)
         if config is None or not hasattr(model, "set_attn_implementation"):
@@ -102,11 +113,14 @@ class RaggedTorchEngine:
         self._head: torch.nn.Linear | None = None
         self._compiled: CompiledDecode | None = None
         self._handed_over = False  # the model's Linear weights left it for the stack's (hand_over_weights)
+        self._reference: tuple[list[int], torch.Tensor] | None = None  # the check's prompt + token, their logits
         try:
             if vision_parts(model) is not None:
                 self._vision(limits, stack)
             else:
-                self._text(stack)
+                if take_over is not None and compile_mode == "off" and stack:
+                    self._reference = self._check_reference(take_over)
+                self._text(stack, take_over=self._reference is not None)
         except BaseException:
             self.close()  # the model's own attention back: the per-batch worker runs it next
             raise
@@ -116,7 +130,7 @@ class RaggedTorchEngine:
             except Unsupported as why:  # still continuous, eager: a compile is speed, not a feature
                 log.warning("the plan compiles, but the continuous steps run eager: %s", why)
 
-    def _text(self, stack: bool) -> None:
+    def _text(self, stack: bool, take_over: bool = False) -> None:
         model, config = self.model, self.model.config
         register()
         model.set_attn_implementation(ATTENTION_NAME)
@@ -126,7 +140,8 @@ class RaggedTorchEngine:
                 "AttentionInterface, so the packed steps cannot give it the paged KV cache"
             )
         why = llama_stack.why_not(model) if stack else "not asked for"
-        self._stack = llama_stack.LlamaStack(model) if why is None else None
+        self._stack = llama_stack.LlamaStack(model, take_over=take_over) if why is None else None
+        self._handed_over = self._stack is not None and take_over
         self.name = STACK_NAME
         if self._stack is None:
             log.info("the continuous steps run the model's own forward (%s)", why)
@@ -297,17 +312,28 @@ class RaggedTorchEngine:
             every = torch.arange(len(tokens), device=self.device)
             return self._stack.logits(torch.tensor(layout.ids, device=self.device), layout, scratch, every)
 
+    def _check_reference(self, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
+        """The model's own logits for the check's prompt and its greedy next token (taken before
+        the stack takes the weights over)."""
+        first = self._reference_logits(prompt)
+        ids = [*prompt, int(first[-1].argmax())]
+        return ids, self._reference_logits(ids)
+
+    @property
+    def handed_over(self) -> int:
+        """Bytes of the model's weights the steps took over (0: none; the model's own forward runs)."""
+        return self._stack.released if self._stack is not None and self._handed_over else 0
+
     def hand_over_weights(self) -> int:
         """After the start-up check, for a server whose steps run the plain-tensor stack: the
         model's Linear weights, which the stack holds in its own layout (packed for oneDNN or the
         int8 operator), leave the model, so they are held once (an 8B's int8 weights were held
         twice); prompt scoring moves to the stack. Returns the bytes released (0: nothing to hand
         over: the steps run the model's own forward, or a vision tower needs it)."""
-        if self._stack is None or self._encoder is not None or self._handed_over:
+        if self._stack is None or self._encoder is not None:
             return 0
         released = self._stack.release_model_weights()
         self._handed_over = True
-        trim_heap()
         return released
 
     def release(self, seq_id: int) -> None:
@@ -343,7 +369,7 @@ class RaggedTorchEngine:
         problem = self._check(prompt, images, reference)
         if self.encoder_cache is not None:  # the check's picture is no request's: counts start at zero
             self.encoder_cache = EncoderCache(max_rows=self.encoder_cache.max_rows)
-        if problem is not None and self._stack is not None and self._encoder is None:
+        if problem is not None and self._stack is not None and self._encoder is None and not self._handed_over:
             log.warning(
                 "the plain-tensor layers of %s do not reproduce its own forward (%s); running its own forward",
                 type(self.model).__name__,
@@ -397,7 +423,8 @@ class RaggedTorchEngine:
             second = replace(first, start=cut, tokens=tuple(prompt[cut:]), sample=True)
             beside = replace(first, seq_id=-2, start=0, tokens=tuple(prompt[:3]), sample=True, blocks=other)
             packed = self._forward([second, beside], compiled=False)[0]
-            nxt = int(packed.argmax())
+            stored = self._reference if self._reference is not None and self._reference[0][:-1] == prompt else None
+            nxt = stored[0][-1] if stored is not None else int(packed.argmax())
             decoded = self._forward(
                 [
                     replace(first, start=len(prompt), tokens=(nxt,), sample=True),
@@ -410,7 +437,7 @@ class RaggedTorchEngine:
         finally:
             self.release(-1)
             self.release(-2)
-        reference_logits = self._reference_logits(prompt + [nxt], reference)
+        reference_logits = stored[1] if stored is not None else self._reference_logits(prompt + [nxt], reference)
         for got, want, where in (
             (packed, reference_logits[-2], "after the prompt"),
             (decoded, reference_logits[-1], "one step on"),
