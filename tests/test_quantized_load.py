@@ -187,9 +187,9 @@ def test_the_kv_cache_is_sized_within_the_memory_the_weights_leave(tiny_llm):
 
     # 1060 MiB "available": the weights (~25 MB), a sequence's KV cache and ~1 GiB of overhead fit;
     # 64 sequences would ask 131,072 tokens (64 MiB), and half the 36 MiB past the 1 GiB headroom hold fewer
+    # (an eager plan's steps take the int8 weights over as they pack them: no second copy to count out)
     per_token = 2 * 2 * 2 * 16 * 4  # layers x (keys, values) x KV heads x head size x float32
-    packed = 2 * (2 * 64 * 64 + 2 * 32 * 64 + 3 * 128 * 64)  # the steps' own copy of the int8 layers' bytes
-    room = ((1060 << 20) - (1 << 30) - packed) // 2
+    room = ((1060 << 20) - (1 << 30)) // 2
     env = {fit.AVAILABLE_ENV: "1060MiB", "OMP_NUM_THREADS": "1"}
     server = ServerProcess(
         "-m", "accelab", "serve", str(tiny_llm), "--plan", "int8-weight", "--max-batch-size", "64", "--port", "0",
@@ -220,3 +220,34 @@ def tiny_llm(tmp_path_factory):
     from tiny_models import tiny_smollm2
 
     return tiny_smollm2(tmp_path_factory.mktemp("tiny-smollm2"), model_dir("smollm2-135m"))
+
+
+def test_the_kv_room_counts_a_second_int8_copy_only_where_the_steps_keep_one(monkeypatch):
+    """An eager text plan's steps take the int8 weights over (held once); a compiled plan's graphs
+    hold a copy of their own, which the KV room leaves out first."""
+    from types import SimpleNamespace
+
+    import transformers as T
+    from torchao.quantization import quantize_
+
+    from accelab.plan.techniques.quantization import head_modules, layer_filter, make_config
+    from accelab.serve import state
+
+    torch.manual_seed(0)
+    config = T.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2,
+    )  # fmt: skip
+    model = T.LlamaForCausalLM(config).eval()
+    quantize_(model, make_config("int8-weight", torch.device("cpu")), layer_filter("int8-weight", head_modules(model)))
+    copy = sum(m.weight.qdata.numel() for m in model.modules() if hasattr(getattr(m, "weight", None), "qdata"))
+    per_token = fit.kv_bytes_per_token(model.config, torch.float32)
+    monkeypatch.setenv(fit.AVAILABLE_ENV, "2GiB")
+
+    def room(plan: str) -> int:
+        runnable = SimpleNamespace(plan=load_plan(plan), model=model, device=torch.device("cpu"))
+        return state._kv_room_tokens(SimpleNamespace(runnable=runnable))
+
+    eager, compiled = room("int8-weight"), room("int8-weight[compile=default]")
+    assert eager == ((2 << 30) - state.KV_HEADROOM) // 2 // per_token
+    assert compiled == ((2 << 30) - state.KV_HEADROOM - copy) // 2 // per_token < eager

@@ -62,7 +62,13 @@ class RaggedTorchEngine:
     """Steps of many sequences through one forward of a transformers causal LM, over the
     scheduler's KV blocks (see the module docstring). Owns the model's attention setting while
     it lives; `close` restores it. `limits`: the scheduler's SchedulerConfig (kv_blocks,
-    block_size size the cache)."""
+    block_size size the cache).
+
+    `take_over`: the start-up check's prompt, for a server: the model's own logits for it are
+    computed first, then the plain-tensor stack (eager plans of a text model) takes each layer's
+    weights out of the model as it packs its own copy, so they are never held twice;
+    `self_check(take_over)` compares with those logits, and a stack that differs is then an
+    error, not a fallback (the model's own forward is gone)."""
 
     def __init__(
         self,
@@ -74,11 +80,6 @@ class RaggedTorchEngine:
         stack: bool = True,
         take_over: list[int] | None = None,
     ):
-        """`take_over`: the start-up check's prompt, for a server: the model's own logits for it
-        are computed first, then the plain-tensor stack (eager plans of a text model) takes each
-        layer's weights out of the model as it packs its own copy, so they are never held twice;
-        `self_check(take_over)` compares with those logits, and a stack that differs is then an
-        error, not a fallback (the model's own forward is gone)."""
         model = runnable.model
         config = getattr(model, "config", None)
         if config is None or not hasattr(model, "set_attn_implementation"):
@@ -114,8 +115,13 @@ class RaggedTorchEngine:
         self._compiled: CompiledDecode | None = None
         self._handed_over = False  # the model's Linear weights left it for the stack's (hand_over_weights)
         self._reference: tuple[list[int], torch.Tensor] | None = None  # the check's prompt + token, their logits
+        self._build(limits, stack, take_over, compile_mode)
+
+    def _build(self, limits: Any, stack: bool, take_over: list[int] | None, compile_mode: str) -> None:
+        """The steps the model gets: a vision-language model's, or a text model's (taking its
+        weights over where asked), compiled where the plan compiles and the steps can be."""
         try:
-            if vision_parts(model) is not None:
+            if vision_parts(self.model) is not None:
                 self._vision(limits, stack)
             else:
                 if take_over is not None and compile_mode == "off" and stack:
