@@ -412,6 +412,7 @@ def test_a_server_engine_takes_the_weights_over_layer_by_layer_and_checks_agains
     try:
         assert engine.handed_over == expected and all(m.weight.device.type == "meta" for m in held)
         assert engine.self_check(reqs[1][0]) is None and "plain tensor operations" in engine.name
+        assert "known only for the prompt" in engine.self_check(reqs[0][0])  # no forward left to ask
         assert serve(engine, limits, reqs)[0] == want
     finally:
         engine.close()

@@ -443,6 +443,8 @@ class RaggedTorchEngine:
         finally:
             self.release(-1)
             self.release(-2)
+        if stored is None and self._handed_over:
+            return "the model's own logits are known only for the prompt its weights were taken over with"
         reference_logits = stored[1] if stored is not None else self._reference_logits(prompt + [nxt], reference)
         for got, want, where in (
             (packed, reference_logits[-2], "after the prompt"),
