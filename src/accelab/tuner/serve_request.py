@@ -34,23 +34,22 @@ def parse_serve_slo(text: str | None) -> SLO:
 
 
 def parse_levels(text: str) -> tuple[int, ...]:
-    try:
-        levels = tuple(int(p) for p in text.split(",") if p.strip())
-    except ValueError:
-        raise ValueError(f"--concurrency {text!r} must be whole numbers, comma-separated (e.g. 1,8,16)") from None
-    if not levels or min(levels) < 1:
-        raise ValueError(f"--concurrency {text!r} must be 1 or more users (e.g. 8, or 1,8,16)")
-    return tuple(sorted(set(levels)))
+    return tuple(sorted(set(_positive_ints(text, "--concurrency", "1 or more users", "8, or 1,8,16"))))
 
 
 def parse_max_tokens(text: str) -> tuple[int, ...]:
     """'64' or '16,64,128' -> the max_tokens successive requests ask for, in turn."""
+    return _positive_ints(text, "--max-tokens", "1 token or more", "64, or 16,64")
+
+
+def _positive_ints(text: str, option: str, at_least: str, example: str) -> tuple[int, ...]:
+    """Comma-separated whole numbers of 1 or more, as typed for `option`, in order."""
     try:
         values = tuple(int(p) for p in text.split(",") if p.strip())
     except ValueError:
-        raise ValueError(f"--max-tokens {text!r} must be whole numbers, comma-separated (e.g. 64, or 16,64)") from None
+        raise ValueError(f"{option} {text!r} must be whole numbers, comma-separated (e.g. {example})") from None
     if not values or min(values) < 1:
-        raise ValueError(f"--max-tokens {text!r} must be 1 token or more (e.g. 64, or 16,64)")
+        raise ValueError(f"{option} {text!r} must be {at_least} (e.g. {example})")
     return values
 
 
