@@ -32,7 +32,7 @@ from accelab.serve.errors import ApiError
 from accelab.serve.jobs import Executor, GenerationWorker
 from accelab.serve.machine_bound import MachineBound
 from accelab.serve.metrics import ServeMetrics
-from accelab.serve.runner.vision import vision_parts
+from accelab.serve.runner.ragged import takes_weights_over
 from accelab.serve.scheduler import SchedulerConfig
 from accelab.serve.worker import Worker, WorkerHooks
 
@@ -64,10 +64,9 @@ def _kv_room_tokens(engine: Engine) -> int | None:
     # once: one layer's copy at a time is within the headroom); a compiled plan's graphs and a
     # vision-language model's steps hold a second copy, counted out first (an 8B's 7 GB; left in,
     # the server was killed at 23.6 GB)
-    takes_over = plan.compile == "off" and vision_parts(model) is None
     packed = (
         0
-        if takes_over
+        if takes_weights_over(model, plan.compile)
         else sum(getattr(getattr(m, "weight", None), "qdata", torch.empty(0)).numel() for m in model.modules())
     )
     return max(0, fit.available_bytes() - KV_HEADROOM - packed) // 2 // per_token

@@ -139,7 +139,7 @@ class LlamaStack:
                     )
                 )
                 if take_over:
-                    self.released += _release([*_attention_linears(attn), mlp.gate_proj, mlp.up_proj, mlp.down_proj])
+                    self.released += _release(_layer_linears(layer))
             self.head = _linear([model.get_output_embeddings()], pack)
             if take_over:
                 self.released += _release(self._own_head())
@@ -152,11 +152,7 @@ class LlamaStack:
         layer's, and the head's unless it is the embedding itself) leave the model: each becomes a
         meta tensor of its shape, so the process holds them once. Returns the bytes released. The
         model's own forward cannot run after this; the stack's `logits` reads none of them."""
-        modules = [
-            m
-            for layer in decoder_of(self.model).layers
-            for m in (*_attention_linears(layer.self_attn), layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
-        ]
+        modules = [m for layer in decoder_of(self.model).layers for m in _layer_linears(layer)]
         released = _release([*modules, *self._own_head()])
         self.released += released
         return released
@@ -219,8 +215,10 @@ def _release(modules: list[torch.nn.Linear]) -> int:
     return released
 
 
-def _attention_linears(attn: Any) -> tuple[torch.nn.Linear, ...]:
-    return attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
+def _layer_linears(layer: Any) -> list[torch.nn.Linear]:
+    """A decoder layer's Linear modules, whose weights the stack packs."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

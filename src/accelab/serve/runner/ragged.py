@@ -58,6 +58,12 @@ STACK_NAME = "packed steps over the model's layers as plain tensor operations, p
 OWN_FORWARD_NAME = "packed steps over the model's own forward, paged KV cache (accelab_paged attention)"
 
 
+def takes_weights_over(model: Any, compile_mode: str) -> bool:
+    """Whether a server's steps take the model's Linear weights over as they pack them (held once):
+    an eager text model's; compiled graphs and a vision-language model's steps keep a copy of their own."""
+    return compile_mode == "off" and vision_parts(model) is None
+
+
 class RaggedTorchEngine:
     """Steps of many sequences through one forward of a transformers causal LM, over the
     scheduler's KV blocks (see the module docstring). Owns the model's attention setting while
@@ -124,7 +130,7 @@ class RaggedTorchEngine:
             if vision_parts(self.model) is not None:
                 self._vision(limits, stack)
             else:
-                if take_over is not None and compile_mode == "off" and stack:
+                if take_over is not None and takes_weights_over(self.model, compile_mode) and stack:
                     self._reference = self._check_reference(take_over)
                 self._text(stack, take_over=self._reference is not None)
         except BaseException:
